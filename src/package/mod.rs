@@ -1,0 +1,2 @@
+//! `.mlpackage` reading and writing.
+pub mod blob;

@@ -1,0 +1,3 @@
+//! Compression passes over the IR. Never runs the model.
+pub mod kmeans;
+pub mod quant;

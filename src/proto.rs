@@ -1,0 +1,1 @@
+//! Generated protobuf types (see mil/ and build.rs).

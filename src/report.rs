@@ -1,0 +1,1 @@
+//! JSON report types.

@@ -1,0 +1,7 @@
+//! The only Whisper-aware code: checkpoint loading, synthetic checkpoints, graph construction
+//! for each component, audio front end, tokenizer, decoding loop.
+pub mod audio;
+pub mod config;
+pub mod synth;
+pub mod tokenizer;
+pub mod weights;
