@@ -1,4 +1,12 @@
 //! The MIL program model: Program / Function / Block / Operation / Var, value types (incl.
-//! sub-byte integer types), tensor data and the Builder. Knows no op by name.
+//! sub-byte integer types) and tensor data. Knows no op by name: op definitions, the
+//! builder and type inference live in `ops`. Uses nothing else in milkit.
 pub mod bytes;
+pub mod program;
+pub mod types;
+pub mod value;
+
 pub use bytes::Bytes;
+pub use program::{Arg, ArrayDType, Block, Description, Feature, Function, Model, Operation, Program, Var};
+pub use types::{DType, Dim, Opset, TensorType, ValueType};
+pub use value::{Tensor, Value};

@@ -1,1 +1,100 @@
-//! ops
+//! One definition per MIL op ([`OpDef`]): its inputs, the opset that introduced it and its
+//! type inference. The builder, the package loader (which re-infers every op), the verifier
+//! and the interpreter all read these definitions; nothing else knows an op's signature.
+//! Uses `ir` (and `kernels` for evaluation).
+
+pub mod builder;
+mod compression;
+mod elementwise;
+mod infer;
+mod nn;
+mod shape;
+mod state;
+
+pub use builder::{Builder, In, V};
+pub use infer::{ArgInfo, InferCx};
+
+use crate::ir::{Opset, ValueType};
+use anyhow::Result;
+
+/// How an op parameter may be bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Any value (variable or constant).
+    Any,
+    /// Must be known at compile time (a `const` op's output or an inline value).
+    Const,
+}
+
+/// One op parameter.
+#[derive(Clone, Copy, Debug)]
+pub struct InputSpec {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub optional: bool,
+    /// Takes a list of bindings (e.g. `concat`'s `values`).
+    pub variadic: bool,
+}
+
+/// Required parameter, any binding.
+pub const fn req(name: &'static str) -> InputSpec {
+    InputSpec { name, kind: Kind::Any, optional: false, variadic: false }
+}
+/// Optional parameter, any binding.
+pub const fn opt(name: &'static str) -> InputSpec {
+    InputSpec { name, kind: Kind::Any, optional: true, variadic: false }
+}
+/// Required compile-time constant.
+pub const fn req_c(name: &'static str) -> InputSpec {
+    InputSpec { name, kind: Kind::Const, optional: false, variadic: false }
+}
+/// Optional compile-time constant.
+pub const fn opt_c(name: &'static str) -> InputSpec {
+    InputSpec { name, kind: Kind::Const, optional: true, variadic: false }
+}
+/// Required variadic parameter.
+pub const fn var(name: &'static str) -> InputSpec {
+    InputSpec { name, kind: Kind::Any, optional: false, variadic: true }
+}
+
+/// The single definition of one MIL op (one version of it).
+pub struct OpDef {
+    /// MIL op type, verbatim (`"layer_norm"`).
+    pub name: &'static str,
+    /// The first opset that has this version of the op.
+    pub since: Opset,
+    /// A later opset that replaced or removed this version, if any.
+    pub until: Option<Opset>,
+    pub inputs: &'static [InputSpec],
+    /// Output types from input types (and constant input values).
+    pub infer: fn(&InferCx) -> Result<Vec<ValueType>>,
+}
+
+impl OpDef {
+    pub fn input(&self, name: &str) -> Option<&InputSpec> {
+        self.inputs.iter().find(|i| i.name == name)
+    }
+    pub fn available_in(&self, opset: Opset) -> bool {
+        self.since <= opset && self.until.is_none_or(|u| opset < u)
+    }
+}
+
+/// Every op definition milkit knows.
+pub fn all() -> impl Iterator<Item = &'static OpDef> {
+    elementwise::DEFS
+        .iter()
+        .chain(nn::DEFS)
+        .chain(shape::DEFS)
+        .chain(compression::DEFS)
+        .chain(state::DEFS)
+}
+
+/// The version of `op_type` that `opset` uses, if the op exists there.
+pub fn lookup(op_type: &str, opset: Opset) -> Option<&'static OpDef> {
+    all().filter(|d| d.name == op_type && d.available_in(opset)).max_by_key(|d| d.since)
+}
+
+/// Any version of `op_type`, for error messages ("exists since iOS18").
+pub fn earliest(op_type: &str) -> Option<&'static OpDef> {
+    all().filter(|d| d.name == op_type).min_by_key(|d| d.since)
+}

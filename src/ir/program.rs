@@ -1,0 +1,163 @@
+//! Program structure: Program → Function → Block → Operation, plus the model description
+//! (the package-level I/O ABI and metadata) that wraps a program in an `.mlpackage`.
+
+use super::types::{DType, Opset, TensorType, ValueType};
+use super::value::Value;
+use std::collections::BTreeMap;
+
+/// A named, typed SSA value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Var {
+    pub name: String,
+    pub ty: ValueType,
+}
+
+/// One binding of an op input: a variable by name, or an inline value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Arg {
+    Var(String),
+    Value(Value),
+}
+
+/// One MIL operation. `inputs` maps parameter name → bindings (more than one for variadic
+/// parameters such as `concat`'s `values`). The op's name lives in `name` (serialized as the
+/// `name` attribute); other attributes (`val` of a `const`) stay in `attributes`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Operation {
+    pub op_type: String,
+    pub name: String,
+    pub inputs: BTreeMap<String, Vec<Arg>>,
+    pub outputs: Vec<Var>,
+    pub blocks: Vec<Block>,
+    pub attributes: BTreeMap<String, Value>,
+}
+
+impl Operation {
+    /// The single binding of `param`, if present and not variadic.
+    pub fn arg(&self, param: &str) -> Option<&Arg> {
+        match self.inputs.get(param) {
+            Some(v) if v.len() == 1 => Some(&v[0]),
+            _ => None,
+        }
+    }
+    /// The value of a `const` op.
+    pub fn const_val(&self) -> Option<&Value> {
+        if self.op_type == "const" {
+            self.attributes.get("val")
+        } else {
+            None
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Block {
+    pub inputs: Vec<Var>,
+    pub operations: Vec<Operation>,
+    pub outputs: Vec<String>,
+}
+
+impl Block {
+    /// Every operation, nested blocks included, in program order.
+    pub fn walk(&self) -> Vec<&Operation> {
+        let mut out = Vec::new();
+        fn rec<'a>(b: &'a Block, out: &mut Vec<&'a Operation>) {
+            for op in &b.operations {
+                out.push(op);
+                for nb in &op.blocks {
+                    rec(nb, out);
+                }
+            }
+        }
+        rec(self, &mut out);
+        out
+    }
+}
+
+/// A function with one block specialization for its opset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Function {
+    pub inputs: Vec<Var>,
+    pub opset: Opset,
+    pub block: Block,
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Program {
+    pub functions: BTreeMap<String, Function>,
+    pub attributes: BTreeMap<String, Value>,
+    pub doc: String,
+}
+
+impl Program {
+    pub fn main(&self) -> Option<&Function> {
+        self.functions.get("main").or_else(|| self.functions.values().next())
+    }
+}
+
+/// Element types a Core ML multi-array feature may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArrayDType {
+    F16,
+    F32,
+    F64,
+    I32,
+}
+
+impl ArrayDType {
+    pub fn to_dtype(self) -> DType {
+        match self {
+            ArrayDType::F16 => DType::F16,
+            ArrayDType::F32 => DType::F32,
+            ArrayDType::F64 => DType::F64,
+            ArrayDType::I32 => DType::I32,
+        }
+    }
+    pub fn from_dtype(d: DType) -> Option<ArrayDType> {
+        match d {
+            DType::F16 => Some(ArrayDType::F16),
+            DType::F32 => Some(ArrayDType::F32),
+            DType::F64 => Some(ArrayDType::F64),
+            DType::I32 => Some(ArrayDType::I32),
+            _ => None,
+        }
+    }
+}
+
+/// One feature of the model description (an input, output or state).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Feature {
+    pub name: String,
+    pub dtype: ArrayDType,
+    pub shape: Vec<usize>,
+    pub doc: String,
+}
+
+impl Feature {
+    pub fn new(name: &str, dtype: ArrayDType, shape: &[usize]) -> Feature {
+        Feature { name: name.to_string(), dtype, shape: shape.to_vec(), doc: String::new() }
+    }
+    pub fn tensor_type(&self) -> TensorType {
+        TensorType::new(self.dtype.to_dtype(), &self.shape)
+    }
+}
+
+/// The model description: I/O ABI, states and metadata.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Description {
+    pub inputs: Vec<Feature>,
+    pub outputs: Vec<Feature>,
+    pub states: Vec<Feature>,
+    pub short_description: String,
+    pub author: String,
+    pub version: String,
+    pub user_defined: BTreeMap<String, String>,
+}
+
+/// What an `.mlpackage` holds: specification version, description and the MIL program.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Model {
+    pub spec_version: i32,
+    pub description: Description,
+    pub program: Program,
+}

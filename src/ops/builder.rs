@@ -1,0 +1,236 @@
+//! Building programs: [`Builder`] appends ops to a block, gives them unique names, and infers
+//! every output type from the op's [`OpDef`](super::OpDef) as it goes, so a built program is
+//! typed by construction. [`infer_op`] is the same check the package loader runs.
+
+use super::{lookup, ArgInfo, InferCx, Kind};
+use crate::ir::{Arg, Block, Operation, Opset, Value, ValueType, Var};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// A handle to a variable in the block being built.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct V(pub String);
+
+/// How an input is supplied to [`Builder::op`].
+pub enum In {
+    /// An existing variable.
+    V(V),
+    /// A constant: the builder emits a `const` op named after the op and parameter.
+    C(Value),
+    /// A value bound inline in the op (as coremltools does for iOS18 `constexpr_*` data).
+    Inline(Value),
+    /// A list of variables for a variadic parameter.
+    Vs(Vec<V>),
+}
+
+impl From<&V> for In {
+    fn from(v: &V) -> In {
+        In::V(v.clone())
+    }
+}
+impl From<V> for In {
+    fn from(v: V) -> In {
+        In::V(v)
+    }
+}
+
+/// Type information the inference of one op needs about the variables in scope.
+pub trait Scope {
+    fn lookup(&self, name: &str) -> Option<(&ValueType, Option<&Value>)>;
+}
+
+impl Scope for HashMap<String, (ValueType, Option<Value>)> {
+    fn lookup(&self, name: &str) -> Option<(&ValueType, Option<&Value>)> {
+        self.get(name).map(|(t, v)| (t, v.as_ref()))
+    }
+}
+
+/// Checks `op` against its definition in `opset` (known op, known and required inputs,
+/// constant-ness, defined variables) and returns the inferred output types.
+pub fn infer_op(op: &Operation, opset: Opset, scope: &dyn Scope) -> Result<Vec<ValueType>> {
+    let def = lookup(&op.op_type, opset).ok_or_else(|| match super::earliest(&op.op_type) {
+        Some(d) => anyhow!(
+            "op `{}` ({}) is not available in opset {} (needs {} or later)",
+            op.op_type,
+            op.name,
+            opset.opset_name(),
+            d.since.opset_name()
+        ),
+        None => anyhow!("unknown op type `{}` ({})", op.op_type, op.name),
+    })?;
+    let mut args: BTreeMap<&str, Vec<ArgInfo>> = BTreeMap::new();
+    for (pname, binds) in &op.inputs {
+        let spec = def
+            .input(pname)
+            .ok_or_else(|| anyhow!("op `{}` ({}) has no input `{pname}`", op.op_type, op.name))?;
+        ensure!(
+            spec.variadic || binds.len() == 1,
+            "input `{pname}` of `{}` ({}) takes one value, got {}",
+            op.op_type,
+            op.name,
+            binds.len()
+        );
+        let mut infos = Vec::new();
+        for b in binds {
+            let info = match b {
+                Arg::Var(n) => {
+                    let (ty, val) = scope.lookup(n).ok_or_else(|| {
+                        anyhow!("op `{}` ({}) uses `{n}` before it is defined", op.op_type, op.name)
+                    })?;
+                    ArgInfo { ty: std::borrow::Cow::Borrowed(ty), val }
+                }
+                Arg::Value(v) => ArgInfo { ty: std::borrow::Cow::Owned(v.value_type()), val: Some(v) },
+            };
+            if spec.kind == Kind::Const && info.val.is_none() {
+                bail!("input `{pname}` of `{}` ({}) must be a constant", op.op_type, op.name);
+            }
+            infos.push(info);
+        }
+        args.insert(pname.as_str(), infos);
+    }
+    for spec in def.inputs {
+        ensure!(
+            spec.optional || args.contains_key(spec.name),
+            "op `{}` ({}) lacks required input `{}`",
+            op.op_type,
+            op.name,
+            spec.name
+        );
+    }
+    let cx = InferCx { op_type: &op.op_type, op_name: &op.name, opset, args, attributes: &op.attributes };
+    (def.infer)(&cx).with_context(|| format!("type inference of `{}` ({})", op.op_type, op.name))
+}
+
+/// Builds one block (a function body) op by op.
+pub struct Builder {
+    opset: Opset,
+    inputs: Vec<Var>,
+    ops: Vec<Operation>,
+    env: HashMap<String, (ValueType, Option<Value>)>,
+    names: HashSet<String>,
+}
+
+impl Builder {
+    pub fn new(opset: Opset) -> Builder {
+        Builder { opset, inputs: vec![], ops: vec![], env: HashMap::new(), names: HashSet::new() }
+    }
+
+    pub fn opset(&self) -> Opset {
+        self.opset
+    }
+
+    /// A name not used yet in this block: `base`, else `base_1`, `base_2`, ...
+    pub fn unique(&mut self, base: &str) -> String {
+        let mut n = base.to_string();
+        let mut i = 1;
+        while self.names.contains(&n) {
+            n = format!("{base}_{i}");
+            i += 1;
+        }
+        self.names.insert(n.clone());
+        n
+    }
+
+    /// Declares a function input.
+    pub fn input(&mut self, name: &str, ty: ValueType) -> V {
+        let n = self.unique(name);
+        self.env.insert(n.clone(), (ty.clone(), None));
+        self.inputs.push(Var { name: n.clone(), ty });
+        V(n)
+    }
+
+    /// Emits a `const` op.
+    pub fn konst(&mut self, name: &str, v: Value) -> V {
+        let n = self.unique(name);
+        let ty = v.value_type();
+        let mut attributes = BTreeMap::new();
+        attributes.insert("val".to_string(), v.clone());
+        self.ops.push(Operation {
+            op_type: "const".into(),
+            name: n.clone(),
+            inputs: BTreeMap::new(),
+            outputs: vec![Var { name: n.clone(), ty: ty.clone() }],
+            blocks: vec![],
+            attributes,
+        });
+        self.env.insert(n.clone(), (ty, Some(v)));
+        V(n)
+    }
+
+    /// Type of a variable in scope.
+    pub fn ty(&self, v: &V) -> Result<&ValueType> {
+        self.env.get(&v.0).map(|e| &e.0).ok_or_else(|| anyhow!("unknown variable `{}`", v.0))
+    }
+
+    /// Appends an op; returns its outputs.
+    pub fn op(&mut self, op_type: &str, name: &str, inputs: Vec<(&str, In)>) -> Result<Vec<V>> {
+        let name = self.unique(name);
+        let mut bound = BTreeMap::new();
+        for (p, i) in inputs {
+            let binds = match i {
+                In::V(v) => vec![Arg::Var(v.0)],
+                In::Vs(vs) => vs.into_iter().map(|v| Arg::Var(v.0)).collect(),
+                In::Inline(v) => vec![Arg::Value(v)],
+                In::C(v) => {
+                    let c = self.konst(&format!("{name}_{p}"), v);
+                    vec![Arg::Var(c.0)]
+                }
+            };
+            bound.insert(p.to_string(), binds);
+        }
+        let mut op = Operation {
+            op_type: op_type.to_string(),
+            name: name.clone(),
+            inputs: bound,
+            outputs: vec![],
+            blocks: vec![],
+            attributes: BTreeMap::new(),
+        };
+        let types = infer_op(&op, self.opset, &self.env)?;
+        let single = types.len() == 1;
+        for (i, ty) in types.into_iter().enumerate() {
+            let vn = if single { name.clone() } else { self.unique(&format!("{name}_{i}")) };
+            self.env.insert(vn.clone(), (ty.clone(), None));
+            op.outputs.push(Var { name: vn, ty });
+        }
+        let outs = op.outputs.iter().map(|v| V(v.name.clone())).collect();
+        self.ops.push(op);
+        Ok(outs)
+    }
+
+    /// [`Builder::op`] for single-output ops.
+    pub fn op1(&mut self, op_type: &str, name: &str, inputs: Vec<(&str, In)>) -> Result<V> {
+        let mut o = self.op(op_type, name, inputs)?;
+        ensure!(o.len() == 1, "`{op_type}` has {} outputs", o.len());
+        Ok(o.remove(0))
+    }
+
+    /// Finishes the block with `outputs`, renaming each output variable to the given name
+    /// (the ABI's output names), and returns (function inputs, block).
+    pub fn finish(mut self, outputs: &[(V, &str)]) -> Result<(Vec<Var>, Block)> {
+        let mut names = Vec::new();
+        for (v, want) in outputs {
+            if v.0 != *want {
+                ensure!(!self.env.contains_key(*want), "output name `{want}` is already taken");
+                let op = self
+                    .ops
+                    .iter_mut()
+                    .rev()
+                    .find(|o| o.outputs.iter().any(|x| x.name == v.0))
+                    .ok_or_else(|| anyhow!("output `{}` is not produced by an op", v.0))?;
+                let old = v.0.clone();
+                for o in op.outputs.iter_mut() {
+                    if o.name == old {
+                        o.name = want.to_string();
+                    }
+                }
+                ensure!(
+                    !self.ops.iter().any(|o| o.inputs.values().flatten().any(|a| *a == Arg::Var(old.clone()))),
+                    "output `{old}` is also used inside the block; add an identity first"
+                );
+            }
+            names.push(want.to_string());
+        }
+        Ok((self.inputs, Block { inputs: vec![], operations: self.ops, outputs: names }))
+    }
+}

@@ -1,0 +1,292 @@
+//! Neural-network ops: `conv`, `linear`, `matmul`, `einsum`, normalisations, activations
+//! with parameters, softmax and reductions.
+
+use super::infer::{axis, broadcast, float_only, tensor, InferCx};
+use super::{opt, opt_c, req, req_c, InputSpec, OpDef};
+use crate::ir::{Dim, Opset, ValueType};
+use anyhow::{anyhow, bail, ensure, Result};
+
+const fn def(
+    name: &'static str,
+    inputs: &'static [InputSpec],
+    infer: fn(&InferCx) -> Result<Vec<ValueType>>,
+) -> OpDef {
+    OpDef { name, since: Opset::Ios15, until: None, inputs, infer }
+}
+
+/// Output length of one convolution axis.
+pub fn conv_out_len(
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    dilation: usize,
+    pad_type: &str,
+    pad: (usize, usize),
+) -> Result<usize> {
+    ensure!(stride > 0 && dilation > 0, "conv strides and dilations must be positive");
+    let eff = dilation * (kernel - 1) + 1;
+    Ok(match pad_type {
+        "valid" => {
+            ensure!(input >= eff, "conv kernel span {eff} exceeds input length {input}");
+            (input - eff) / stride + 1
+        }
+        "same" | "same_lower" => input.div_ceil(stride),
+        "custom" => {
+            let padded = input + pad.0 + pad.1;
+            ensure!(padded >= eff, "conv kernel span {eff} exceeds padded length {padded}");
+            (padded - eff) / stride + 1
+        }
+        other => bail!("unknown conv pad_type `{other}`"),
+    })
+}
+
+fn infer_conv(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let x = cx.t("x")?;
+    let w = cx.t("weight")?;
+    float_only(x, "x")?;
+    ensure!(x.rank() >= 3, "conv input must be rank 3..5, is {x}");
+    ensure!(w.rank() == x.rank(), "conv weight {w} and input {x} differ in rank");
+    let ws = w.fixed_shape().ok_or_else(|| anyhow!("conv weight needs a fixed shape"))?;
+    let nsp = x.rank() - 2;
+    let groups = cx.opt_int("groups")?.unwrap_or(1) as usize;
+    ensure!(groups >= 1, "conv groups must be ≥ 1");
+    if let Dim::Fixed(cin) = x.shape[1] {
+        ensure!(
+            ws[1] * groups == cin,
+            "conv weight {w} with groups={groups} needs {} input channels, input is {x}",
+            ws[1] * groups
+        );
+    }
+    if let Some(b) = cx.opt_t("bias")? {
+        ensure!(b.fixed_shape() == Some(vec![ws[0]]), "conv bias {b} must be [{}]", ws[0]);
+    }
+    let strides = cx.opt_ints("strides")?.unwrap_or(vec![1; nsp]);
+    let dil = cx.opt_ints("dilations")?.unwrap_or(vec![1; nsp]);
+    let pad_type = cx.opt_str("pad_type")?.unwrap_or("valid");
+    let pad = cx.opt_ints("pad")?.unwrap_or(vec![0; 2 * nsp]);
+    ensure!(strides.len() == nsp && dil.len() == nsp, "conv strides/dilations need {nsp} values");
+    ensure!(pad.len() == 2 * nsp, "conv pad needs {} values", 2 * nsp);
+    let mut out = vec![x.shape[0].clone(), Dim::Fixed(ws[0])];
+    for i in 0..nsp {
+        out.push(match x.shape[2 + i] {
+            Dim::Fixed(n) => Dim::Fixed(conv_out_len(
+                n,
+                ws[2 + i],
+                strides[i] as usize,
+                dil[i] as usize,
+                pad_type,
+                (pad[2 * i] as usize, pad[2 * i + 1] as usize),
+            )?),
+            Dim::Unknown => Dim::Unknown,
+        });
+    }
+    Ok(vec![tensor(x.dtype, out)])
+}
+
+fn infer_linear(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let x = cx.t("x")?;
+    let w = cx.shape("weight")?;
+    float_only(x, "x")?;
+    ensure!(w.len() == 2, "linear weight must be rank 2, is {w:?}");
+    ensure!(x.rank() >= 1, "linear input must have rank ≥ 1");
+    if let Some(Dim::Fixed(k)) = x.shape.last() {
+        ensure!(*k == w[1], "linear weight {w:?} does not take an input of width {k}");
+    }
+    if let Some(b) = cx.opt_t("bias")? {
+        ensure!(b.fixed_shape() == Some(vec![w[0]]), "linear bias {b} must be [{}]", w[0]);
+    }
+    let mut s = x.shape.clone();
+    *s.last_mut().unwrap() = Dim::Fixed(w[0]);
+    Ok(vec![tensor(x.dtype, s)])
+}
+
+fn infer_matmul(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let d = cx.same_dtype(&["x", "y"])?;
+    let (x, y) = (cx.t("x")?, cx.t("y")?);
+    let tx = cx.opt_bool("transpose_x")?.unwrap_or(false);
+    let ty = cx.opt_bool("transpose_y")?.unwrap_or(false);
+    let mut xs = x.shape.clone();
+    let mut ys = y.shape.clone();
+    let (x1, y1) = (xs.len() == 1, ys.len() == 1);
+    if x1 {
+        xs.insert(0, Dim::Fixed(1));
+    }
+    if y1 {
+        ys.push(Dim::Fixed(1));
+    }
+    ensure!(!xs.is_empty() && !ys.is_empty(), "matmul of scalars");
+    let (xn, yn) = (xs.len(), ys.len());
+    if tx {
+        xs.swap(xn - 1, xn - 2);
+    }
+    if ty && !y1 {
+        ys.swap(yn - 1, yn - 2);
+    }
+    if let (Dim::Fixed(a), Dim::Fixed(b)) = (&xs[xn - 1], &ys[yn - 2]) {
+        ensure!(a == b, "matmul inner dimensions differ: {x} × {y} (transpose {tx}/{ty})");
+    }
+    let mut out = broadcast(&xs[..xn - 2], &ys[..yn - 2])?;
+    if !x1 {
+        out.push(xs[xn - 2].clone());
+    }
+    if !y1 {
+        out.push(ys[yn - 1].clone());
+    }
+    Ok(vec![tensor(d, out)])
+}
+
+/// `einsum` with single-letter subscripts, two operands: "lhs,rhs->out".
+fn infer_einsum(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let eq = cx.opt_str("equation")?.ok_or_else(|| anyhow!("einsum needs `equation`"))?;
+    let vals = cx.all("values");
+    let (lhs, out) = eq.split_once("->").ok_or_else(|| anyhow!("einsum equation `{eq}` lacks ->"))?;
+    let terms: Vec<&str> = lhs.split(',').collect();
+    ensure!(terms.len() == vals.len(), "einsum `{eq}` has {} operands, got {}", terms.len(), vals.len());
+    let mut dims = std::collections::BTreeMap::new();
+    let mut dtype = None;
+    for (term, a) in terms.iter().zip(vals) {
+        let t = a.ty.as_tensor().ok_or_else(|| anyhow!("einsum operand is not a tensor"))?;
+        ensure!(term.len() == t.rank(), "einsum term `{term}` vs operand {t}");
+        ensure!(dtype.is_none_or(|d| d == t.dtype), "einsum operands differ in dtype");
+        dtype = Some(t.dtype);
+        for (c, d) in term.chars().zip(&t.shape) {
+            match (dims.get(&c), d) {
+                (Some(Dim::Fixed(a)), Dim::Fixed(b)) if a != b && *a != 1 && *b != 1 => {
+                    bail!("einsum `{eq}`: subscript {c} is {a} and {b}")
+                }
+                (Some(Dim::Fixed(a)), _) if *a != 1 => {}
+                _ => {
+                    dims.insert(c, d.clone());
+                }
+            }
+        }
+    }
+    let shape = out
+        .chars()
+        .map(|c| dims.get(&c).cloned().ok_or_else(|| anyhow!("einsum output subscript {c} unknown")))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(vec![tensor(dtype.unwrap(), shape)])
+}
+
+fn norm_axes(cx: &InferCx, name: &str, rank: usize) -> Result<Option<Vec<usize>>> {
+    cx.opt_ints(name)?
+        .map(|v| v.into_iter().map(|a| axis(a, rank)).collect::<Result<Vec<_>>>())
+        .transpose()
+}
+
+fn infer_layer_norm(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let x = cx.t("x")?;
+    float_only(x, "x")?;
+    let axes = norm_axes(cx, "axes", x.rank())?.unwrap_or((0..x.rank()).collect());
+    let want: Vec<Dim> = axes.iter().map(|&a| x.shape[a].clone()).collect();
+    for p in ["gamma", "beta"] {
+        if let Some(g) = cx.opt_t(p)? {
+            ensure!(g.shape == want, "layer_norm `{p}` {g} must have the normalised shape {}", super::infer::fmt(&want));
+        }
+    }
+    Ok(vec![ValueType::Tensor(x.clone())])
+}
+
+fn infer_batch_norm(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let x = cx.t("x")?;
+    float_only(x, "x")?;
+    ensure!(x.rank() >= 3, "batch_norm input must be rank ≥ 3");
+    Ok(vec![ValueType::Tensor(x.clone())])
+}
+
+fn infer_softmax(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let x = cx.t("x")?;
+    float_only(x, "x")?;
+    axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
+    Ok(vec![ValueType::Tensor(x.clone())])
+}
+
+fn infer_gelu(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let x = cx.t("x")?;
+    float_only(x, "x")?;
+    let mode = cx.opt_str("mode")?.unwrap_or("EXACT");
+    ensure!(
+        matches!(mode, "EXACT" | "TANH_APPROXIMATION" | "SIGMOID_APPROXIMATION"),
+        "unknown gelu mode `{mode}`"
+    );
+    Ok(vec![ValueType::Tensor(x.clone())])
+}
+
+fn infer_reduce(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let x = cx.t("x")?;
+    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
+    let axes = norm_axes(cx, "axes", x.rank())?.unwrap_or((0..x.rank()).collect());
+    let mut s = Vec::new();
+    for (i, d) in x.shape.iter().enumerate() {
+        if axes.contains(&i) {
+            if keep {
+                s.push(Dim::Fixed(1));
+            }
+        } else {
+            s.push(d.clone());
+        }
+    }
+    let dt = if cx.op_type == "reduce_argmax" || cx.op_type == "reduce_argmin" {
+        crate::ir::DType::I32
+    } else {
+        x.dtype
+    };
+    Ok(vec![tensor(dt, s)])
+}
+
+fn infer_argmax(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let x = cx.t("x")?;
+    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
+    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
+    let mut s = x.shape.clone();
+    if keep {
+        s[a] = Dim::Fixed(1);
+    } else {
+        s.remove(a);
+    }
+    Ok(vec![tensor(crate::ir::DType::I32, s)])
+}
+
+const REDUCE: &[InputSpec] = &[req("x"), opt_c("axes"), opt_c("keep_dims")];
+const ARGRED: &[InputSpec] = &[req("x"), opt_c("axis"), opt_c("keep_dims")];
+
+pub static DEFS: &[OpDef] = &[
+    def(
+        "conv",
+        &[
+            req("x"),
+            req("weight"),
+            opt("bias"),
+            opt_c("strides"),
+            opt_c("pad_type"),
+            opt_c("pad"),
+            opt_c("dilations"),
+            opt_c("groups"),
+        ],
+        infer_conv,
+    ),
+    def("linear", &[req("x"), req("weight"), opt("bias")], infer_linear),
+    def("matmul", &[req("x"), req("y"), opt_c("transpose_x"), opt_c("transpose_y")], infer_matmul),
+    def("einsum", &[super::var("values"), req_c("equation")], infer_einsum),
+    def(
+        "layer_norm",
+        &[req("x"), opt_c("axes"), opt("gamma"), opt("beta"), opt_c("epsilon")],
+        infer_layer_norm,
+    ),
+    def(
+        "batch_norm",
+        &[req("x"), req("mean"), req("variance"), opt("gamma"), opt("beta"), opt_c("epsilon")],
+        infer_batch_norm,
+    ),
+    def("softmax", &[req("x"), opt_c("axis")], infer_softmax),
+    def("gelu", &[req("x"), opt_c("mode")], infer_gelu),
+    def("reduce_mean", REDUCE, infer_reduce),
+    def("reduce_sum", REDUCE, infer_reduce),
+    def("reduce_max", REDUCE, infer_reduce),
+    def("reduce_min", REDUCE, infer_reduce),
+    def("reduce_prod", REDUCE, infer_reduce),
+    def("reduce_l2_norm", REDUCE, infer_reduce),
+    def("reduce_log_sum_exp", REDUCE, infer_reduce),
+    def("reduce_argmax", ARGRED, infer_argmax),
+    def("reduce_argmin", ARGRED, infer_argmax),
+];

@@ -1,0 +1,192 @@
+//! IR → package: `Model` to `model.mlmodel` + `weight.bin` + `Manifest.json`, written
+//! atomically. The output is byte-reproducible: maps encode in key order, item identifiers
+//! derive from paths, blobs are appended in program order, and no timestamps are stored.
+
+use super::blob::BlobWriter;
+use super::convert::{blob_dtype, value_to_proto, value_type_to_proto, BlobSink};
+use super::fsio::write_package_atomically;
+use super::manifest::Manifest;
+use crate::ir::{Arg, ArrayDType, Block, Feature, Model, Operation, Program, Tensor, Value, Var};
+use crate::proto::{mil, specification as spec};
+use anyhow::{anyhow, Context, Result};
+use prost::Message;
+use std::collections::BTreeMap;
+use std::io::{Seek, Write};
+use std::path::Path;
+
+/// Relative paths inside a package.
+pub const MODEL_PATH: &str = "Data/com.apple.CoreML/model.mlmodel";
+pub const WEIGHTS_PATH: &str = "Data/com.apple.CoreML/weights/weight.bin";
+
+struct Sink<'a, W: Write + Seek> {
+    w: &'a mut BlobWriter<W>,
+    progress: &'a mut dyn FnMut(u64),
+}
+
+impl<W: Write + Seek> BlobSink for Sink<'_, W> {
+    fn put(&mut self, t: &Tensor) -> Result<u64> {
+        let bd = blob_dtype(t.dtype).ok_or_else(|| anyhow!("{} cannot be stored in a blob", t.dtype))?;
+        let off = if bd.is_sub_byte() {
+            self.w.append_sub_byte(bd, t.num_elements() as u64, &t.data)?
+        } else {
+            self.w.append(bd, &t.data)?
+        };
+        (self.progress)(t.data.len() as u64);
+        Ok(off)
+    }
+}
+
+fn named(v: &Var) -> mil::NamedValueType {
+    mil::NamedValueType { name: v.name.clone(), r#type: Some(value_type_to_proto(&v.ty)) }
+}
+
+fn op_to_proto(op: &Operation, blobs: &mut dyn BlobSink) -> Result<mil::Operation> {
+    let mut inputs = BTreeMap::new();
+    for (k, binds) in &op.inputs {
+        let arguments = binds
+            .iter()
+            .map(|a| {
+                Ok(mil::argument::Binding {
+                    binding: Some(match a {
+                        Arg::Var(n) => mil::argument::binding::Binding::Name(n.clone()),
+                        Arg::Value(v) => mil::argument::binding::Binding::Value(value_to_proto(v, blobs)?),
+                    }),
+                })
+            })
+            .collect::<Result<_>>()?;
+        inputs.insert(k.clone(), mil::Argument { arguments });
+    }
+    let mut attributes = BTreeMap::new();
+    attributes.insert("name".to_string(), value_to_proto(&Value::str(&op.name), blobs)?);
+    for (k, v) in &op.attributes {
+        attributes.insert(k.clone(), value_to_proto(v, blobs).with_context(|| format!("op {} attribute {k}", op.name))?);
+    }
+    Ok(mil::Operation {
+        r#type: op.op_type.clone(),
+        inputs,
+        outputs: op.outputs.iter().map(named).collect(),
+        blocks: op.blocks.iter().map(|b| block_to_proto(b, blobs)).collect::<Result<_>>()?,
+        attributes,
+    })
+}
+
+fn block_to_proto(b: &Block, blobs: &mut dyn BlobSink) -> Result<mil::Block> {
+    Ok(mil::Block {
+        inputs: b.inputs.iter().map(named).collect(),
+        outputs: b.outputs.clone(),
+        operations: b.operations.iter().map(|o| op_to_proto(o, blobs)).collect::<Result<_>>()?,
+        attributes: Default::default(),
+    })
+}
+
+pub fn program_to_proto(p: &Program, blobs: &mut dyn BlobSink) -> Result<mil::Program> {
+    let mut functions = BTreeMap::new();
+    for (name, f) in &p.functions {
+        let mut specs = BTreeMap::new();
+        specs.insert(f.opset.opset_name().to_string(), block_to_proto(&f.block, blobs)?);
+        functions.insert(
+            name.clone(),
+            mil::Function {
+                inputs: f.inputs.iter().map(named).collect(),
+                opset: f.opset.opset_name().to_string(),
+                block_specializations: specs,
+                attributes: Default::default(),
+            },
+        );
+    }
+    let mut attributes = BTreeMap::new();
+    for (k, v) in &p.attributes {
+        attributes.insert(k.clone(), value_to_proto(v, blobs)?);
+    }
+    Ok(mil::Program { version: 1, functions, doc_string: p.doc.clone(), attributes })
+}
+
+pub fn array_dtype_code(d: ArrayDType) -> i32 {
+    use spec::array_feature_type::ArrayDataType as A;
+    (match d {
+        ArrayDType::F16 => A::Float16,
+        ArrayDType::F32 => A::Float32,
+        ArrayDType::F64 => A::Double,
+        ArrayDType::I32 => A::Int32,
+    }) as i32
+}
+
+fn array_type(f: &Feature) -> spec::ArrayFeatureType {
+    spec::ArrayFeatureType {
+        shape: f.shape.iter().map(|&d| d as i64).collect(),
+        data_type: array_dtype_code(f.dtype),
+        ..Default::default()
+    }
+}
+
+fn feature(f: &Feature, state: bool) -> spec::FeatureDescription {
+    use spec::feature_type::Type;
+    let ty = if state {
+        Type::StateType(spec::StateFeatureType { r#type: Some(spec::state_feature_type::Type::ArrayType(array_type(f))) })
+    } else {
+        Type::MultiArrayType(array_type(f))
+    };
+    spec::FeatureDescription {
+        name: f.name.clone(),
+        short_description: f.doc.clone(),
+        r#type: Some(spec::FeatureType { r#type: Some(ty), is_optional: false }),
+    }
+}
+
+/// Builds the top-level message; blob-bound tensors go through `blobs`.
+pub fn model_to_proto(m: &Model, blobs: &mut dyn BlobSink) -> Result<spec::Model> {
+    let d = &m.description;
+    let description = spec::ModelDescription {
+        input: d.inputs.iter().map(|f| feature(f, false)).collect(),
+        output: d.outputs.iter().map(|f| feature(f, false)).collect(),
+        state: d.states.iter().map(|f| feature(f, true)).collect(),
+        metadata: Some(spec::Metadata {
+            short_description: d.short_description.clone(),
+            version_string: d.version.clone(),
+            author: d.author.clone(),
+            license: String::new(),
+            user_defined: d.user_defined.clone(),
+        }),
+        ..Default::default()
+    };
+    Ok(spec::Model {
+        specification_version: m.spec_version,
+        description: Some(description),
+        is_updatable: false,
+        r#type: Some(spec::model::Type::MlProgram(program_to_proto(&m.program, blobs)?)),
+    })
+}
+
+/// What was written.
+#[derive(Clone, Debug)]
+pub struct SaveSummary {
+    pub model_bytes: u64,
+    pub weight_bytes: u64,
+    pub blobs: u32,
+}
+
+/// Writes the package contents into an existing empty directory.
+pub fn write_package_dir(m: &Model, dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<SaveSummary> {
+    let wdir = dir.join("Data/com.apple.CoreML/weights");
+    std::fs::create_dir_all(&wdir).with_context(|| format!("cannot create {}", wdir.display()))?;
+    let mut bw = BlobWriter::create(&dir.join(WEIGHTS_PATH))?;
+    let proto = model_to_proto(m, &mut Sink { w: &mut bw, progress })?;
+    let blobs = bw.count();
+    let (_, weight_bytes) = bw.finish()?;
+    let bytes = proto.encode_to_vec();
+    let mp = dir.join(MODEL_PATH);
+    std::fs::write(&mp, &bytes).with_context(|| format!("cannot write {}", mp.display()))?;
+    Manifest::mlprogram(true).write(dir)?;
+    Ok(SaveSummary { model_bytes: bytes.len() as u64, weight_bytes, blobs })
+}
+
+/// Writes `m` as an `.mlpackage` at `target`, atomically; refuses to replace an existing
+/// target unless `force`.
+pub fn save_package(m: &Model, target: &Path, force: bool, progress: &mut dyn FnMut(u64)) -> Result<SaveSummary> {
+    let mut summary = None;
+    write_package_atomically(target, force, |dir| {
+        summary = Some(write_package_dir(m, dir, progress)?);
+        Ok(())
+    })?;
+    summary.ok_or_else(|| anyhow!("package writer produced nothing"))
+}

@@ -1,0 +1,72 @@
+//! Shared test helpers: fixture lookup (MILKIT_FIXTURES, MILKIT_REQUIRE_FIXTURES), the
+//! conformance validator, and small utilities.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The shared fixtures directory, or None (after printing why) when it is absent and
+/// fixtures are not required. Panics when MILKIT_REQUIRE_FIXTURES=1 and it is missing.
+pub fn fixtures() -> Option<PathBuf> {
+    let dir = std::env::var_os("MILKIT_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
+    if dir.join("models/whisper-tiny.en/config.json").exists() {
+        return Some(dir);
+    }
+    if require() {
+        panic!("fixtures not found at {} and MILKIT_REQUIRE_FIXTURES=1", dir.display());
+    }
+    eprintln!("SKIP: fixtures not found at {} (set MILKIT_FIXTURES)", dir.display());
+    None
+}
+
+pub fn require() -> bool {
+    std::env::var("MILKIT_REQUIRE_FIXTURES").map(|v| v == "1").unwrap_or(false)
+}
+
+/// A python with coremltools 9: MILKIT_PYTHON, else .venv/bin/python, else /work/venv.
+pub fn python() -> Option<PathBuf> {
+    let mut cands = vec![];
+    if let Some(p) = std::env::var_os("MILKIT_PYTHON") {
+        cands.push(PathBuf::from(p));
+    }
+    cands.push(Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    cands.push(PathBuf::from("/work/venv/bin/python"));
+    for c in cands {
+        if c.exists() {
+            return Some(c);
+        }
+    }
+    if require() {
+        panic!("no python with coremltools (set MILKIT_PYTHON) and MILKIT_REQUIRE_FIXTURES=1");
+    }
+    eprintln!("SKIP: no python with coremltools found (set MILKIT_PYTHON)");
+    None
+}
+
+/// Runs ../shared/tools/validate_mlpackage.py on a package; returns its JSON report.
+/// Panics with the validator's output when it rejects the package.
+pub fn validate(pkg: &Path) -> Option<serde_json::Value> {
+    let fx = fixtures()?;
+    let py = python()?;
+    let out = Command::new(py)
+        .arg(fx.join("tools/validate_mlpackage.py"))
+        .arg(pkg)
+        .arg("--materialize")
+        .output()
+        .expect("run validator");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "validator rejected {}:\n{}\n{}",
+        pkg.display(),
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_str(&stdout).expect("validator JSON"))
+}
+
+pub fn milkit() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_milkit"))
+}
