@@ -1,1 +1,20 @@
-//! kernels
+//! Tensor maths on candle-core CPU tensors, knowing nothing of MIL: conversions between
+//! storage dtypes and f32, elementwise and broadcast ops, matmul / convolution / einsum,
+//! softmax / normalisation / reductions, and index-based data movement. Float work is done
+//! in f32 and rounded once to the storage dtype; heavy loops run on rayon (candle's gemm
+//! threads itself). Uses nothing else in milkit.
+
+pub mod data;
+pub mod elementwise;
+pub mod fastmath;
+pub mod index;
+pub mod linalg;
+pub mod norm;
+
+pub use data::{cast, from_f32, from_vec, to_f32, to_f32_vec, to_vec, unpack_bits};
+pub use elementwise::{
+    binary, broadcast_shape, compare, logical, map_f32, map_i64, select, BinOp, CmpOp, LogicOp,
+};
+pub use index::{pad, strided_assign, strided_slice, take, take_along, PadMode, Span};
+pub use linalg::{conv, einsum, matmul, ConvParams};
+pub use norm::{channel_affine, layer_norm, reduce, softmax, Reduce};

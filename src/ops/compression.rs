@@ -2,10 +2,13 @@
 //! folded by milkit (folding would undo the compression). Shape rules follow coremltools 9's
 //! declarations (`mil/ops/defs/iOS16/constexpr_ops.py`, `iOS18/compression.py`).
 
-use super::infer::{tensor, InferCx};
+use super::eval::{out0, EvalCx, RValue};
+use super::infer::{axis, tensor, InferCx};
 use super::{opt_c, req_c, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, ValueType};
+use crate::kernels;
 use anyhow::{anyhow, ensure, Result};
+use rayon::prelude::*;
 
 fn const_shape(cx: &InferCx, name: &str) -> Result<Vec<usize>> {
     let t = cx.t(name)?;
@@ -79,6 +82,125 @@ fn infer_affine(cx: &InferCx) -> Result<Vec<ValueType>> {
     Ok(vec![tensor(scale.dtype, q.shape.clone())])
 }
 
+// ---- evaluation: decoded once when the interpreter loads the program; results keep the
+// LUT's / scale's dtype, computed in f32 with one rounding ----
+
+/// Row-major strides.
+fn strides(s: &[usize]) -> Vec<usize> {
+    kernels::data::strides(s)
+}
+
+/// The f32 values of a constant input.
+fn values(cx: &EvalCx, name: &str) -> Result<Vec<f32>> {
+    kernels::to_f32_vec(cx.t(name)?)
+}
+
+/// iOS18 LUT: `out[o] = lut[group(i), indices[i], o[va] % vs]` where `i` is `o` with the
+/// vector axis divided by the vector size.
+fn eval_lut18(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let it = cx.t("indices")?;
+    let ishape = it.dims().to_vec();
+    let codes = kernels::to_vec::<u8>(it)?;
+    let lut_t = cx.t("lut")?;
+    let lshape = lut_t.dims().to_vec();
+    let lut = kernels::to_f32_vec(lut_t)?;
+    let r = ishape.len();
+    ensure!(r >= 1 && lshape.len() == r + 2, "lut {lshape:?} for indices {ishape:?}");
+    let (palette, vs) = (lshape[r], lshape[r + 1]);
+    let block: Vec<usize> = (0..r).map(|k| (ishape[k] / lshape[k].max(1)).max(1)).collect();
+    let va = if vs > 1 { axis(cx.opt_int("vector_axis")?.unwrap_or(0), r)? } else { r };
+    let mut oshape = ishape.clone();
+    if vs > 1 {
+        oshape[va] *= vs;
+    }
+    let (ist, lst) = (strides(&ishape), strides(&lshape));
+    let last = oshape[r - 1];
+    let mut out = vec![0f32; oshape.iter().product()];
+    let bad = std::sync::atomic::AtomicBool::new(false);
+    out.par_chunks_mut(last.max(1)).enumerate().for_each(|(row, dst)| {
+        // Offsets of the row's prefix (all axes but the last) in indices and lut.
+        let (mut ioff, mut loff, mut rem) = (0usize, 0usize, row);
+        let mut comp = 0usize;
+        for k in (0..r - 1).rev() {
+            let o = rem % oshape[k];
+            rem /= oshape[k];
+            let i = if k == va { comp = o % vs; o / vs } else { o };
+            ioff += i * ist[k];
+            loff += (i / block[k]) * lst[k];
+        }
+        for (j, d) in dst.iter_mut().enumerate() {
+            let (i, c) = if va == r - 1 { (j / vs, j % vs) } else { (j, comp) };
+            let code = codes[ioff + i] as usize;
+            if code >= palette {
+                bad.store(true, std::sync::atomic::Ordering::Relaxed);
+                continue;
+            }
+            *d = lut[loff + (i / block[r - 1]) * lst[r - 1] + code * lst[r] + c];
+        }
+    });
+    ensure!(!bad.into_inner(), "LUT index out of range for a palette of {palette}");
+    out0(cx, kernels::from_vec(out, &oshape)?)
+}
+
+/// iOS16 LUT: one 1-D palette, indices packed LSB-first into `uint8` bytes.
+fn eval_lut16(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let lut = values(cx, "lut")?;
+    let nbits = lut.len().trailing_zeros() as usize;
+    ensure!(lut.len().is_power_of_two() && (1..=8).contains(&nbits), "lut of {} entries", lut.len());
+    let shape: Vec<usize> = cx.ints("shape")?.into_iter().map(|d| d as usize).collect();
+    let n: usize = shape.iter().product();
+    let bytes = kernels::to_vec::<u8>(cx.t("indices")?)?;
+    let codes = kernels::unpack_bits(&bytes, nbits, n)?;
+    out0(cx, kernels::from_vec(codes.into_iter().map(|c| lut[c as usize]).collect::<Vec<f32>>(), &shape)?)
+}
+
+/// iOS18: `scale[block(i)] · (data[i] − offset[block(i)])`, blocks tiling `data`.
+fn eval_shift_scale(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let dt = cx.t("data")?;
+    let shape = dt.dims().to_vec();
+    let data = kernels::to_f32_vec(dt)?;
+    let st = cx.t("scale")?;
+    let sshape = st.dims().to_vec();
+    let scale = kernels::to_f32_vec(st)?;
+    let offset = if cx.has("offset") { Some(values(cx, "offset")?) } else { None };
+    let r = shape.len();
+    ensure!(r >= 1 && sshape.len() == r, "scale {sshape:?} for data {shape:?}");
+    let block: Vec<usize> = (0..r).map(|k| (shape[k] / sshape[k].max(1)).max(1)).collect();
+    let sst = strides(&sshape);
+    let last = shape[r - 1];
+    let mut out = vec![0f32; data.len()];
+    out.par_chunks_mut(last.max(1)).enumerate().for_each(|(row, dst)| {
+        let (mut soff, mut rem) = (0usize, row);
+        for k in (0..r - 1).rev() {
+            soff += (rem % shape[k]) / block[k] * sst[k];
+            rem /= shape[k];
+        }
+        let src = &data[row * last..(row + 1) * last];
+        for (j, d) in dst.iter_mut().enumerate() {
+            let b = soff + j / block[r - 1];
+            *d = scale[b] * (src[j] - offset.as_ref().map_or(0.0, |o| o[b]));
+        }
+    });
+    out0(cx, kernels::from_vec(out, &shape)?)
+}
+
+/// iOS16: `scale · (quantized − zero_point)`, scale / zero point scalar or per `axis`.
+fn eval_affine(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let qt = cx.t("quantized_data")?;
+    let shape = qt.dims().to_vec();
+    let q = kernels::to_f32_vec(qt)?;
+    let (zp, scale) = (values(cx, "zero_point")?, values(cx, "scale")?);
+    let a = axis(cx.int("axis")?, shape.len())?;
+    let inner: usize = shape[a + 1..].iter().product();
+    let n = shape[a];
+    for (p, what) in [(&zp, "zero_point"), (&scale, "scale")] {
+        ensure!(p.len() == 1 || p.len() == n, "{what} has {} values for an axis of {n}", p.len());
+    }
+    let pick = |p: &[f32], i: usize| if p.len() == 1 { p[0] } else { p[(i / inner.max(1)) % n] };
+    let out: Vec<f32> = q.iter().enumerate().map(|(i, &v)| (v - pick(&zp, i)) * pick(&scale, i)).collect();
+    out0(cx, kernels::from_vec(out, &shape)?)
+}
+
 const LUT18: &[InputSpec] = &[req_c("indices"), req_c("lut"), opt_c("vector_axis")];
 const SHIFT: &[InputSpec] = &[req_c("data"), req_c("scale"), opt_c("offset")];
 const LUT16: &[InputSpec] = &[req_c("lut"), req_c("indices"), req_c("shape")];
@@ -86,8 +208,36 @@ const AFFINE: &[InputSpec] =
     &[req_c("quantized_data"), req_c("zero_point"), req_c("scale"), req_c("axis")];
 
 pub static DEFS: &[OpDef] = &[
-    OpDef { name: "constexpr_lut_to_dense", since: Opset::Ios16, until: Some(Opset::Ios18), inputs: LUT16, infer: infer_lut16 },
-    OpDef { name: "constexpr_lut_to_dense", since: Opset::Ios18, until: None, inputs: LUT18, infer: infer_lut18 },
-    OpDef { name: "constexpr_affine_dequantize", since: Opset::Ios16, until: None, inputs: AFFINE, infer: infer_affine },
-    OpDef { name: "constexpr_blockwise_shift_scale", since: Opset::Ios18, until: None, inputs: SHIFT, infer: infer_shift_scale },
+    OpDef {
+        name: "constexpr_lut_to_dense",
+        since: Opset::Ios16,
+        until: Some(Opset::Ios18),
+        inputs: LUT16,
+        infer: infer_lut16,
+        eval: Some(eval_lut16),
+    },
+    OpDef {
+        name: "constexpr_lut_to_dense",
+        since: Opset::Ios18,
+        until: None,
+        inputs: LUT18,
+        infer: infer_lut18,
+        eval: Some(eval_lut18),
+    },
+    OpDef {
+        name: "constexpr_affine_dequantize",
+        since: Opset::Ios16,
+        until: None,
+        inputs: AFFINE,
+        infer: infer_affine,
+        eval: Some(eval_affine),
+    },
+    OpDef {
+        name: "constexpr_blockwise_shift_scale",
+        since: Opset::Ios18,
+        until: None,
+        inputs: SHIFT,
+        infer: infer_shift_scale,
+        eval: Some(eval_shift_scale),
+    },
 ];

@@ -1,17 +1,19 @@
 //! One definition per MIL op ([`OpDef`]): its inputs, the opset that introduced it and its
-//! type inference. The builder, the package loader (which re-infers every op), the verifier
-//! and the interpreter all read these definitions; nothing else knows an op's signature.
-//! Uses `ir` (and `kernels` for evaluation).
+//! type inference and its evaluation. The builder, the package loader (which re-infers every
+//! op), the verifier and the interpreter all read these definitions; nothing else knows an
+//! op's signature or semantics. Uses `ir` (and `kernels` for evaluation).
 
 pub mod builder;
 mod compression;
 mod elementwise;
+pub mod eval;
 mod infer;
 mod nn;
 mod shape;
 mod state;
 
 pub use builder::{Builder, In, V};
+pub use eval::{EvalCx, EvalFn, RValue, StateCell};
 pub use infer::{ArgInfo, InferCx};
 
 use crate::ir::{Opset, ValueType};
@@ -68,6 +70,8 @@ pub struct OpDef {
     pub inputs: &'static [InputSpec],
     /// Output types from input types (and constant input values).
     pub infer: fn(&InferCx) -> Result<Vec<ValueType>>,
+    /// Computes the outputs from input values (None: the interpreter cannot run the op).
+    pub eval: Option<EvalFn>,
 }
 
 impl OpDef {

@@ -1,17 +1,20 @@
 //! Neural-network ops: `conv`, `linear`, `matmul`, `einsum`, normalisations, activations
 //! with parameters, softmax and reductions.
 
+use super::eval::{one, out0, EvalCx, EvalFn, RValue};
 use super::infer::{axis, broadcast, float_only, tensor, InferCx};
 use super::{opt, opt_c, req, req_c, InputSpec, OpDef};
 use crate::ir::{Dim, Opset, ValueType};
+use crate::kernels::{self, fastmath, Reduce};
 use anyhow::{anyhow, bail, ensure, Result};
 
 const fn def(
     name: &'static str,
     inputs: &'static [InputSpec],
     infer: fn(&InferCx) -> Result<Vec<ValueType>>,
+    eval: EvalFn,
 ) -> OpDef {
-    OpDef { name, since: Opset::Ios15, until: None, inputs, infer }
+    OpDef { name, since: Opset::Ios15, until: None, inputs, infer, eval: Some(eval) }
 }
 
 /// Output length of one convolution axis.
@@ -247,6 +250,176 @@ fn infer_argmax(cx: &InferCx) -> Result<Vec<ValueType>> {
     Ok(vec![tensor(crate::ir::DType::I32, s)])
 }
 
+// ---- evaluation: contractions in f32 (cached f32 copies of constant weights), results
+// rounded once to the output dtype ----
+
+/// (before, after) padding per spatial axis for a MIL `pad_type`.
+pub fn conv_pads(
+    pad_type: &str,
+    input: &[usize],
+    kernel: &[usize],
+    strides: &[usize],
+    dilations: &[usize],
+    custom: &[i64],
+) -> Result<Vec<(usize, usize)>> {
+    (0..input.len())
+        .map(|i| {
+            let eff = dilations[i] * (kernel[i] - 1) + 1;
+            Ok(match pad_type {
+                "valid" => (0, 0),
+                "custom" => {
+                    let (b, a) = (custom.get(2 * i).copied().unwrap_or(0), custom.get(2 * i + 1).copied().unwrap_or(0));
+                    ensure!(b >= 0 && a >= 0, "negative conv padding {custom:?}");
+                    (b as usize, a as usize)
+                }
+                "same" | "same_lower" => {
+                    // Total padding that makes the output ceil(input / stride) long.
+                    let s = strides[i];
+                    let total = input[i].div_ceil(s).saturating_sub(1) * s + eff;
+                    let total = total.saturating_sub(input[i]);
+                    let small = total / 2;
+                    if pad_type == "same" { (small, total - small) } else { (total - small, small) }
+                }
+                other => bail!("unknown conv pad_type `{other}`"),
+            })
+        })
+        .collect()
+}
+
+fn usizes(v: Vec<i64>, what: &str) -> Result<Vec<usize>> {
+    v.into_iter().map(|x| usize::try_from(x).map_err(|_| anyhow!("negative {what} {x}"))).collect()
+}
+
+fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let w = cx.f32("weight")?;
+    let nsp = x.rank().saturating_sub(2);
+    let strides = usizes(cx.opt_ints("strides")?.unwrap_or(vec![1; nsp]), "stride")?;
+    let dilations = usizes(cx.opt_ints("dilations")?.unwrap_or(vec![1; nsp]), "dilation")?;
+    let custom = cx.opt_ints("pad")?.unwrap_or(vec![0; 2 * nsp]);
+    let pad_type = cx.opt_str("pad_type")?.unwrap_or("valid");
+    ensure!(strides.len() == nsp && dilations.len() == nsp, "conv needs {nsp} strides and dilations");
+    let pads = conv_pads(pad_type, &x.dims()[2..], &w.dims()[2..], &strides, &dilations, &custom)?;
+    let groups = cx.opt_int("groups")?.unwrap_or(1);
+    ensure!(groups >= 1, "conv groups must be ≥ 1");
+    let p = kernels::ConvParams { strides, dilations, pads, groups: groups as usize };
+    let y = kernels::conv(x, &w, cx.opt_f32("bias")?.as_ref(), &p)?;
+    out0(cx, y)
+}
+
+fn eval_linear(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let y = kernels::matmul(cx.t("x")?, &cx.f32("weight")?, false, true)?;
+    let y = match cx.opt_f32("bias")? {
+        Some(b) => kernels::binary(&y, &b, kernels::BinOp::Add)?,
+        None => y,
+    };
+    out0(cx, y)
+}
+
+fn eval_matmul(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let tx = cx.opt_bool("transpose_x")?.unwrap_or(false);
+    let ty = cx.opt_bool("transpose_y")?.unwrap_or(false);
+    out0(cx, kernels::matmul(&cx.f32("x")?, &cx.f32("y")?, tx, ty)?)
+}
+
+fn eval_einsum(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let eq = cx.opt_str("equation")?.ok_or_else(|| anyhow!("einsum needs `equation`"))?;
+    let vals = cx.ts("values")?;
+    out0(cx, kernels::einsum(eq, &vals)?)
+}
+
+fn sorted_axes(cx: &EvalCx, name: &str, rank: usize) -> Result<Vec<usize>> {
+    let mut a = match cx.opt_ints(name)? {
+        Some(v) => v.into_iter().map(|a| axis(a, rank)).collect::<Result<Vec<_>>>()?,
+        None => (0..rank).collect(),
+    };
+    a.sort();
+    a.dedup();
+    Ok(a)
+}
+
+fn eval_layer_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let axes = sorted_axes(cx, "axes", x.rank())?;
+    let g = cx.opt_f32("gamma")?.map(|t| kernels::to_vec::<f32>(&t)).transpose()?;
+    let b = cx.opt_f32("beta")?.map(|t| kernels::to_vec::<f32>(&t)).transpose()?;
+    let eps = cx.opt_f64("epsilon")?.unwrap_or(1e-5) as f32;
+    one(kernels::layer_norm(x, &axes, g.as_deref(), b.as_deref(), eps)?)
+}
+
+fn eval_batch_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let c = x.dims().get(1).copied().unwrap_or(0);
+    let get = |n: &str, d: f32| -> Result<Vec<f32>> {
+        Ok(match cx.opt_f32(n)? {
+            Some(t) => kernels::to_vec::<f32>(&t)?,
+            None => vec![d; c],
+        })
+    };
+    let (mean, var, g, b) = (get("mean", 0.0)?, get("variance", 1.0)?, get("gamma", 1.0)?, get("beta", 0.0)?);
+    let eps = cx.opt_f64("epsilon")?.unwrap_or(1e-5) as f32;
+    ensure!([&mean, &var, &g, &b].iter().all(|v| v.len() == c), "batch_norm parameters must have {c} values");
+    let scale: Vec<f32> = (0..c).map(|i| g[i] / (var[i] + eps).sqrt()).collect();
+    let shift: Vec<f32> = (0..c).map(|i| b[i] - mean[i] * scale[i]).collect();
+    one(kernels::channel_affine(x, 1, &scale, &shift)?)
+}
+
+fn eval_softmax(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    one(kernels::softmax(x, axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?)?)
+}
+
+fn eval_gelu(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let y = match cx.opt_str("mode")?.unwrap_or("EXACT") {
+        "EXACT" => kernels::map_f32(x, fastmath::gelu)?,
+        "TANH_APPROXIMATION" => kernels::map_f32(x, fastmath::gelu_tanh)?,
+        "SIGMOID_APPROXIMATION" => kernels::map_f32(x, |v| v * fastmath::sigmoid(1.702 * v))?,
+        m => bail!("unknown gelu mode `{m}`"),
+    };
+    one(y)
+}
+
+fn reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
+    let axes = sorted_axes(cx, "axes", x.rank())?;
+    one(kernels::reduce(x, &axes, keep, how)?)
+}
+fn eval_reduce_mean(cx: &EvalCx) -> Result<Vec<RValue>> {
+    reduce(cx, Reduce::Mean)
+}
+fn eval_reduce_sum(cx: &EvalCx) -> Result<Vec<RValue>> {
+    reduce(cx, Reduce::Sum)
+}
+fn eval_reduce_max(cx: &EvalCx) -> Result<Vec<RValue>> {
+    reduce(cx, Reduce::Max)
+}
+fn eval_reduce_min(cx: &EvalCx) -> Result<Vec<RValue>> {
+    reduce(cx, Reduce::Min)
+}
+fn eval_reduce_prod(cx: &EvalCx) -> Result<Vec<RValue>> {
+    reduce(cx, Reduce::Prod)
+}
+fn eval_reduce_l2_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
+    reduce(cx, Reduce::L2)
+}
+fn eval_reduce_log_sum_exp(cx: &EvalCx) -> Result<Vec<RValue>> {
+    reduce(cx, Reduce::LogSumExp)
+}
+fn arg_reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
+    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
+    one(kernels::reduce(x, &[a], keep, how)?)
+}
+fn eval_reduce_argmax(cx: &EvalCx) -> Result<Vec<RValue>> {
+    arg_reduce(cx, Reduce::ArgMax)
+}
+fn eval_reduce_argmin(cx: &EvalCx) -> Result<Vec<RValue>> {
+    arg_reduce(cx, Reduce::ArgMin)
+}
+
 const REDUCE: &[InputSpec] = &[req("x"), opt_c("axes"), opt_c("keep_dims")];
 const ARGRED: &[InputSpec] = &[req("x"), opt_c("axis"), opt_c("keep_dims")];
 
@@ -264,29 +437,32 @@ pub static DEFS: &[OpDef] = &[
             opt_c("groups"),
         ],
         infer_conv,
+        eval_conv,
     ),
-    def("linear", &[req("x"), req("weight"), opt("bias")], infer_linear),
-    def("matmul", &[req("x"), req("y"), opt_c("transpose_x"), opt_c("transpose_y")], infer_matmul),
-    def("einsum", &[super::var("values"), req_c("equation")], infer_einsum),
+    def("linear", &[req("x"), req("weight"), opt("bias")], infer_linear, eval_linear),
+    def("matmul", &[req("x"), req("y"), opt_c("transpose_x"), opt_c("transpose_y")], infer_matmul, eval_matmul),
+    def("einsum", &[super::var("values"), req_c("equation")], infer_einsum, eval_einsum),
     def(
         "layer_norm",
         &[req("x"), opt_c("axes"), opt("gamma"), opt("beta"), opt_c("epsilon")],
         infer_layer_norm,
+        eval_layer_norm,
     ),
     def(
         "batch_norm",
         &[req("x"), req("mean"), req("variance"), opt("gamma"), opt("beta"), opt_c("epsilon")],
         infer_batch_norm,
+        eval_batch_norm,
     ),
-    def("softmax", &[req("x"), opt_c("axis")], infer_softmax),
-    def("gelu", &[req("x"), opt_c("mode")], infer_gelu),
-    def("reduce_mean", REDUCE, infer_reduce),
-    def("reduce_sum", REDUCE, infer_reduce),
-    def("reduce_max", REDUCE, infer_reduce),
-    def("reduce_min", REDUCE, infer_reduce),
-    def("reduce_prod", REDUCE, infer_reduce),
-    def("reduce_l2_norm", REDUCE, infer_reduce),
-    def("reduce_log_sum_exp", REDUCE, infer_reduce),
-    def("reduce_argmax", ARGRED, infer_argmax),
-    def("reduce_argmin", ARGRED, infer_argmax),
+    def("softmax", &[req("x"), opt_c("axis")], infer_softmax, eval_softmax),
+    def("gelu", &[req("x"), opt_c("mode")], infer_gelu, eval_gelu),
+    def("reduce_mean", REDUCE, infer_reduce, eval_reduce_mean),
+    def("reduce_sum", REDUCE, infer_reduce, eval_reduce_sum),
+    def("reduce_max", REDUCE, infer_reduce, eval_reduce_max),
+    def("reduce_min", REDUCE, infer_reduce, eval_reduce_min),
+    def("reduce_prod", REDUCE, infer_reduce, eval_reduce_prod),
+    def("reduce_l2_norm", REDUCE, infer_reduce, eval_reduce_l2_norm),
+    def("reduce_log_sum_exp", REDUCE, infer_reduce, eval_reduce_log_sum_exp),
+    def("reduce_argmax", ARGRED, infer_argmax, eval_reduce_argmax),
+    def("reduce_argmin", ARGRED, infer_argmax, eval_reduce_argmin),
 ];

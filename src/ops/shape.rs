@@ -1,17 +1,20 @@
 //! Shape and data-movement ops: reshape, transpose, expand/squeeze, concat/split/stack,
 //! slicing, gather, pad, fill, tile, range.
 
+use super::eval::{one, EvalCx, EvalFn, RValue};
 use super::infer::{axis, tensor, InferCx};
 use super::{opt, opt_c, req, req_c, var, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, ValueType};
+use crate::kernels::{self, PadMode, Span};
 use anyhow::{anyhow, bail, ensure, Result};
 
 const fn def(
     name: &'static str,
     inputs: &'static [InputSpec],
     infer: fn(&InferCx) -> Result<Vec<ValueType>>,
+    eval: EvalFn,
 ) -> OpDef {
-    OpDef { name, since: Opset::Ios15, until: None, inputs, infer }
+    OpDef { name, since: Opset::Ios15, until: None, inputs, infer, eval: Some(eval) }
 }
 
 fn infer_reshape(cx: &InferCx) -> Result<Vec<ValueType>> {
@@ -312,15 +315,262 @@ fn infer_band_part(cx: &InferCx) -> Result<Vec<ValueType>> {
     Ok(vec![ValueType::Tensor(cx.t("x")?.clone())])
 }
 
+// ---- evaluation: views where candle has them (reshape, permute, narrow), index copies
+// otherwise ----
+
+/// Resolves a MIL reshape target (`0` copies the input dim, one `-1` is inferred).
+fn resolve_reshape(dims: &[usize], target: &[i64]) -> Result<Vec<usize>> {
+    let total: usize = dims.iter().product();
+    let mut out: Vec<Option<usize>> = Vec::new();
+    for (i, &d) in target.iter().enumerate() {
+        out.push(match d {
+            -1 => None,
+            0 => Some(*dims.get(i).ok_or_else(|| anyhow!("reshape: 0 at axis {i} of a rank-{} input", dims.len()))?),
+            d if d > 0 => Some(d as usize),
+            d => bail!("reshape to a negative dimension {d}"),
+        });
+    }
+    ensure!(out.iter().filter(|d| d.is_none()).count() <= 1, "reshape with more than one -1");
+    let known: usize = out.iter().flatten().product();
+    let fill = total.checked_div(known).unwrap_or(0);
+    let s: Vec<usize> = out.into_iter().map(|d| d.unwrap_or(fill)).collect();
+    ensure!(s.iter().product::<usize>() == total, "cannot reshape {dims:?} to {target:?}");
+    Ok(s)
+}
+
+fn eval_reshape(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let shape = match cx.out_shape(0) {
+        Some(s) => s,
+        None => resolve_reshape(x.dims(), &cx.ints("shape")?)?,
+    };
+    one(x.reshape(shape)?)
+}
+
+fn eval_transpose(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let perm = cx.ints("perm")?.into_iter().map(|p| axis(p, x.rank())).collect::<Result<Vec<_>>>()?;
+    one(x.permute(perm)?)
+}
+
+fn eval_expand_dims(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let axes = cx.ints("axes")?;
+    let r = x.rank() + axes.len();
+    let mut norm = axes.iter().map(|&a| axis(a, r)).collect::<Result<Vec<_>>>()?;
+    norm.sort();
+    let mut s = x.dims().to_vec();
+    for a in norm {
+        s.insert(a, 1);
+    }
+    one(x.reshape(s)?)
+}
+
+fn eval_squeeze(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let s: Vec<usize> = match cx.opt_ints("axes")? {
+        Some(axes) => {
+            let norm = axes.iter().map(|&a| axis(a, x.rank())).collect::<Result<Vec<_>>>()?;
+            x.dims().iter().enumerate().filter(|(i, _)| !norm.contains(i)).map(|(_, d)| *d).collect()
+        }
+        None => x.dims().iter().copied().filter(|&d| d != 1).collect(),
+    };
+    one(x.reshape(s)?)
+}
+
+fn eval_concat(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let vals = cx.ts("values")?;
+    let first = vals.first().ok_or_else(|| anyhow!("concat of nothing"))?;
+    let a = axis(cx.int("axis")?, first.rank())?;
+    if cx.opt_bool("interleave")?.unwrap_or(false) {
+        // Interleaving equal parts: stack on a new axis after `a`, then merge the two.
+        let st = candle_core::Tensor::stack(&vals, a + 1)?;
+        let mut s = first.dims().to_vec();
+        s[a] *= vals.len();
+        return one(st.reshape(s)?);
+    }
+    one(candle_core::Tensor::cat(&vals, a)?)
+}
+
+fn eval_stack(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let vals = cx.ts("values")?;
+    let first = vals.first().ok_or_else(|| anyhow!("stack of nothing"))?;
+    one(candle_core::Tensor::stack(&vals, axis(cx.int("axis")?, first.rank() + 1)?)?)
+}
+
+fn eval_split(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let a = axis(cx.int("axis")?, x.rank())?;
+    let mut start = 0;
+    let mut out = Vec::new();
+    for i in 0..cx.outputs.len() {
+        let n = cx.out(i)?.fixed_shape().and_then(|s| s.get(a).copied()).ok_or_else(|| anyhow!("split output {i} has no fixed size"))?;
+        out.push(RValue::T(x.narrow(a, start, n)?));
+        start += n;
+    }
+    ensure!(start == x.dims()[a], "split sizes add up to {start}, the axis has {}", x.dims()[a]);
+    Ok(out)
+}
+
+/// Per-axis spans of a `slice_by_index` / `slice_update` (MIL begin/end/stride/masks), plus
+/// the squeezed axes.
+pub(super) fn index_spans(cx: &EvalCx, dims: &[usize]) -> Result<(Vec<Span>, Vec<bool>)> {
+    let r = dims.len();
+    let begin = cx.ints("begin")?;
+    let end = cx.ints("end")?;
+    let stride = cx.opt_ints("stride")?.unwrap_or(vec![1; r]);
+    let m = |n: &str| -> Result<Vec<bool>> {
+        Ok(cx.opt_ints(n)?.map(|v| v.into_iter().map(|b| b != 0).collect()).unwrap_or(vec![false; r]))
+    };
+    let (bm, em, sq) = (m("begin_mask")?, m("end_mask")?, m("squeeze_mask")?);
+    ensure!(
+        [begin.len(), end.len(), stride.len(), bm.len(), em.len(), sq.len()].iter().all(|&l| l == r),
+        "slice of a rank-{r} tensor needs {r} begin/end/stride/mask values"
+    );
+    let mut spans = Vec::with_capacity(r);
+    for i in 0..r {
+        let n = dims[i] as i64;
+        let st = stride[i];
+        ensure!(st != 0, "slice stride 0 on axis {i}");
+        let norm = |v: i64| if v < 0 { v + n } else { v };
+        if sq[i] {
+            let b = if bm[i] { 0 } else { norm(begin[i]) };
+            ensure!(b >= 0 && b < n, "squeezed slice index {} out of range for an axis of {n}", begin[i]);
+            spans.push(Span { start: b as usize, step: 1, len: 1 });
+            continue;
+        }
+        let (b, len) = if st > 0 {
+            let b = if bm[i] { 0 } else { norm(begin[i]).clamp(0, n) };
+            let e = if em[i] { n } else { norm(end[i]).clamp(0, n) };
+            (b, if e > b { (e - b + st - 1) / st } else { 0 })
+        } else {
+            let b = if bm[i] { n - 1 } else { norm(begin[i]).clamp(-1, n - 1) };
+            let e = if em[i] { -1 } else { norm(end[i]).clamp(-1, n - 1) };
+            (b, if b > e { (b - e - st - 1) / (-st) } else { 0 })
+        };
+        spans.push(Span { start: if len == 0 { 0 } else { b as usize }, step: st as isize, len: len as usize });
+    }
+    Ok((spans, sq))
+}
+
+fn eval_slice_by_index(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let (spans, sq) = index_spans(cx, x.dims())?;
+    let y = kernels::strided_slice(x, &spans)?;
+    let s: Vec<usize> = spans.iter().zip(&sq).filter(|(_, q)| !**q).map(|(s, _)| s.len).collect();
+    one(y.reshape(s)?)
+}
+
+fn eval_slice_by_size(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let (begin, size) = (cx.ints("begin")?, cx.ints("size")?);
+    ensure!(begin.len() == x.rank() && size.len() == x.rank(), "slice_by_size of rank {} needs {0} begins and sizes", x.rank());
+    let spans = (0..x.rank())
+        .map(|i| {
+            let n = x.dims()[i] as i64;
+            let b = if begin[i] < 0 { begin[i] + n } else { begin[i] };
+            let len = if size[i] < 0 { n - b } else { size[i] };
+            ensure!(b >= 0 && len >= 0 && b + len <= n, "slice_by_size begin {} size {} on an axis of {n}", begin[i], size[i]);
+            Ok(Span { start: b as usize, step: 1, len: len as usize })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    one(kernels::strided_slice(x, &spans)?)
+}
+
+fn eval_gather(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let idx_t = cx.t("indices")?;
+    let idx = kernels::to_vec::<i64>(idx_t)?;
+    let a = axis(cx.opt_int("axis")?.unwrap_or(0), x.rank())?;
+    let bd = cx.opt_int("batch_dims")?.unwrap_or(0) as usize;
+    if bd == 0 {
+        return one(kernels::take(x, &idx, idx_t.dims(), a)?);
+    }
+    ensure!(bd <= a && bd <= idx_t.rank() && x.dims()[..bd] == idx_t.dims()[..bd], "gather batch_dims {bd} for {:?} and indices {:?}", x.dims(), idx_t.dims());
+    let nb: usize = x.dims()[..bd].iter().product();
+    let xr = x.reshape([vec![nb], x.dims()[bd..].to_vec()].concat())?;
+    let per = idx.len() / nb.max(1);
+    let parts = (0..nb)
+        .map(|b| kernels::take(&xr.get(b)?, &idx[b * per..(b + 1) * per], &idx_t.dims()[bd..], a - bd))
+        .collect::<Result<Vec<_>>>()?;
+    let y = candle_core::Tensor::stack(&parts, 0)?;
+    let mut s = x.dims()[..bd].to_vec();
+    s.extend_from_slice(&y.dims()[1..]);
+    one(y.reshape(s)?)
+}
+
+fn eval_gather_along_axis(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let idx_t = cx.t("indices")?;
+    let a = axis(cx.opt_int("axis")?.unwrap_or(0), x.rank())?;
+    one(kernels::take_along(x, &kernels::to_vec::<i64>(idx_t)?, idx_t.dims(), a)?)
+}
+
+fn eval_pad(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let p = cx.ints("pad")?;
+    ensure!(p.len() % 2 == 0 && p.len() / 2 <= x.rank() && p.iter().all(|&v| v >= 0), "pad {p:?} for rank {}", x.rank());
+    let mut pairs = vec![(0usize, 0usize); x.rank() - p.len() / 2];
+    pairs.extend(p.chunks(2).map(|c| (c[0] as usize, c[1] as usize)));
+    let mode = match cx.opt_str("mode")?.unwrap_or("constant") {
+        "constant" => PadMode::Constant(cx.opt_f64("constant_val")?.unwrap_or(0.0)),
+        "reflect" => PadMode::Reflect,
+        "replicate" => PadMode::Replicate,
+        m => bail!("unknown pad mode `{m}`"),
+    };
+    one(kernels::pad(x, &pairs, mode)?)
+}
+
+fn eval_fill(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let s: Vec<usize> = cx.ints("shape")?.into_iter().map(|d| usize::try_from(d).map_err(|_| anyhow!("fill to a negative dimension {d}"))).collect::<Result<_>>()?;
+    let v = cx.opt_f64("value")?.unwrap_or(0.0);
+    one(kernels::index::full(&s, v, cx.out_dtype(0)?)?)
+}
+
+fn eval_range_1d(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let get = |n: &str| -> Result<f64> { cx.opt_f64(n)?.ok_or_else(|| anyhow!("range_1d needs `{n}`")) };
+    let (start, end, step) = (get("start")?, get("end")?, get("step")?);
+    ensure!(step != 0.0, "range_1d step 0");
+    let n = ((end - start) / step).ceil().max(0.0) as usize;
+    let v: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
+    one(kernels::data::from_f64(v, &[n], cx.out_dtype(0)?)?)
+}
+
+fn eval_tile(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let reps: Vec<usize> = cx.ints("reps")?.into_iter().map(|r| usize::try_from(r).map_err(|_| anyhow!("negative tile count {r}"))).collect::<Result<_>>()?;
+    ensure!(reps.len() == x.rank(), "tile reps {reps:?} for rank {}", x.rank());
+    one(x.repeat(reps)?)
+}
+
+fn eval_shape(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    one(kernels::from_vec(x.dims().iter().map(|&d| d as i32).collect::<Vec<i32>>(), &[x.rank()])?)
+}
+
+fn eval_band_part(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    ensure!(x.rank() >= 2, "band_part needs rank ≥ 2");
+    let (lo, up) = (cx.opt_int("lower")?.unwrap_or(-1), cx.opt_int("upper")?.unwrap_or(-1));
+    let (m, n) = (x.dims()[x.rank() - 2], x.dims()[x.rank() - 1]);
+    let mask: Vec<u8> = (0..m * n)
+        .map(|k| {
+            let (i, j) = ((k / n) as i64, (k % n) as i64);
+            ((lo < 0 || i - j <= lo) && (up < 0 || j - i <= up)) as u8
+        })
+        .collect();
+    let zero = kernels::index::full(&[], 0.0, x.dtype())?;
+    one(kernels::select(&kernels::from_vec(mask, &[m, n])?, x, &zero)?)
+}
 
 pub static DEFS: &[OpDef] = &[
-    def("reshape", &[req("x"), req("shape")], infer_reshape),
-    def("transpose", &[req("x"), req_c("perm")], infer_transpose),
-    def("expand_dims", &[req("x"), req_c("axes")], infer_expand_dims),
-    def("squeeze", &[req("x"), opt_c("axes")], infer_squeeze),
-    def("concat", &[var("values"), req_c("axis"), opt_c("interleave")], infer_concat),
-    def("stack", &[var("values"), req_c("axis")], infer_stack),
-    def("split", &[req("x"), opt_c("num_splits"), opt_c("split_sizes"), req_c("axis")], infer_split),
+    def("reshape", &[req("x"), req("shape")], infer_reshape, eval_reshape),
+    def("transpose", &[req("x"), req_c("perm")], infer_transpose, eval_transpose),
+    def("expand_dims", &[req("x"), req_c("axes")], infer_expand_dims, eval_expand_dims),
+    def("squeeze", &[req("x"), opt_c("axes")], infer_squeeze, eval_squeeze),
+    def("concat", &[var("values"), req_c("axis"), opt_c("interleave")], infer_concat, eval_concat),
+    def("stack", &[var("values"), req_c("axis")], infer_stack, eval_stack),
+    def("split", &[req("x"), opt_c("num_splits"), opt_c("split_sizes"), req_c("axis")], infer_split, eval_split),
     def(
         "slice_by_index",
         &[
@@ -333,22 +583,25 @@ pub static DEFS: &[OpDef] = &[
             opt_c("squeeze_mask"),
         ],
         infer_slice_by_index,
+        eval_slice_by_index,
     ),
-    def("slice_by_size", &[req("x"), req("begin"), req_c("size")], infer_slice_by_size),
+    def("slice_by_size", &[req("x"), req("begin"), req_c("size")], infer_slice_by_size, eval_slice_by_size),
     def(
         "gather",
         &[req("x"), req("indices"), opt_c("axis"), opt_c("batch_dims"), opt_c("validate_indices")],
         infer_gather,
+        eval_gather,
     ),
     def(
         "gather_along_axis",
         &[req("x"), req("indices"), opt_c("axis"), opt_c("validate_indices")],
         infer_gather_along_axis,
+        eval_gather_along_axis,
     ),
-    def("pad", &[req("x"), req("pad"), opt_c("mode"), opt_c("constant_val")], infer_pad),
-    def("fill", &[req("shape"), opt("value")], infer_fill),
-    def("range_1d", &[req("end"), req("start"), req("step")], infer_range),
-    def("tile", &[req("x"), req_c("reps")], infer_tile),
-    def("shape", &[req("x")], infer_shape),
-    def("band_part", &[req("x"), opt_c("lower"), opt_c("upper")], infer_band_part),
+    def("pad", &[req("x"), req("pad"), opt_c("mode"), opt_c("constant_val")], infer_pad, eval_pad),
+    def("fill", &[req("shape"), opt("value")], infer_fill, eval_fill),
+    def("range_1d", &[req("end"), req("start"), req("step")], infer_range, eval_range_1d),
+    def("tile", &[req("x"), req_c("reps")], infer_tile, eval_tile),
+    def("shape", &[req("x")], infer_shape, eval_shape),
+    def("band_part", &[req("x"), opt_c("lower"), opt_c("upper")], infer_band_part, eval_band_part),
 ];

@@ -1,8 +1,10 @@
 //! Core ML states (iOS18): reading, writing, and the in-place `slice_update` they pair with.
 
+use super::eval::{one, EvalCx, RValue};
 use super::infer::InferCx;
 use super::{opt, opt_c, req, InputSpec, OpDef};
 use crate::ir::{Opset, ValueType};
+use crate::kernels;
 use anyhow::{anyhow, ensure, Result};
 
 fn infer_read_state(cx: &InferCx) -> Result<Vec<ValueType>> {
@@ -32,6 +34,25 @@ fn infer_slice_update(cx: &InferCx) -> Result<Vec<ValueType>> {
     Ok(vec![ValueType::Tensor(x.clone())])
 }
 
+// ---- evaluation: a state is a cell the session owns; `slice_update` is functional (it
+// returns an updated copy, which `coreml_update_state` then stores) ----
+
+fn eval_read_state(cx: &EvalCx) -> Result<Vec<RValue>> {
+    one(cx.state("input")?.get())
+}
+
+fn eval_update_state(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let v = cx.t("value")?;
+    cx.state("state")?.set(v.clone());
+    one(v.clone())
+}
+
+fn eval_slice_update(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let (spans, _) = super::shape::index_spans(cx, x.dims())?;
+    one(kernels::strided_assign(x, &spans, cx.t("update")?)?)
+}
+
 const SLICE_UPDATE: &[InputSpec] = &[
     req("x"),
     req("update"),
@@ -44,13 +65,28 @@ const SLICE_UPDATE: &[InputSpec] = &[
 ];
 
 pub static DEFS: &[OpDef] = &[
-    OpDef { name: "read_state", since: Opset::Ios18, until: None, inputs: &[req("input")], infer: infer_read_state },
+    OpDef {
+        name: "read_state",
+        since: Opset::Ios18,
+        until: None,
+        inputs: &[req("input")],
+        infer: infer_read_state,
+        eval: Some(eval_read_state),
+    },
     OpDef {
         name: "coreml_update_state",
         since: Opset::Ios18,
         until: None,
         inputs: &[req("state"), req("value")],
         infer: infer_update_state,
+        eval: Some(eval_update_state),
     },
-    OpDef { name: "slice_update", since: Opset::Ios18, until: None, inputs: SLICE_UPDATE, infer: infer_slice_update },
+    OpDef {
+        name: "slice_update",
+        since: Opset::Ios18,
+        until: None,
+        inputs: SLICE_UPDATE,
+        infer: infer_slice_update,
+        eval: Some(eval_slice_update),
+    },
 ];

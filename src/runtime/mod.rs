@@ -1,1 +1,304 @@
-//! runtime
+//! milkit's MIL interpreter: runs any `.mlpackage` milkit can load on CPU. A [`Session`]
+//! compiles each function once (constants converted and `constexpr_*` weights decoded at
+//! load, see [`plan`]), binds inputs with Core ML's boundary conversions, walks the block
+//! calling each op's `OpDef::eval`, frees every value after its last use, and keeps Core ML
+//! states (zero-initialised) across calls. Uses `ir`, `ops`, `kernels` and `package`.
+
+pub mod io;
+pub mod plan;
+
+use crate::ir::{Description, Model, ValueType};
+use crate::kernels;
+use crate::ops::eval::{storage_dtype, StateCell};
+use crate::ops::RValue;
+use anyhow::{anyhow, bail, ensure, Context, Result};
+pub use candle_core::{DType, Tensor};
+use plan::{compile, make_cx, op_label, run_eval, zero_state, Plan, Src};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A loaded program ready to run.
+pub struct Session {
+    description: Description,
+    functions: BTreeMap<String, Plan>,
+    default_function: String,
+    states: BTreeMap<String, (ValueType, StateCell)>,
+    profile: Option<BTreeMap<String, (usize, Duration)>>,
+}
+
+impl Session {
+    /// Loads and checks an `.mlpackage`, then compiles it.
+    pub fn load(path: &Path) -> Result<Session> {
+        let m = crate::package::load_package(path)?;
+        Session::from_model(m).with_context(|| format!("preparing {} to run", path.display()))
+    }
+
+    /// Compiles every function of a model.
+    pub fn from_model(m: Model) -> Result<Session> {
+        let mut functions = BTreeMap::new();
+        let mut states: BTreeMap<String, (ValueType, StateCell)> = BTreeMap::new();
+        for (name, f) in &m.program.functions {
+            let plan = compile(f).with_context(|| format!("function `{name}`"))?;
+            for i in plan
+                .inputs
+                .iter()
+                .filter(|i| matches!(i.ty, ValueType::State(_)))
+            {
+                match states.get(&i.name) {
+                    Some((t, _)) => ensure!(
+                        *t == i.ty,
+                        "state `{}` is {} in one function and {t} in another",
+                        i.name,
+                        i.ty
+                    ),
+                    None => {
+                        let z = zero_state(&i.name, &i.ty)?;
+                        states.insert(i.name.clone(), (i.ty.clone(), StateCell::new(z)));
+                    }
+                }
+            }
+            functions.insert(name.clone(), plan);
+        }
+        let default_function = if functions.contains_key("main") {
+            "main".to_string()
+        } else {
+            functions
+                .keys()
+                .next()
+                .cloned()
+                .ok_or_else(|| anyhow!("the program has no functions"))?
+        };
+        Ok(Session {
+            description: m.description,
+            functions,
+            default_function,
+            states,
+            profile: None,
+        })
+    }
+
+    pub fn description(&self) -> &Description {
+        &self.description
+    }
+
+    /// Function names, sorted.
+    pub fn functions(&self) -> Vec<&str> {
+        self.functions.keys().map(|s| s.as_str()).collect()
+    }
+
+    /// The caller-fed inputs of a function (states excluded) with their types.
+    pub fn inputs(&self, function: Option<&str>) -> Result<Vec<(String, ValueType)>> {
+        let p = self.plan(function)?;
+        Ok(p.inputs
+            .iter()
+            .filter(|i| !matches!(i.ty, ValueType::State(_)))
+            .map(|i| (i.name.clone(), i.ty.clone()))
+            .collect())
+    }
+
+    /// The outputs of a function with their types.
+    pub fn outputs(&self, function: Option<&str>) -> Result<Vec<(String, ValueType)>> {
+        Ok(self
+            .plan(function)?
+            .outputs
+            .iter()
+            .map(|(n, _, t)| (n.clone(), t.clone()))
+            .collect())
+    }
+
+    fn plan(&self, function: Option<&str>) -> Result<&Plan> {
+        let name = function.unwrap_or(&self.default_function);
+        self.functions.get(name).ok_or_else(|| {
+            anyhow!(
+                "no function `{name}` (have: {})",
+                self.functions().join(", ")
+            )
+        })
+    }
+
+    /// Current value of a state.
+    pub fn state(&self, name: &str) -> Option<Tensor> {
+        self.states.get(name).map(|(_, c)| c.get())
+    }
+
+    /// Replaces a state's value (converted to its dtype; the shape must match).
+    pub fn set_state(&mut self, name: &str, value: Tensor) -> Result<()> {
+        let (ty, cell) = self
+            .states
+            .get(name)
+            .ok_or_else(|| anyhow!("no state `{name}`"))?;
+        let ValueType::State(t) = ty else {
+            bail!("`{name}` is not a state")
+        };
+        cell.set(conform(name, &ValueType::Tensor(t.clone()), value)?);
+        Ok(())
+    }
+
+    /// Sets every state back to zeros.
+    pub fn reset_states(&mut self) -> Result<()> {
+        for (name, (ty, cell)) in &self.states {
+            cell.set(zero_state(name, ty)?);
+        }
+        Ok(())
+    }
+
+    /// Starts (or stops) accumulating time per op type; see [`Session::profile`].
+    pub fn enable_profiling(&mut self, on: bool) {
+        self.profile = on.then(BTreeMap::new);
+    }
+
+    /// (op type, calls, total time) since profiling was enabled, slowest first.
+    pub fn profile(&self) -> Vec<(String, usize, Duration)> {
+        let mut v: Vec<_> = self
+            .profile
+            .iter()
+            .flatten()
+            .map(|(k, (n, d))| (k.clone(), *n, *d))
+            .collect();
+        v.sort_by_key(|e| std::cmp::Reverse(e.2));
+        v
+    }
+
+    /// Runs the default function (`main`).
+    pub fn predict(&mut self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>> {
+        self.predict_function(None, inputs)
+    }
+
+    /// Runs `function` (None: `main`) on named inputs; returns the outputs in block order.
+    pub fn predict_function(
+        &mut self,
+        function: Option<&str>,
+        inputs: &[(&str, Tensor)],
+    ) -> Result<Vec<(String, Tensor)>> {
+        let fname = function.unwrap_or(&self.default_function).to_string();
+        // Field-level borrows: the plan is read while the profile is updated.
+        let plan = self
+            .functions
+            .get(&fname)
+            .ok_or_else(|| anyhow!("no function `{fname}`"))?;
+        let mut slots: Vec<Option<RValue>> = vec![None; plan.nslots];
+        let fed: Vec<&str> = plan
+            .inputs
+            .iter()
+            .filter(|i| !matches!(i.ty, ValueType::State(_)))
+            .map(|i| i.name.as_str())
+            .collect();
+        for (n, _) in inputs {
+            ensure!(
+                fed.contains(n),
+                "unknown input `{n}` for function `{fname}` (expects: {})",
+                fed.join(", ")
+            );
+        }
+        for i in &plan.inputs {
+            if let ValueType::State(_) = i.ty {
+                let (_, cell) = self
+                    .states
+                    .get(&i.name)
+                    .ok_or_else(|| anyhow!("state `{}` is not held by the session", i.name))?;
+                slots[i.slot] = Some(RValue::State(cell.clone()));
+                continue;
+            }
+            let mut given = inputs.iter().filter(|(n, _)| *n == i.name);
+            let (_, t) = given.next().ok_or_else(|| {
+                anyhow!(
+                    "missing input `{}` ({}) for function `{fname}`",
+                    i.name,
+                    i.ty
+                )
+            })?;
+            ensure!(given.next().is_none(), "input `{}` given twice", i.name);
+            slots[i.slot] = Some(RValue::T(conform(&i.name, &i.ty, t.clone())?));
+        }
+        let mut profile = self.profile.take();
+        let res = run_steps(plan, &mut slots, profile.as_mut());
+        self.profile = profile;
+        res?;
+        let mut out = Vec::new();
+        for (name, src, _) in &plan.outputs {
+            let v = match *src {
+                Src::Slot(k) => slots[k]
+                    .take()
+                    .ok_or_else(|| anyhow!("output `{name}` was not computed"))?,
+                Src::Const(k) => plan.consts[k].val.clone(),
+            };
+            let RValue::T(mut t) = v else {
+                bail!("output `{name}` is not a tensor")
+            };
+            // The model description is the ABI: hand back its dtype if it differs.
+            if let Some(f) = self.description.outputs.iter().find(|f| f.name == *name) {
+                t = kernels::cast(&t, storage_dtype(f.dtype.to_dtype())?)?;
+            }
+            out.push((name.clone(), t));
+        }
+        Ok(out)
+    }
+}
+
+fn run_steps(
+    plan: &Plan,
+    slots: &mut [Option<RValue>],
+    mut profile: Option<&mut BTreeMap<String, (usize, Duration)>>,
+) -> Result<()> {
+    for st in &plan.steps {
+        let t0 = Instant::now();
+        let outs = {
+            let cx = make_cx(st, plan.opset, &plan.consts, slots)?;
+            run_eval(st.eval, &cx).with_context(|| op_label(&st.op_type, &st.name, plan.opset))?
+        };
+        for (k, v) in st.outs.iter().zip(outs) {
+            slots[*k] = Some(v);
+        }
+        for k in &st.free {
+            slots[*k] = None;
+        }
+        if let Some(p) = profile.as_mut() {
+            let e = p.entry(st.op_type.clone()).or_default();
+            e.0 += 1;
+            e.1 += t0.elapsed();
+        }
+    }
+    Ok(())
+}
+
+/// Converts a caller's tensor to an input's type as Core ML does at its boundary: any
+/// float or integer tensor to a float input (fp32 data for fp16 inputs, an int32 mask for
+/// an fp16 mask), integers to integer inputs; the shape must match every fixed dimension.
+fn conform(name: &str, ty: &ValueType, t: Tensor) -> Result<Tensor> {
+    let tt = ty
+        .as_tensor()
+        .ok_or_else(|| anyhow!("input `{name}` has the non-tensor type {ty}"))?;
+    ensure!(
+        t.rank() == tt.rank(),
+        "input `{name}`: expected {tt}, got shape {:?}",
+        t.dims()
+    );
+    for (d, w) in t.dims().iter().zip(&tt.shape) {
+        if let crate::ir::Dim::Fixed(w) = w {
+            ensure!(
+                d == w,
+                "input `{name}`: expected {tt}, got shape {:?}",
+                t.dims()
+            );
+        }
+    }
+    let want = storage_dtype(tt.dtype)?;
+    if t.dtype() == want {
+        return Ok(t);
+    }
+    let (from_float, to_float) = (
+        kernels::data::is_float(t.dtype()),
+        kernels::data::is_float(want),
+    );
+    ensure!(
+        to_float || !from_float,
+        "input `{name}`: expected {tt}, got {:?} data (floats are not converted to integers)",
+        t.dtype()
+    );
+    if tt.dtype == crate::ir::DType::Bool {
+        let zero = kernels::index::full(&[], 0.0, t.dtype())?;
+        return kernels::compare(&t, &zero, kernels::CmpOp::Ne);
+    }
+    kernels::cast(&t, want)
+}

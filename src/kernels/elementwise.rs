@@ -1,0 +1,386 @@
+//! Elementwise maths: unary maps and numpy-broadcast binary ops, parallel over rayon.
+//! Floats are computed in f32 (f64 stays f64) and rounded once to the storage dtype, which is
+//! what an fp16 tensor program computing in fp32 produces; integers go through i64.
+
+use super::data::{from_f32, from_vec, is_float, to_vec, with_f32, CHUNK};
+use anyhow::{bail, ensure, Result};
+use candle_core::{DType, Tensor};
+use rayon::prelude::*;
+
+/// Applies `f` to every element of a float tensor, keeping its dtype.
+pub fn map_f32(t: &Tensor, f: impl Fn(f32) -> f32 + Sync + Send) -> Result<Tensor> {
+    ensure!(
+        is_float(t.dtype()),
+        "expected a float tensor, got {:?}",
+        t.dtype()
+    );
+    if t.dtype() == DType::F64 {
+        let mut v = to_vec::<f64>(t)?;
+        v.par_chunks_mut(CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|x| *x = f(*x as f32) as f64));
+        return from_vec(v, t.dims());
+    }
+    super::data::map_chunks(t, 1, |c| c.iter_mut().for_each(|x| *x = f(*x)))
+}
+
+/// Applies `f` to every element of an integer tensor, keeping its dtype.
+pub fn map_i64(t: &Tensor, f: impl Fn(i64) -> i64 + Sync + Send) -> Result<Tensor> {
+    let mut v = to_vec::<i64>(t)?;
+    v.par_chunks_mut(CHUNK)
+        .for_each(|c| c.iter_mut().for_each(|x| *x = f(*x)));
+    Ok(from_vec(v, t.dims())?.to_dtype(t.dtype())?)
+}
+
+/// Numpy broadcast of two shapes.
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let n = a.len().max(b.len());
+    (0..n)
+        .map(|i| {
+            let da = if i + a.len() >= n {
+                a[i + a.len() - n]
+            } else {
+                1
+            };
+            let db = if i + b.len() >= n {
+                b[i + b.len() - n]
+            } else {
+                1
+            };
+            match (da, db) {
+                (x, y) if x == y => Ok(x),
+                (1, y) => Ok(y),
+                (x, 1) => Ok(x),
+                (x, y) => bail!("shapes {a:?} and {b:?} do not broadcast ({x} vs {y})"),
+            }
+        })
+        .collect()
+}
+
+/// Strides of `shape` when broadcast to `out` (0 on broadcast and missing axes).
+fn bstrides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let s = super::data::strides(shape);
+    let off = out.len() - shape.len();
+    (0..out.len())
+        .map(|i| {
+            if i < off || shape[i - off] == 1 {
+                0
+            } else {
+                s[i - off]
+            }
+        })
+        .collect()
+}
+
+/// Merges adjacent axes that both operands walk uniformly, so the innermost loop is long.
+fn coalesce(dims: &[usize], sa: &[usize], sb: &[usize]) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+    let (mut d, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..dims.len() {
+        if dims[i] == 1 {
+            continue;
+        }
+        if let (Some(&ld), Some(&la), Some(&lb)) = (d.last(), a.last(), b.last()) {
+            if la == sa[i] * dims[i] && lb == sb[i] * dims[i] {
+                let k = d.len() - 1;
+                d[k] = ld * dims[i];
+                a[k] = sa[i];
+                b[k] = sb[i];
+                continue;
+            }
+        }
+        d.push(dims[i]);
+        a.push(sa[i]);
+        b.push(sb[i]);
+    }
+    if d.is_empty() {
+        return (vec![1], vec![0], vec![0]);
+    }
+    (d, a, b)
+}
+
+/// `out[i] = f(a[ia], b[ib])` over the broadcast of two row-major operands.
+pub fn zip_broadcast<A, B, U>(
+    a: &[A],
+    ash: &[usize],
+    b: &[B],
+    bsh: &[usize],
+    f: impl Fn(A, B) -> U + Sync + Send,
+) -> Result<(Vec<U>, Vec<usize>)>
+where
+    A: Copy + Sync,
+    B: Copy + Sync,
+    U: Copy + Send + Default,
+{
+    let out = broadcast_shape(ash, bsh)?;
+    let n: usize = out.iter().product();
+    let mut res = vec![U::default(); n];
+    if n == 0 {
+        return Ok((res, out));
+    }
+    if ash == bsh {
+        res.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| {
+            let base = c * CHUNK;
+            for (j, x) in o.iter_mut().enumerate() {
+                *x = f(a[base + j], b[base + j]);
+            }
+        });
+        return Ok((res, out));
+    }
+    let (dims, sa, sb) = coalesce(&out, &bstrides(ash, &out), &bstrides(bsh, &out));
+    let r = dims.len();
+    let inner = dims[r - 1];
+    let (ia, ib) = (sa[r - 1], sb[r - 1]);
+    let rows_per_task = (CHUNK / inner).max(1);
+    res.par_chunks_mut(inner * rows_per_task)
+        .enumerate()
+        .for_each(|(c, o)| {
+            for (k, row) in o.chunks_mut(inner).enumerate() {
+                let mut rem = c * rows_per_task + k;
+                let (mut oa, mut ob) = (0usize, 0usize);
+                for ax in (0..r - 1).rev() {
+                    let i = rem % dims[ax];
+                    rem /= dims[ax];
+                    oa += i * sa[ax];
+                    ob += i * sb[ax];
+                }
+                for (j, x) in row.iter_mut().enumerate() {
+                    *x = f(a[oa + j * ia], b[ob + j * ib]);
+                }
+            }
+        });
+    Ok((res, out))
+}
+
+/// Binary arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+    Min,
+    Pow,
+    /// Rounds toward −∞.
+    FloorDiv,
+    /// Result has the sign of the divisor (numpy `mod`).
+    Mod,
+}
+
+fn float_op(op: BinOp) -> fn(f32, f32) -> f32 {
+    match op {
+        BinOp::Add => |x, y| x + y,
+        BinOp::Sub => |x, y| x - y,
+        BinOp::Mul => |x, y| x * y,
+        BinOp::Div => |x, y| x / y,
+        BinOp::Max => |x, y| if x.is_nan() || x > y { x } else { y },
+        BinOp::Min => |x, y| if x.is_nan() || x < y { x } else { y },
+        BinOp::Pow => f32::powf,
+        BinOp::FloorDiv => |x, y| (x / y).floor(),
+        BinOp::Mod => |x, y| x - (x / y).floor() * y,
+    }
+}
+
+fn f64_op(op: BinOp) -> fn(f64, f64) -> f64 {
+    match op {
+        BinOp::Add => |x, y| x + y,
+        BinOp::Sub => |x, y| x - y,
+        BinOp::Mul => |x, y| x * y,
+        BinOp::Div => |x, y| x / y,
+        BinOp::Max => f64::max,
+        BinOp::Min => f64::min,
+        BinOp::Pow => f64::powf,
+        BinOp::FloorDiv => |x, y| (x / y).floor(),
+        BinOp::Mod => |x, y| x - (x / y).floor() * y,
+    }
+}
+
+fn int_op(op: BinOp) -> fn(i64, i64) -> i64 {
+    match op {
+        BinOp::Add => i64::wrapping_add,
+        BinOp::Sub => i64::wrapping_sub,
+        BinOp::Mul => i64::wrapping_mul,
+        // Integer division by zero yields 0 rather than a panic (Core ML leaves it undefined).
+        BinOp::Div => |x, y| if y == 0 { 0 } else { x.wrapping_div(y) },
+        BinOp::Max => i64::max,
+        BinOp::Min => i64::min,
+        BinOp::Pow => |x, y| {
+            if y < 0 {
+                0
+            } else {
+                x.wrapping_pow(y.min(u32::MAX as i64) as u32)
+            }
+        },
+        BinOp::FloorDiv => floor_div_i64,
+        BinOp::Mod => |x, y| x.wrapping_sub(floor_div_i64(x, y).wrapping_mul(y)),
+    }
+}
+
+fn floor_div_i64(x: i64, y: i64) -> i64 {
+    if y == 0 {
+        return 0;
+    }
+    let q = x.wrapping_div(y);
+    if x.wrapping_rem(y) != 0 && ((x < 0) != (y < 0)) {
+        q - 1
+    } else {
+        q
+    }
+}
+
+/// Zips two float tensors through f32 (the nested closures borrow f32 views of both).
+fn zip_f32<U>(
+    a: &Tensor,
+    b: &Tensor,
+    f: impl Fn(f32, f32) -> U + Sync + Send,
+) -> Result<(Vec<U>, Vec<usize>)>
+where
+    U: Copy + Send + Default,
+{
+    with_f32(a, |x| {
+        with_f32(b, |y| zip_broadcast(x, a.dims(), y, b.dims(), f))
+    })??
+}
+
+/// `a op b` with broadcasting; both operands must have the same dtype, which the result keeps.
+pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Result<Tensor> {
+    ensure!(
+        a.dtype() == b.dtype(),
+        "binary op on {:?} and {:?}",
+        a.dtype(),
+        b.dtype()
+    );
+    let dt = a.dtype();
+    match dt {
+        DType::F16 | DType::F32 | DType::BF16 => {
+            let f = float_op(op);
+            let (v, shape) = zip_f32(a, b, f)?;
+            from_f32(v, &shape, dt)
+        }
+        DType::F64 => {
+            let f = f64_op(op);
+            let (x, y) = (to_vec::<f64>(a)?, to_vec::<f64>(b)?);
+            let (v, shape) = zip_broadcast(&x, a.dims(), &y, b.dims(), f)?;
+            from_vec(v, &shape)
+        }
+        _ => {
+            let f = int_op(op);
+            let (x, y) = (to_vec::<i64>(a)?, to_vec::<i64>(b)?);
+            let (v, shape) = zip_broadcast(&x, a.dims(), &y, b.dims(), f)?;
+            Ok(from_vec(v, &shape)?.to_dtype(dt)?)
+        }
+    }
+}
+
+/// Comparisons; the result is u8 0/1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+fn cmp<T: PartialOrd>(op: CmpOp) -> fn(T, T) -> u8 {
+    match op {
+        CmpOp::Eq => |x, y| (x == y) as u8,
+        CmpOp::Ne => |x, y| (x != y) as u8,
+        CmpOp::Lt => |x, y| (x < y) as u8,
+        CmpOp::Le => |x, y| (x <= y) as u8,
+        CmpOp::Gt => |x, y| (x > y) as u8,
+        CmpOp::Ge => |x, y| (x >= y) as u8,
+    }
+}
+
+pub fn compare(a: &Tensor, b: &Tensor, op: CmpOp) -> Result<Tensor> {
+    ensure!(
+        a.dtype() == b.dtype(),
+        "comparison of {:?} and {:?}",
+        a.dtype(),
+        b.dtype()
+    );
+    let (v, shape) = if matches!(a.dtype(), DType::F16 | DType::F32 | DType::BF16) {
+        zip_f32(a, b, cmp::<f32>(op))?
+    } else if a.dtype() == DType::F64 {
+        let (x, y) = (to_vec::<f64>(a)?, to_vec::<f64>(b)?);
+        zip_broadcast(&x, a.dims(), &y, b.dims(), cmp::<f64>(op))?
+    } else {
+        let (x, y) = (to_vec::<i64>(a)?, to_vec::<i64>(b)?);
+        zip_broadcast(&x, a.dims(), &y, b.dims(), cmp::<i64>(op))?
+    };
+    from_vec(v, &shape)
+}
+
+/// Logical ops on u8 booleans (any non-zero is true).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogicOp {
+    And,
+    Or,
+    Xor,
+}
+
+pub fn logical(a: &Tensor, b: &Tensor, op: LogicOp) -> Result<Tensor> {
+    let (x, y) = (to_vec::<u8>(a)?, to_vec::<u8>(b)?);
+    let f: fn(u8, u8) -> u8 = match op {
+        LogicOp::And => |x, y| (x != 0 && y != 0) as u8,
+        LogicOp::Or => |x, y| (x != 0 || y != 0) as u8,
+        LogicOp::Xor => |x, y| ((x != 0) ^ (y != 0)) as u8,
+    };
+    let (v, shape) = zip_broadcast(&x, a.dims(), &y, b.dims(), f)?;
+    from_vec(v, &shape)
+}
+
+/// `cond ? a : b` with three-way broadcasting; `cond` is u8, `a` and `b` share a dtype.
+pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    ensure!(
+        a.dtype() == b.dtype(),
+        "select between {:?} and {:?}",
+        a.dtype(),
+        b.dtype()
+    );
+    let shape = broadcast_shape(&broadcast_shape(a.dims(), b.dims())?, cond.dims())?;
+    let c = cond.to_dtype(DType::U8)?.broadcast_as(shape.as_slice())?;
+    Ok(c.where_cond(
+        &a.broadcast_as(shape.as_slice())?,
+        &b.broadcast_as(shape.as_slice())?,
+    )?
+    .contiguous()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_add_matches_loop() {
+        let a: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..4).map(|i| 100.0 * i as f32).collect();
+        let ta = from_vec(a.clone(), &[2, 3, 4]).unwrap();
+        let tb = from_vec(b.clone(), &[1, 1, 4]).unwrap();
+        let r = to_vec::<f32>(&binary(&ta, &tb, BinOp::Add).unwrap()).unwrap();
+        for i in 0..24 {
+            assert_eq!(r[i], a[i] + b[i % 4]);
+        }
+        // Column broadcast [2,3,1] against [2,3,4].
+        let tc = from_vec(vec![1f32, 2., 3., 4., 5., 6.], &[2, 3, 1]).unwrap();
+        let r = to_vec::<f32>(&binary(&ta, &tc, BinOp::Mul).unwrap()).unwrap();
+        for i in 0..24 {
+            assert_eq!(r[i], a[i] * (i / 4 + 1) as f32);
+        }
+    }
+
+    #[test]
+    fn int_floor_div_and_mod_follow_numpy() {
+        let a = from_vec(vec![7i64, -7, 7, -7], &[4]).unwrap();
+        let b = from_vec(vec![2i64, 2, -2, -2], &[4]).unwrap();
+        assert_eq!(
+            to_vec::<i64>(&binary(&a, &b, BinOp::FloorDiv).unwrap()).unwrap(),
+            vec![3, -4, -4, 3]
+        );
+        assert_eq!(
+            to_vec::<i64>(&binary(&a, &b, BinOp::Mod).unwrap()).unwrap(),
+            vec![1, 1, -1, -1]
+        );
+    }
+}

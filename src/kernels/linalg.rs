@@ -1,0 +1,395 @@
+//! Contractions in f32: batched matmul with transpose flags and numpy batch broadcasting
+//! (candle's gemm, multi-threaded), 1-D/2-D convolution as im2col + matmul, and two-operand
+//! einsum reduced to one batched matmul. Inputs of any float dtype are converted to f32;
+//! results are f32 for the caller to round once.
+
+use super::data::{to_f32, to_f32_vec};
+use super::elementwise::broadcast_shape;
+use anyhow::{bail, ensure, Result};
+use candle_core::Tensor;
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+
+/// `op(a) @ op(b)` where `op` transposes the last two axes when its flag is set. Rank-1
+/// operands act as a row (`a`) or column (`b`) vector whose unit axis is dropped from the
+/// result, as in numpy. Batch axes broadcast. Returns f32.
+pub fn matmul(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
+    ensure!(a.rank() >= 1 && b.rank() >= 1, "matmul of a scalar");
+    let (a1, b1) = (a.rank() == 1, b.rank() == 1);
+    let a = if a1 {
+        to_f32(a)?.unsqueeze(0)?
+    } else {
+        to_f32(a)?
+    };
+    let b = if b1 {
+        to_f32(b)?.unsqueeze(1)?
+    } else {
+        to_f32(b)?
+    };
+    let (ta, tb) = (ta && !a1, tb && !b1);
+    let (ar, br) = (a.rank(), b.rank());
+    let (a_rows, a_cols) = (a.dims()[ar - 2], a.dims()[ar - 1]);
+    let (b_rows, b_cols) = (b.dims()[br - 2], b.dims()[br - 1]);
+    let (m, k) = if ta {
+        (a_cols, a_rows)
+    } else {
+        (a_rows, a_cols)
+    };
+    let (k2, n) = if tb {
+        (b_cols, b_rows)
+    } else {
+        (b_rows, b_cols)
+    };
+    ensure!(
+        k == k2,
+        "matmul inner dimensions differ: {:?} × {:?} (transpose {ta}/{tb})",
+        a.dims(),
+        b.dims()
+    );
+    let (abatch, bbatch) = (&a.dims()[..ar - 2], &b.dims()[..br - 2]);
+    let batch = broadcast_shape(abatch, bbatch)?;
+    let nb: usize = batch.iter().product();
+    let (na, nbb) = (
+        abatch.iter().product::<usize>(),
+        bbatch.iter().product::<usize>(),
+    );
+    let out = if nbb == 1 && !ta && na == nb {
+        // A batch-free rhs: fold every batch of lhs into the rows of one gemm.
+        let a2 = a.contiguous()?.reshape((na * m, k))?;
+        let b2 = b.contiguous()?.reshape((b_rows, b_cols))?;
+        let b2 = if tb { b2.t()? } else { b2 };
+        a2.matmul(&b2)?
+    } else {
+        let a3 = batched(&a, na, nb, &batch)?;
+        let b3 = batched(&b, nbb, nb, &batch)?;
+        let a3 = if ta { a3.transpose(1, 2)? } else { a3 };
+        let b3 = if tb { b3.transpose(1, 2)? } else { b3 };
+        a3.matmul(&b3)?
+    };
+    let mut shape = batch;
+    if !a1 {
+        shape.push(m);
+    }
+    if !b1 {
+        shape.push(n);
+    }
+    Ok(out.reshape(shape)?)
+}
+
+/// `t` [..batch, r, c] as [nb, r, c]: batch axes flattened, broadcast to `batch` (a zero
+/// stride when `t` has a single batch, a copy for partial broadcasts).
+fn batched(t: &Tensor, own: usize, nb: usize, batch: &[usize]) -> Result<Tensor> {
+    let r = t.rank();
+    let (rows, cols) = (t.dims()[r - 2], t.dims()[r - 1]);
+    if own == nb && t.dims()[..r - 2] == *batch {
+        return Ok(t.contiguous()?.reshape((nb, rows, cols))?);
+    }
+    if own == 1 {
+        return Ok(t
+            .contiguous()?
+            .reshape((1, rows, cols))?
+            .broadcast_as((nb, rows, cols))?);
+    }
+    let mut full = batch.to_vec();
+    full.extend([rows, cols]);
+    let lead = vec![1; full.len() - r];
+    let t = t.reshape([lead, t.dims().to_vec()].concat())?;
+    Ok(t.broadcast_as(full)?
+        .contiguous()?
+        .reshape((nb, rows, cols))?)
+}
+
+/// Geometry of a convolution over 1 or 2 spatial axes.
+#[derive(Clone, Debug)]
+pub struct ConvParams {
+    pub strides: Vec<usize>,
+    pub dilations: Vec<usize>,
+    /// (before, after) padding per spatial axis.
+    pub pads: Vec<(usize, usize)>,
+    pub groups: usize,
+}
+
+/// Cross-correlation of `x` [N, C, *S] with `w` [O, C/groups, *K] (1 or 2 spatial axes),
+/// plus `bias` [O]; returns f32 [N, O, *S_out].
+pub fn conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &ConvParams) -> Result<Tensor> {
+    let nsp = x.rank().saturating_sub(2);
+    ensure!(
+        nsp == 1 || nsp == 2,
+        "convolution over {nsp} spatial axes is not supported (1 or 2)"
+    );
+    ensure!(
+        w.rank() == x.rank(),
+        "conv weight {:?} and input {:?} differ in rank",
+        w.dims(),
+        x.dims()
+    );
+    ensure!(
+        p.strides.len() == nsp && p.dilations.len() == nsp && p.pads.len() == nsp,
+        "conv geometry needs {nsp} values per parameter"
+    );
+    // 1-D as 2-D with a unit height.
+    let (xd, wd) = (x.dims(), w.dims());
+    let (n, c, h, wi) = if nsp == 1 {
+        (xd[0], xd[1], 1, xd[2])
+    } else {
+        (xd[0], xd[1], xd[2], xd[3])
+    };
+    let (o, cg, kh, kw) = if nsp == 1 {
+        (wd[0], wd[1], 1, wd[2])
+    } else {
+        (wd[0], wd[1], wd[2], wd[3])
+    };
+    let (sh, sw) = if nsp == 1 {
+        (1, p.strides[0])
+    } else {
+        (p.strides[0], p.strides[1])
+    };
+    let (dh, dw) = if nsp == 1 {
+        (1, p.dilations[0])
+    } else {
+        (p.dilations[0], p.dilations[1])
+    };
+    let ((pt, pb), (pl, pr)) = if nsp == 1 {
+        ((0, 0), p.pads[0])
+    } else {
+        (p.pads[0], p.pads[1])
+    };
+    let g = p.groups;
+    ensure!(
+        g >= 1 && c == cg * g && o % g == 0,
+        "conv: {c} input channels, weight {wd:?}, groups {g}"
+    );
+    ensure!(
+        sh > 0 && sw > 0 && dh > 0 && dw > 0,
+        "conv strides and dilations must be positive"
+    );
+    let (eh, ew) = (dh * (kh - 1) + 1, dw * (kw - 1) + 1);
+    ensure!(
+        h + pt + pb >= eh && wi + pl + pr >= ew,
+        "conv kernel {wd:?} larger than padded input {xd:?}"
+    );
+    let (ho, wo) = ((h + pt + pb - eh) / sh + 1, (wi + pl + pr - ew) / sw + 1);
+    let kk = cg * kh * kw;
+    let wt = to_f32(w)?.contiguous()?.reshape((g, o / g, kk))?;
+    let pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt + pb + pl + pr == 0;
+    let x32 = to_f32(x)?.contiguous()?;
+    let mut outs = Vec::with_capacity(n);
+    for b in 0..n {
+        let xb = x32.get(b)?;
+        let cols = if pointwise {
+            xb.reshape((g, cg, h * wi))?
+        } else {
+            let xs = to_f32_vec(&xb)?;
+            let mut cols = vec![0f32; c * kh * kw * ho * wo];
+            cols.par_chunks_mut(ho * wo)
+                .enumerate()
+                .for_each(|(row, dst)| {
+                    let (ch, ki, kj) = (row / (kh * kw), (row / kw) % kh, row % kw);
+                    let plane = &xs[ch * h * wi..(ch + 1) * h * wi];
+                    for oy in 0..ho {
+                        let iy = (oy * sh + ki * dh) as isize - pt as isize;
+                        let line = &mut dst[oy * wo..(oy + 1) * wo];
+                        if iy < 0 || iy >= h as isize {
+                            continue;
+                        }
+                        let src = &plane[iy as usize * wi..(iy as usize + 1) * wi];
+                        for (ox, d) in line.iter_mut().enumerate() {
+                            let ix = (ox * sw + kj * dw) as isize - pl as isize;
+                            if ix >= 0 && (ix as usize) < wi {
+                                *d = src[ix as usize];
+                            }
+                        }
+                    }
+                });
+            Tensor::from_vec(cols, (g, kk, ho * wo), x.device())?
+        };
+        outs.push(wt.matmul(&cols)?.reshape((o, ho * wo))?);
+    }
+    let mut y = Tensor::stack(&outs, 0)?;
+    if let Some(bias) = bias {
+        ensure!(
+            bias.elem_count() == o,
+            "conv bias has {} values for {o} channels",
+            bias.elem_count()
+        );
+        y = y.broadcast_add(&to_f32(bias)?.reshape((1, o, 1))?)?;
+    }
+    Ok(if nsp == 1 {
+        y.reshape((n, o, wo))?
+    } else {
+        y.reshape((n, o, ho, wo))?
+    })
+}
+
+/// Parses `"ab,bc->ac"` into operand subscripts and output subscripts (implicit output: the
+/// letters used once, alphabetically).
+fn parse_einsum(eq: &str) -> Result<(Vec<Vec<char>>, Vec<char>)> {
+    let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+    ensure!(
+        !eq.contains("..."),
+        "einsum ellipsis is not supported: `{eq}`"
+    );
+    let (lhs, out) = match eq.split_once("->") {
+        Some((l, o)) => (l.to_string(), Some(o.chars().collect::<Vec<_>>())),
+        None => (eq.clone(), None),
+    };
+    let terms: Vec<Vec<char>> = lhs.split(',').map(|t| t.chars().collect()).collect();
+    for t in terms.iter().chain(out.iter()) {
+        ensure!(
+            t.iter().all(|c| c.is_ascii_alphabetic()),
+            "einsum subscripts must be letters: `{eq}`"
+        );
+        let mut s = t.clone();
+        s.sort();
+        s.dedup();
+        ensure!(
+            s.len() == t.len(),
+            "einsum `{eq}`: repeated subscripts within one term are not supported"
+        );
+    }
+    let out = out.unwrap_or_else(|| {
+        let mut count = BTreeMap::new();
+        terms
+            .iter()
+            .flatten()
+            .for_each(|c| *count.entry(*c).or_insert(0) += 1);
+        count
+            .into_iter()
+            .filter(|(_, n)| *n == 1)
+            .map(|(c, _)| c)
+            .collect()
+    });
+    Ok((terms, out))
+}
+
+/// Einstein summation over one or two operands (any contraction without repeated
+/// subscripts in a term). Returns f32.
+pub fn einsum(eq: &str, operands: &[&Tensor]) -> Result<Tensor> {
+    let (terms, out) = parse_einsum(eq)?;
+    ensure!(
+        terms.len() == operands.len(),
+        "einsum `{eq}` has {} terms for {} operands",
+        terms.len(),
+        operands.len()
+    );
+    ensure!(
+        matches!(terms.len(), 1 | 2),
+        "einsum with {} operands is not supported",
+        terms.len()
+    );
+    let mut size = BTreeMap::new();
+    for (t, x) in terms.iter().zip(operands) {
+        ensure!(
+            t.len() == x.rank(),
+            "einsum term `{}` for an operand of shape {:?}",
+            t.iter().collect::<String>(),
+            x.dims()
+        );
+        for (c, &d) in t.iter().zip(x.dims()) {
+            match size.get(c) {
+                Some(&e) if e != d && e != 1 && d != 1 => {
+                    bail!("einsum `{eq}`: subscript {c} is {e} and {d}")
+                }
+                Some(&e) if e != 1 => {}
+                _ => {
+                    size.insert(*c, d);
+                }
+            }
+        }
+    }
+    for c in &out {
+        ensure!(
+            size.contains_key(c),
+            "einsum `{eq}`: output subscript {c} is not an input subscript"
+        );
+    }
+    // Sum out letters that occur in only one operand and not in the output.
+    let mut xs = Vec::new();
+    let mut ts = Vec::new();
+    for (i, (t, x)) in terms.iter().zip(operands).enumerate() {
+        let others: Vec<char> = terms
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .flat_map(|(_, t)| t.clone())
+            .collect();
+        let drop: Vec<usize> = (0..t.len())
+            .filter(|&k| !out.contains(&t[k]) && !others.contains(&t[k]))
+            .collect();
+        let x = to_f32(x)?;
+        let x = if drop.is_empty() {
+            x
+        } else {
+            super::norm::reduce(&x, &drop, false, super::norm::Reduce::Sum)?
+        };
+        ts.push(
+            t.iter()
+                .enumerate()
+                .filter(|(k, _)| !drop.contains(k))
+                .map(|(_, c)| *c)
+                .collect::<Vec<_>>(),
+        );
+        xs.push(x);
+    }
+    let (y, letters) = if xs.len() == 1 {
+        (xs.remove(0), ts.remove(0))
+    } else {
+        let (l, r) = (&ts[0], &ts[1]);
+        let batch: Vec<char> = l
+            .iter()
+            .filter(|c| r.contains(c) && out.contains(c))
+            .copied()
+            .collect();
+        let contract: Vec<char> = l
+            .iter()
+            .filter(|c| r.contains(c) && !out.contains(c))
+            .copied()
+            .collect();
+        let lfree: Vec<char> = l.iter().filter(|c| !r.contains(c)).copied().collect();
+        let rfree: Vec<char> = r.iter().filter(|c| !l.contains(c)).copied().collect();
+        let dims = |cs: &[char]| cs.iter().map(|c| size[c]).collect::<Vec<usize>>();
+        let arrange = |x: &Tensor,
+                       t: &[char],
+                       order: &[char],
+                       shape3: (usize, usize, usize)|
+         -> Result<Tensor> {
+            let perm: Vec<usize> = order
+                .iter()
+                .map(|c| t.iter().position(|d| d == c).unwrap_or(0))
+                .collect();
+            let p = x.permute(perm.as_slice())?;
+            Ok(p.broadcast_as(dims(order))?.contiguous()?.reshape(shape3)?)
+        };
+        let (nb, m, k, n) = (
+            dims(&batch).iter().product(),
+            dims(&lfree).iter().product(),
+            dims(&contract).iter().product(),
+            dims(&rfree).iter().product(),
+        );
+        let a = arrange(
+            &xs[0],
+            l,
+            &[batch.clone(), lfree.clone(), contract.clone()].concat(),
+            (nb, m, k),
+        )?;
+        let b = arrange(
+            &xs[1],
+            r,
+            &[batch.clone(), contract, rfree.clone()].concat(),
+            (nb, k, n),
+        )?;
+        let letters = [batch, lfree, rfree].concat();
+        (a.matmul(&b)?.reshape(dims(&letters))?, letters)
+    };
+    let perm: Vec<usize> = out
+        .iter()
+        .map(|c| letters.iter().position(|d| d == c).unwrap_or(0))
+        .collect();
+    let want: Vec<usize> = out.iter().map(|c| size[c]).collect();
+    let y = y.permute(perm.as_slice())?;
+    Ok(if y.dims() == want.as_slice() {
+        y.contiguous()?
+    } else {
+        y.broadcast_as(want)?.contiguous()?
+    })
+}

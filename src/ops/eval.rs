@@ -1,0 +1,362 @@
+//! What an op's evaluation sees and returns: runtime values ([`RValue`]: candle CPU tensors,
+//! strings, state cells), the MIL dtype → candle storage dtype map, constant conversion from
+//! `ir` values, and [`EvalCx`], which hands an op its inputs by parameter name (with the
+//! compile-time value where there is one), its constant parameters as numbers or strings,
+//! cached f32 copies of constant weights, and its inferred output types.
+
+use crate::ir::{self, DType as MilType, Opset, TensorType, Value, ValueType};
+use crate::kernels;
+use anyhow::{anyhow, bail, ensure, Result};
+use candle_core::{DType, Tensor};
+use half::{bf16, f16};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Evaluates one op: its output values, in output order.
+pub type EvalFn = fn(&EvalCx) -> Result<Vec<RValue>>;
+
+/// A value at run time.
+#[derive(Clone, Debug)]
+pub enum RValue {
+    /// A tensor, stored as [`storage_dtype`] of its MIL dtype.
+    T(Tensor),
+    /// A string tensor (flattened).
+    Str(Vec<String>),
+    /// A Core ML state: the session owns the cell, ops read and replace its tensor.
+    State(StateCell),
+}
+
+/// Shared, replaceable tensor holding a state's current value.
+#[derive(Clone, Debug)]
+pub struct StateCell(Arc<Mutex<Tensor>>);
+
+impl StateCell {
+    pub fn new(t: Tensor) -> StateCell {
+        StateCell(Arc::new(Mutex::new(t)))
+    }
+    pub fn get(&self) -> Tensor {
+        match self.0.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+    pub fn set(&self, t: Tensor) {
+        match self.0.lock() {
+            Ok(mut g) => *g = t,
+            Err(p) => *p.into_inner() = t,
+        }
+    }
+}
+
+impl RValue {
+    pub fn tensor(&self) -> Result<&Tensor> {
+        match self {
+            RValue::T(t) => Ok(t),
+            RValue::Str(_) => bail!("expected a tensor, got a string"),
+            RValue::State(_) => bail!("expected a tensor, got a state"),
+        }
+    }
+}
+
+/// The candle dtype that holds a MIL dtype at run time: bool as u8, narrow or sub-byte
+/// integers widened (int8/int4 → i16, uint1..uint8 → u8, uint16 → u32, uint64 → i64).
+pub fn storage_dtype(d: MilType) -> Result<DType> {
+    Ok(match d {
+        MilType::Bool
+        | MilType::U1
+        | MilType::U2
+        | MilType::U3
+        | MilType::U4
+        | MilType::U6
+        | MilType::U8 => DType::U8,
+        MilType::F16 => DType::F16,
+        MilType::F32 => DType::F32,
+        MilType::F64 => DType::F64,
+        MilType::BF16 => DType::BF16,
+        MilType::I4 | MilType::I8 | MilType::I16 => DType::I16,
+        MilType::I32 => DType::I32,
+        MilType::I64 | MilType::U64 => DType::I64,
+        MilType::U16 | MilType::U32 => DType::U32,
+        MilType::Str => bail!("string tensors have no numeric storage"),
+    })
+}
+
+fn le<const N: usize, T>(b: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+    b.chunks_exact(N)
+        .map(|c| f(c.try_into().unwrap_or([0; N])))
+        .collect()
+}
+
+/// Converts an `ir` tensor (little-endian bytes, sub-byte types packed) to a candle tensor
+/// of its storage dtype.
+pub fn tensor_from_ir(t: &ir::Tensor) -> Result<Tensor> {
+    let b = t.data.as_slice();
+    let n = t.num_elements();
+    let s = t.shape.as_slice();
+    ensure!(
+        b.len() == t.dtype.storage_bytes(n),
+        "{} tensor {s:?} has {} bytes",
+        t.dtype,
+        b.len()
+    );
+    match t.dtype {
+        MilType::F16 => kernels::from_vec(le(b, f16::from_le_bytes), s),
+        MilType::BF16 => kernels::from_vec(le(b, bf16::from_le_bytes), s),
+        MilType::F32 => kernels::from_vec(le(b, f32::from_le_bytes), s),
+        MilType::F64 => kernels::from_vec(le(b, f64::from_le_bytes), s),
+        MilType::I16 => kernels::from_vec(le(b, i16::from_le_bytes), s),
+        MilType::I32 => kernels::from_vec(le(b, i32::from_le_bytes), s),
+        MilType::I64 => kernels::from_vec(le(b, i64::from_le_bytes), s),
+        MilType::U64 => kernels::from_vec(le(b, |x| u64::from_le_bytes(x) as i64), s),
+        MilType::U16 => kernels::from_vec(le(b, |x| u16::from_le_bytes(x) as u32), s),
+        MilType::U32 => kernels::from_vec(le(b, u32::from_le_bytes), s),
+        MilType::U8 => kernels::from_vec(b.to_vec(), s),
+        MilType::Bool => {
+            kernels::from_vec(b.iter().map(|&x| (x != 0) as u8).collect::<Vec<u8>>(), s)
+        }
+        MilType::I8 => {
+            kernels::from_vec(b.iter().map(|&x| x as i8 as i16).collect::<Vec<i16>>(), s)
+        }
+        MilType::I4 => {
+            let codes = kernels::unpack_bits(b, 4, n)?;
+            kernels::from_vec(
+                codes
+                    .into_iter()
+                    .map(|c| (((c << 4) as i8) >> 4) as i16)
+                    .collect::<Vec<i16>>(),
+                s,
+            )
+        }
+        d @ (MilType::U1 | MilType::U2 | MilType::U3 | MilType::U4 | MilType::U6) => {
+            kernels::from_vec(kernels::unpack_bits(b, d.bits(), n)?, s)
+        }
+        MilType::Str => bail!("string tensors are not numeric"),
+    }
+}
+
+/// A constant as a runtime value.
+pub fn value_from_ir(v: &Value) -> Result<RValue> {
+    match v {
+        Value::Tensor(t) => Ok(RValue::T(tensor_from_ir(t)?)),
+        Value::Strings { values, .. } => Ok(RValue::Str(values.clone())),
+        other => bail!(
+            "constants of type {} are not supported at run time",
+            other.value_type()
+        ),
+    }
+}
+
+/// Checks that an op produced exactly its inferred type (storage dtype and every fixed dim).
+pub fn check_output(v: &RValue, ty: &ValueType) -> Result<()> {
+    match (v, ty) {
+        (RValue::T(t), ValueType::Tensor(tt)) if tt.dtype != MilType::Str => {
+            let want = storage_dtype(tt.dtype)?;
+            ensure!(
+                t.dtype() == want,
+                "produced {:?} for a {} output ({want:?} expected)",
+                t.dtype(),
+                tt
+            );
+            ensure!(
+                t.rank() == tt.rank(),
+                "produced shape {:?} for {}",
+                t.dims(),
+                tt
+            );
+            for (d, w) in t.dims().iter().zip(&tt.shape) {
+                if let ir::Dim::Fixed(w) = w {
+                    ensure!(d == w, "produced shape {:?} for {}", t.dims(), tt);
+                }
+            }
+            Ok(())
+        }
+        (RValue::Str(_), ValueType::Tensor(tt)) if tt.dtype == MilType::Str => Ok(()),
+        (RValue::State(_), ValueType::State(_)) => Ok(()),
+        (v, ty) => bail!("produced {} for a {ty} output", kind(v)),
+    }
+}
+
+fn kind(v: &RValue) -> &'static str {
+    match v {
+        RValue::T(_) => "a tensor",
+        RValue::Str(_) => "strings",
+        RValue::State(_) => "a state",
+    }
+}
+
+/// One binding of an op input at evaluation time.
+#[derive(Clone, Copy)]
+pub struct Bound<'a> {
+    pub val: &'a RValue,
+    /// The program's compile-time value, when the binding is a constant.
+    pub konst: Option<&'a Value>,
+    /// Where an f32 copy of a constant tensor is kept between calls.
+    pub f32_cache: Option<&'a OnceLock<Tensor>>,
+}
+
+/// Everything one op's evaluation reads.
+pub struct EvalCx<'a> {
+    pub op_type: &'a str,
+    pub op_name: &'a str,
+    pub opset: Opset,
+    /// Parameter name → bindings (several for variadic parameters).
+    pub inputs: BTreeMap<&'a str, Vec<Bound<'a>>>,
+    pub attributes: &'a BTreeMap<String, Value>,
+    /// Inferred output types.
+    pub outputs: &'a [ValueType],
+}
+
+impl<'a> EvalCx<'a> {
+    pub fn has(&self, name: &str) -> bool {
+        self.inputs.contains_key(name)
+    }
+    fn one(&self, name: &str) -> Result<&Bound<'a>> {
+        match self.inputs.get(name).map(|v| v.as_slice()) {
+            Some([b]) => Ok(b),
+            Some(v) => bail!("input `{name}` has {} bindings, expected one", v.len()),
+            None => bail!("missing input `{name}`"),
+        }
+    }
+    /// All bindings of a (variadic) parameter.
+    pub fn all(&self, name: &str) -> &[Bound<'a>] {
+        self.inputs.get(name).map(|v| v.as_slice()).unwrap_or(&[])
+    }
+    pub fn t(&self, name: &str) -> Result<&'a Tensor> {
+        self.one(name)?
+            .val
+            .tensor()
+            .map_err(|e| anyhow!("input `{name}`: {e}"))
+    }
+    pub fn opt_t(&self, name: &str) -> Result<Option<&'a Tensor>> {
+        if self.has(name) {
+            self.t(name).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+    /// Tensors of a variadic parameter.
+    pub fn ts(&self, name: &str) -> Result<Vec<&'a Tensor>> {
+        self.all(name)
+            .iter()
+            .map(|b| b.val.tensor().map_err(|e| anyhow!("input `{name}`: {e}")))
+            .collect()
+    }
+    /// The compile-time value of an input, if it is a program constant.
+    pub fn konst(&self, name: &str) -> Option<&'a Value> {
+        self.one(name).ok().and_then(|b| b.konst)
+    }
+    /// An input as f32; constants are converted once and cached in the session.
+    pub fn f32(&self, name: &str) -> Result<Tensor> {
+        let b = self.one(name)?;
+        let t = b.val.tensor().map_err(|e| anyhow!("input `{name}`: {e}"))?;
+        match b.f32_cache {
+            Some(c) => {
+                if let Some(v) = c.get() {
+                    return Ok(v.clone());
+                }
+                let v = kernels::to_f32(t)?;
+                let _ = c.set(v.clone());
+                Ok(v)
+            }
+            None => kernels::to_f32(t),
+        }
+    }
+    pub fn opt_f32(&self, name: &str) -> Result<Option<Tensor>> {
+        if self.has(name) {
+            self.f32(name).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+    /// Integer elements of an input (constant or computed).
+    pub fn ints(&self, name: &str) -> Result<Vec<i64>> {
+        let b = self.one(name)?;
+        if let Some(Value::Tensor(t)) = b.konst {
+            if t.dtype.is_int() || t.dtype == MilType::Bool {
+                return t.to_i64_vec();
+            }
+        }
+        let t = b.val.tensor().map_err(|e| anyhow!("input `{name}`: {e}"))?;
+        kernels::to_vec::<i64>(t)
+    }
+    pub fn opt_ints(&self, name: &str) -> Result<Option<Vec<i64>>> {
+        if self.has(name) {
+            self.ints(name).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+    pub fn int(&self, name: &str) -> Result<i64> {
+        match self.ints(name)?.as_slice() {
+            [v] => Ok(*v),
+            v => bail!("input `{name}` must be a scalar, has {} values", v.len()),
+        }
+    }
+    pub fn opt_int(&self, name: &str) -> Result<Option<i64>> {
+        if self.has(name) {
+            self.int(name).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+    pub fn opt_bool(&self, name: &str) -> Result<Option<bool>> {
+        Ok(self.opt_int(name)?.map(|v| v != 0))
+    }
+    /// Float elements of an input.
+    pub fn floats(&self, name: &str) -> Result<Vec<f64>> {
+        kernels::to_vec::<f64>(self.t(name)?)
+    }
+    pub fn opt_f64(&self, name: &str) -> Result<Option<f64>> {
+        if !self.has(name) {
+            return Ok(None);
+        }
+        match self.floats(name)?.as_slice() {
+            [v] => Ok(Some(*v)),
+            v => bail!("input `{name}` must be a scalar, has {} values", v.len()),
+        }
+    }
+    pub fn opt_str(&self, name: &str) -> Result<Option<&'a str>> {
+        if !self.has(name) {
+            return Ok(None);
+        }
+        match self.one(name)?.val {
+            RValue::Str(v) if v.len() == 1 => Ok(Some(v[0].as_str())),
+            _ => bail!("input `{name}` must be a single string"),
+        }
+    }
+    pub fn state(&self, name: &str) -> Result<&'a StateCell> {
+        match self.one(name)?.val {
+            RValue::State(s) => Ok(s),
+            _ => bail!("input `{name}` must be a state"),
+        }
+    }
+    /// Inferred type of output `i`.
+    pub fn out(&self, i: usize) -> Result<&'a TensorType> {
+        self.outputs
+            .get(i)
+            .and_then(|t| t.as_tensor())
+            .ok_or_else(|| anyhow!("output {i} of `{}` is not a tensor", self.op_type))
+    }
+    /// Storage dtype of output `i`.
+    pub fn out_dtype(&self, i: usize) -> Result<DType> {
+        storage_dtype(self.out(i)?.dtype)
+    }
+    /// Fixed shape of output `i`, when inference knew it.
+    pub fn out_shape(&self, i: usize) -> Option<Vec<usize>> {
+        self.out(i).ok().and_then(|t| t.fixed_shape())
+    }
+    /// Normalises an axis for `rank`.
+    pub fn axis(&self, a: i64, rank: usize) -> Result<usize> {
+        super::infer::axis(a, rank)
+    }
+}
+
+/// A single tensor result.
+pub fn one(t: Tensor) -> Result<Vec<RValue>> {
+    Ok(vec![RValue::T(t)])
+}
+
+/// Rounds an f32 result to output 0's storage dtype.
+pub fn out0(cx: &EvalCx, t: Tensor) -> Result<Vec<RValue>> {
+    one(kernels::cast(&t, cx.out_dtype(0)?)?)
+}

@@ -1,0 +1,313 @@
+//! Compiling one MIL function into an execution plan: every variable gets a slot, constants
+//! (`const`, inline values, and any op whose inputs are all constant — `constexpr_*`
+//! decompression included) are evaluated once here, and each remaining op becomes a step
+//! that knows which slots die after it (their last use), so a run holds only live values.
+
+use crate::ir::{Arg, Function, Opset, Value, ValueType};
+use crate::ops::eval::{check_output, value_from_ir, Bound, EvalCx, EvalFn};
+use crate::ops::RValue;
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use candle_core::Tensor;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
+
+/// A value known before any input: converted once, with its program value (for reading
+/// constant parameters) and a lazily filled f32 copy (for contractions).
+pub struct Const {
+    pub val: RValue,
+    pub konst: Option<Value>,
+    pub f32: OnceLock<Tensor>,
+}
+
+/// Where a binding's value lives.
+#[derive(Clone, Copy, Debug)]
+pub enum Src {
+    Const(usize),
+    Slot(usize),
+}
+
+/// One op to run.
+pub struct Step {
+    pub op_type: String,
+    pub name: String,
+    pub eval: EvalFn,
+    pub args: Vec<(String, Vec<Src>)>,
+    pub attributes: BTreeMap<String, Value>,
+    pub out_types: Vec<ValueType>,
+    pub outs: Vec<usize>,
+    /// Slots whose last use is this step.
+    pub free: Vec<usize>,
+}
+
+/// A function input: a tensor fed by the caller or a state held by the session.
+pub struct PlanInput {
+    pub name: String,
+    pub ty: ValueType,
+    pub slot: usize,
+}
+
+pub struct Plan {
+    pub opset: Opset,
+    pub inputs: Vec<PlanInput>,
+    pub consts: Vec<Const>,
+    pub steps: Vec<Step>,
+    pub outputs: Vec<(String, Src, ValueType)>,
+    pub nslots: usize,
+}
+
+/// Builds the evaluation context of one step from the constants and the live slots.
+pub fn make_cx<'a>(
+    st: &'a Step,
+    opset: Opset,
+    consts: &'a [Const],
+    slots: &'a [Option<RValue>],
+) -> Result<EvalCx<'a>> {
+    let mut inputs = BTreeMap::new();
+    for (p, srcs) in &st.args {
+        let bound = srcs
+            .iter()
+            .map(|s| match *s {
+                Src::Const(i) => {
+                    let c = &consts[i];
+                    Ok(Bound {
+                        val: &c.val,
+                        konst: c.konst.as_ref(),
+                        f32_cache: Some(&c.f32),
+                    })
+                }
+                Src::Slot(i) => slots[i]
+                    .as_ref()
+                    .map(|v| Bound {
+                        val: v,
+                        konst: None,
+                        f32_cache: None,
+                    })
+                    .ok_or_else(|| {
+                        anyhow!("input `{p}` was freed or never computed (interpreter bug)")
+                    }),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        inputs.insert(p.as_str(), bound);
+    }
+    Ok(EvalCx {
+        op_type: &st.op_type,
+        op_name: &st.name,
+        opset,
+        inputs,
+        attributes: &st.attributes,
+        outputs: &st.out_types,
+    })
+}
+
+/// Runs an op's evaluation and checks every output against its inferred type.
+pub fn run_eval(eval: EvalFn, cx: &EvalCx) -> Result<Vec<RValue>> {
+    let outs = eval(cx)?;
+    ensure!(
+        outs.len() == cx.outputs.len(),
+        "produced {} outputs, its definition has {}",
+        outs.len(),
+        cx.outputs.len()
+    );
+    for (i, (v, t)) in outs.iter().zip(cx.outputs).enumerate() {
+        check_output(v, t).with_context(|| format!("output {i}"))?;
+    }
+    Ok(outs)
+}
+
+pub fn op_label(op_type: &str, name: &str, opset: Opset) -> String {
+    format!("op `{name}` ({op_type}, opset {})", opset.opset_name())
+}
+
+/// Compiles `f`.
+pub fn compile(f: &Function) -> Result<Plan> {
+    let opset = f.opset;
+    let mut names: HashMap<String, Src> = HashMap::new();
+    let mut consts: Vec<Const> = Vec::new();
+    let mut steps = Vec::new();
+    let mut nslots = 0;
+    let mut inputs = Vec::new();
+    for v in &f.inputs {
+        names.insert(v.name.clone(), Src::Slot(nslots));
+        inputs.push(PlanInput {
+            name: v.name.clone(),
+            ty: v.ty.clone(),
+            slot: nslots,
+        });
+        nslots += 1;
+    }
+    for op in &f.block.operations {
+        let label = op_label(&op.op_type, &op.name, opset);
+        ensure!(
+            op.blocks.is_empty(),
+            "{label}: nested blocks (control flow) are not supported by the interpreter"
+        );
+        let def = crate::ops::lookup(&op.op_type, opset).ok_or_else(|| {
+            anyhow!(
+                "{label}: no definition of this op in opset {}",
+                opset.opset_name()
+            )
+        })?;
+        let eval = def.eval.ok_or_else(|| {
+            anyhow!(
+                "{label}: milkit's interpreter has no evaluation for `{}` (opset {})",
+                op.op_type,
+                opset.opset_name()
+            )
+        })?;
+        let mut args = Vec::new();
+        for (p, binds) in &op.inputs {
+            let mut srcs = Vec::new();
+            for b in binds {
+                srcs.push(match b {
+                    Arg::Var(n) => *names
+                        .get(n)
+                        .ok_or_else(|| anyhow!("{label}: uses `{n}` before it is defined"))?,
+                    Arg::Value(v) => {
+                        let val = value_from_ir(v)
+                            .with_context(|| format!("{label}: inline value of `{p}`"))?;
+                        consts.push(Const {
+                            val,
+                            konst: Some(v.clone()),
+                            f32: OnceLock::new(),
+                        });
+                        Src::Const(consts.len() - 1)
+                    }
+                });
+            }
+            args.push((p.clone(), srcs));
+        }
+        let constant = args
+            .iter()
+            .all(|(_, s)| s.iter().all(|s| matches!(s, Src::Const(_))));
+        let mut step = Step {
+            op_type: op.op_type.clone(),
+            name: op.name.clone(),
+            eval,
+            args,
+            attributes: op.attributes.clone(),
+            out_types: op.outputs.iter().map(|o| o.ty.clone()).collect(),
+            outs: vec![],
+            free: vec![],
+        };
+        if constant {
+            let vals = {
+                let cx = make_cx(&step, opset, &consts, &[])?;
+                run_eval(eval, &cx).with_context(|| format!("{label}: evaluating a constant"))?
+            };
+            for (o, val) in op.outputs.iter().zip(vals) {
+                let konst = if op.op_type == "const" {
+                    op.attributes.get("val").cloned()
+                } else {
+                    None
+                };
+                consts.push(Const {
+                    val,
+                    konst,
+                    f32: OnceLock::new(),
+                });
+                names.insert(o.name.clone(), Src::Const(consts.len() - 1));
+            }
+            continue;
+        }
+        for o in &op.outputs {
+            ensure!(
+                !names.contains_key(&o.name),
+                "{label}: redefines `{}`",
+                o.name
+            );
+            names.insert(o.name.clone(), Src::Slot(nslots));
+            step.outs.push(nslots);
+            nslots += 1;
+        }
+        steps.push(step);
+    }
+    let mut outputs = Vec::new();
+    for o in &f.block.outputs {
+        let src = *names
+            .get(o)
+            .ok_or_else(|| anyhow!("block output `{o}` is never defined"))?;
+        let ty = f
+            .block
+            .operations
+            .iter()
+            .flat_map(|op| &op.outputs)
+            .chain(&f.inputs)
+            .find(|v| v.name == *o)
+            .map(|v| v.ty.clone())
+            .ok_or_else(|| anyhow!("block output `{o}` has no type"))?;
+        outputs.push((o.clone(), src, ty));
+    }
+    schedule_frees(&mut steps, &outputs, nslots);
+    drop_unused_consts(&mut consts, &steps, &outputs);
+    Ok(Plan {
+        opset,
+        inputs,
+        consts,
+        steps,
+        outputs,
+        nslots,
+    })
+}
+
+/// Marks each slot to be freed after the step that last reads it (or, for values nobody
+/// reads, after the step that makes them). Block outputs live to the end.
+fn schedule_frees(steps: &mut [Step], outputs: &[(String, Src, ValueType)], nslots: usize) {
+    let mut last: Vec<Option<usize>> = vec![None; nslots];
+    for (i, st) in steps.iter().enumerate() {
+        for s in st.outs.iter() {
+            last[*s] = Some(i);
+        }
+        for (_, srcs) in &st.args {
+            for s in srcs {
+                if let Src::Slot(k) = s {
+                    last[*k] = Some(i);
+                }
+            }
+        }
+    }
+    for (_, s, _) in outputs {
+        if let Src::Slot(k) = s {
+            last[*k] = None;
+        }
+    }
+    for (slot, l) in last.into_iter().enumerate() {
+        if let Some(i) = l {
+            steps[i].free.push(slot);
+        }
+    }
+}
+
+/// Releases constants only folding needed (e.g. packed LUT indices once decoded).
+fn drop_unused_consts(consts: &mut [Const], steps: &[Step], outputs: &[(String, Src, ValueType)]) {
+    let mut used = vec![false; consts.len()];
+    let srcs = steps
+        .iter()
+        .flat_map(|s| s.args.iter().flat_map(|(_, v)| v.iter()))
+        .chain(outputs.iter().map(|o| &o.1));
+    for s in srcs {
+        if let Src::Const(i) = s {
+            used[*i] = true;
+        }
+    }
+    for (c, u) in consts.iter_mut().zip(used) {
+        if !u {
+            c.val = RValue::Str(vec![]);
+            c.konst = None;
+        }
+    }
+}
+
+/// A zero tensor for a state of fixed type.
+pub fn zero_state(name: &str, ty: &ValueType) -> Result<Tensor> {
+    let ValueType::State(t) = ty else {
+        bail!("`{name}` is not a state")
+    };
+    let shape = t
+        .fixed_shape()
+        .ok_or_else(|| anyhow!("state `{name}` needs a fixed shape, has {t}"))?;
+    Ok(Tensor::zeros(
+        shape,
+        crate::ops::eval::storage_dtype(t.dtype)?,
+        &candle_core::Device::Cpu,
+    )?)
+}
