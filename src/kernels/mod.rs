@@ -4,6 +4,7 @@
 //! in f32 and rounded once to the storage dtype; heavy loops run on rayon (candle's gemm
 //! threads itself). Uses nothing else in milkit.
 
+pub mod attention;
 pub mod data;
 pub mod elementwise;
 pub mod fastmath;
@@ -11,6 +12,7 @@ pub mod index;
 pub mod linalg;
 pub mod norm;
 
+pub use attention::{attention, Attention};
 pub use data::{cast, from_f32, from_vec, to_f32, to_f32_vec, to_vec, unpack_bits};
 pub use elementwise::{
     binary, broadcast_shape, compare, logical, map_f32, map_i64, select, BinOp, CmpOp, LogicOp,

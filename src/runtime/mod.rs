@@ -4,6 +4,7 @@
 //! calling each op's `OpDef::eval`, frees every value after its last use, and keeps Core ML
 //! states (zero-initialised) across calls. Uses `ir`, `ops`, `kernels` and `package`.
 
+pub mod fusion;
 pub mod io;
 pub mod plan;
 
@@ -18,6 +19,21 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// How a session compiles its program.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Fuse `matmul → [add] → softmax → matmul` attention chains (see [`fusion`]).
+    pub fuse_attention: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            fuse_attention: true,
+        }
+    }
+}
+
 /// A loaded program ready to run.
 pub struct Session {
     description: Description,
@@ -30,16 +46,26 @@ pub struct Session {
 impl Session {
     /// Loads and checks an `.mlpackage`, then compiles it.
     pub fn load(path: &Path) -> Result<Session> {
+        Session::load_with(path, &Options::default())
+    }
+
+    pub fn load_with(path: &Path, opts: &Options) -> Result<Session> {
         let m = crate::package::load_package(path)?;
-        Session::from_model(m).with_context(|| format!("preparing {} to run", path.display()))
+        Session::from_model_with(m, opts)
+            .with_context(|| format!("preparing {} to run", path.display()))
     }
 
     /// Compiles every function of a model.
     pub fn from_model(m: Model) -> Result<Session> {
+        Session::from_model_with(m, &Options::default())
+    }
+
+    pub fn from_model_with(m: Model, opts: &Options) -> Result<Session> {
         let mut functions = BTreeMap::new();
         let mut states: BTreeMap<String, (ValueType, StateCell)> = BTreeMap::new();
         for (name, f) in &m.program.functions {
-            let plan = compile(f).with_context(|| format!("function `{name}`"))?;
+            let plan =
+                compile(f, opts.fuse_attention).with_context(|| format!("function `{name}`"))?;
             for i in plan
                 .inputs
                 .iter()

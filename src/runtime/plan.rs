@@ -20,7 +20,7 @@ pub struct Const {
 }
 
 /// Where a binding's value lives.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Src {
     Const(usize),
     Slot(usize),
@@ -118,8 +118,8 @@ pub fn op_label(op_type: &str, name: &str, opset: Opset) -> String {
     format!("op `{name}` ({op_type}, opset {})", opset.opset_name())
 }
 
-/// Compiles `f`.
-pub fn compile(f: &Function) -> Result<Plan> {
+/// Compiles `f`; `fuse` enables the attention fusion of [`super::fusion`].
+pub fn compile(f: &Function, fuse: bool) -> Result<Plan> {
     let opset = f.opset;
     let mut names: HashMap<String, Src> = HashMap::new();
     let mut consts: Vec<Const> = Vec::new();
@@ -237,8 +237,13 @@ pub fn compile(f: &Function) -> Result<Plan> {
             .ok_or_else(|| anyhow!("block output `{o}` has no type"))?;
         outputs.push((o.clone(), src, ty));
     }
+    if fuse {
+        let outs: Vec<Src> = outputs.iter().map(|o| o.1).collect();
+        super::fusion::fuse_attention(&mut steps, &consts, &outs);
+    }
     schedule_frees(&mut steps, &outputs, nslots);
     drop_unused_consts(&mut consts, &steps, &outputs);
+    widen_weights(&mut consts, &steps, &outputs)?;
     Ok(Plan {
         opset,
         inputs,
@@ -295,6 +300,56 @@ fn drop_unused_consts(consts: &mut [Const], steps: &[Step], outputs: &[(String, 
             c.konst = None;
         }
     }
+}
+
+/// Parameters whose evaluation reads its input only through `EvalCx::f32` (contractions
+/// compute in f32).
+const F32_PARAMS: &[(&str, &str)] = &[
+    ("linear", "weight"),
+    ("linear", "bias"),
+    ("conv", "weight"),
+    ("conv", "bias"),
+    ("matmul", "x"),
+    ("matmul", "y"),
+    (super::fusion::FUSED, "x"),
+    (super::fusion::FUSED, "y"),
+    (super::fusion::FUSED, "v"),
+];
+
+/// Converts constants that only feed contractions to f32 now, once, and keeps only that
+/// copy: an fp16 weight then costs 4 bytes an element instead of 2 + 4, and no run
+/// converts it again.
+fn widen_weights(
+    consts: &mut [Const],
+    steps: &[Step],
+    outputs: &[(String, Src, ValueType)],
+) -> Result<()> {
+    let mut only_f32 = vec![true; consts.len()];
+    for st in steps {
+        for (p, srcs) in &st.args {
+            let ok = F32_PARAMS.contains(&(st.op_type.as_str(), p.as_str()));
+            for s in srcs {
+                if let Src::Const(i) = s {
+                    only_f32[*i] &= ok;
+                }
+            }
+        }
+    }
+    for (_, s, _) in outputs {
+        if let Src::Const(i) = s {
+            only_f32[*i] = false;
+        }
+    }
+    for (c, widen) in consts.iter_mut().zip(only_f32) {
+        if let (true, RValue::T(t)) = (widen, &c.val) {
+            if crate::kernels::data::is_float(t.dtype()) {
+                let w = crate::kernels::to_f32(t)?;
+                c.val = RValue::T(w.clone());
+                let _ = c.f32.set(w);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A zero tensor for a state of fixed type.

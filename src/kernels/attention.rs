@@ -1,0 +1,208 @@
+//! Fused `softmax(op(x) @ op(y) [+ mask]) · v` computed a block of query rows at a time, so
+//! the [M, N] score matrix never exists as a whole (for Whisper's 1500×1500 scores per
+//! head that is 54 MB of f32 per op, whose allocation, page faults and conversions cost
+//! more than the arithmetic). The caller states at which dtype each intermediate value is
+//! stored by the unfused program (scores, masked scores, probabilities); the kernel rounds
+//! to it, so the result equals the op-by-op computation up to f32 summation order.
+
+use super::data::{from_vec, to_f32};
+use super::elementwise::broadcast_shape;
+use super::fastmath;
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+/// Query rows per task. Each task's two gemms re-pack the keys and values, so blocks must
+/// be tall enough to amortise that (measured on Whisper's 1500 × 1500 × 64 heads: 32 rows
+/// 249 ms, 128 rows 200 ms, 256 rows 173 ms per layer); a 256 × 1500 f32 block (1.5 MB)
+/// still stays in cache.
+const ROWS: usize = 256;
+
+/// One attention core. Scores are `op(x) @ op(y)` ([.., M, N], `op` transposing the last two
+/// axes when the flag is set); the softmax runs over N.
+pub struct Attention<'a> {
+    pub x: &'a Tensor,
+    pub tx: bool,
+    pub y: &'a Tensor,
+    pub ty: bool,
+    /// Added to the scores before the softmax (broadcast to [.., M, N]).
+    pub mask: Option<&'a Tensor>,
+    /// dtype the scores are stored at, then the masked scores, then the probabilities.
+    pub round: [DType; 3],
+    pub v: &'a Tensor,
+    pub tv: bool,
+    /// true: result `P @ op(v)` ([.., M, D]); false: `op(v) @ Pᵀ` ([.., D, M]).
+    pub probs_left: bool,
+}
+
+fn round_to(buf: &mut [f32], d: DType) {
+    if d == DType::F16 {
+        let mut h = vec![f16::ZERO; buf.len()];
+        h.convert_from_f32_slice(buf);
+        h.convert_to_f32_slice(buf);
+    } else if d == DType::BF16 {
+        buf.iter_mut()
+            .for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
+    }
+}
+
+/// Last two axes transposed when `t`.
+fn op(m: Tensor, t: bool) -> Result<Tensor> {
+    Ok(if t { m.t()? } else { m })
+}
+
+/// `t` [.., r, c] → [nb, r, c]: batch flattened and broadcast to `batch` (a zero stride when
+/// `t` has one batch entry, a copy otherwise).
+fn batched(t: &Tensor, batch: &[usize]) -> Result<Tensor> {
+    let r = t.rank();
+    let (rows, cols) = (t.dims()[r - 2], t.dims()[r - 1]);
+    let nb: usize = batch.iter().product();
+    let mut full = batch.to_vec();
+    full.extend([rows, cols]);
+    let mut t = t.clone();
+    while t.rank() < full.len() {
+        t = t.unsqueeze(0)?;
+    }
+    let t = if t.dims() == full.as_slice() {
+        t
+    } else {
+        t.broadcast_as(full)?
+    };
+    if t.is_contiguous() {
+        return Ok(t.reshape((nb, rows, cols))?);
+    }
+    if t.dims()[..batch.len()]
+        .iter()
+        .zip(t.stride())
+        .all(|(&d, &s)| d == 1 || s == 0)
+    {
+        let one = t.contiguous_one_batch(batch.len())?;
+        return Ok(one
+            .reshape((1, rows, cols))?
+            .broadcast_as((nb, rows, cols))?);
+    }
+    Ok(t.contiguous()?.reshape((nb, rows, cols))?)
+}
+
+trait OneBatch {
+    fn contiguous_one_batch(&self, nbatch: usize) -> Result<Tensor>;
+}
+impl OneBatch for Tensor {
+    /// The first batch entry of a batch-broadcast tensor, contiguous.
+    fn contiguous_one_batch(&self, nbatch: usize) -> Result<Tensor> {
+        let mut t = self.clone();
+        for _ in 0..nbatch {
+            t = t.get(0)?;
+        }
+        Ok(t.contiguous()?)
+    }
+}
+
+/// Computes the fused attention; returns f32.
+pub fn attention(a: &Attention) -> Result<Tensor> {
+    let (xr, yr, vr) = (a.x.rank(), a.y.rank(), a.v.rank());
+    ensure!(
+        xr >= 2 && yr >= 2 && vr >= 2,
+        "attention operands need rank ≥ 2"
+    );
+    let dims2 = |t: &Tensor, tr: bool| {
+        let r = t.rank();
+        let (p, q) = (t.dims()[r - 2], t.dims()[r - 1]);
+        if tr {
+            (q, p)
+        } else {
+            (p, q)
+        }
+    };
+    let ((m, k), (k2, n)) = (dims2(a.x, a.tx), dims2(a.y, a.ty));
+    ensure!(
+        k == k2,
+        "attention scores: inner dimensions {k} and {k2} differ"
+    );
+    let (vp, vq) = dims2(a.v, a.tv);
+    let d = if a.probs_left { vq } else { vp };
+    ensure!(
+        if a.probs_left { vp == n } else { vq == n },
+        "attention values {:?} do not match {n} keys",
+        a.v.dims()
+    );
+    let mut batch = broadcast_shape(&a.x.dims()[..xr - 2], &a.y.dims()[..yr - 2])?;
+    batch = broadcast_shape(&batch, &a.v.dims()[..vr - 2])?;
+    let nb: usize = batch.iter().product();
+    let x = batched(&to_f32(a.x)?, &batch)?;
+    let y = batched(&to_f32(a.y)?, &batch)?;
+    let v = batched(&to_f32(a.v)?, &batch)?;
+    let mask = a
+        .mask
+        .map(|mk| -> Result<Tensor> {
+            let mut full = batch.clone();
+            full.extend([m, n]);
+            ensure!(
+                broadcast_shape(mk.dims(), &full)? == full,
+                "mask {:?} does not broadcast to scores {full:?}",
+                mk.dims()
+            );
+            let mut mk = to_f32(mk)?;
+            while mk.rank() < full.len() {
+                mk = mk.unsqueeze(0)?;
+            }
+            batched(&mk.broadcast_as(full)?, &batch)
+        })
+        .transpose()?;
+    let blocks: Vec<(usize, usize)> = (0..nb)
+        .flat_map(|b| (0..m).step_by(ROWS).map(move |r| (b, r)))
+        .collect();
+    let parts = blocks
+        .par_iter()
+        .map(|&(b, r0)| -> Result<Vec<f32>> {
+            let rb = ROWS.min(m - r0);
+            let xb = op(x.get(b)?, a.tx)?.narrow(0, r0, rb)?;
+            let s = xb.matmul(&op(y.get(b)?, a.ty)?)?;
+            let mut buf = super::data::to_vec::<f32>(&s)?;
+            round_to(&mut buf, a.round[0]);
+            if let Some(mk) = &mask {
+                let rows = mk.get(b)?.narrow(0, r0, rb)?;
+                let mv = super::data::to_vec::<f32>(&rows)?;
+                buf.iter_mut().zip(&mv).for_each(|(s, m)| *s += m);
+                round_to(&mut buf, a.round[1]);
+            }
+            for row in buf.chunks_mut(n) {
+                let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                row.iter_mut().for_each(|e| *e = fastmath::exp(*e - mx));
+                let inv = 1.0 / row.iter().sum::<f32>();
+                row.iter_mut().for_each(|e| *e *= inv);
+            }
+            round_to(&mut buf, a.round[2]);
+            let p = from_vec(buf, &[rb, n])?;
+            let vb = op(v.get(b)?, a.tv)?;
+            let o = if a.probs_left {
+                p.matmul(&vb)?
+            } else {
+                vb.matmul(&p.t()?)?
+            };
+            super::data::to_vec::<f32>(&o)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Assemble blocks: [nb, M, D] rows, or [nb, D, M] column strips.
+    let mut out = vec![0f32; nb * m * d];
+    for (&(b, r0), part) in blocks.iter().zip(parts) {
+        let rb = ROWS.min(m - r0);
+        if a.probs_left {
+            out[(b * m + r0) * d..(b * m + r0 + rb) * d].copy_from_slice(&part);
+        } else {
+            for (i, line) in part.chunks(rb).enumerate() {
+                let at = (b * d + i) * m + r0;
+                out[at..at + rb].copy_from_slice(line);
+            }
+        }
+    }
+    let mut shape = batch;
+    if a.probs_left {
+        shape.extend([m, d]);
+    } else {
+        shape.extend([d, m]);
+    }
+    from_vec(out, &shape)
+}

@@ -1,0 +1,245 @@
+//! Plan-level fusion of the attention core `matmul → [add mask] → softmax(last axis) →
+//! matmul` into one step running `kernels::attention`, which works a block of query rows
+//! at a time instead of materialising the whole score matrix. Only fused when every
+//! intermediate value has exactly one use and is not a block output; the fused step keeps
+//! the unfused program's storage dtypes (scores, masked scores and probabilities are
+//! rounded to them), so results match op-by-op evaluation up to f32 summation order.
+
+use super::plan::{Const, Src, Step};
+use crate::ir::{Value, ValueType};
+use crate::kernels::{self, Attention};
+use crate::ops::eval::{one, storage_dtype, EvalCx, RValue};
+use anyhow::{anyhow, Result};
+use std::collections::{BTreeMap, HashMap};
+
+/// The op type fused steps report (in profiles and errors).
+pub const FUSED: &str = "matmul+softmax+matmul";
+
+fn arg<'a>(st: &'a Step, name: &str) -> Option<&'a [Src]> {
+    st.args
+        .iter()
+        .find(|(p, _)| p == name)
+        .map(|(_, v)| v.as_slice())
+}
+
+fn single(st: &Step, name: &str) -> Option<Src> {
+    match arg(st, name) {
+        Some([s]) => Some(*s),
+        _ => None,
+    }
+}
+
+/// A constant integer parameter (None when absent → `default`, or when not constant).
+fn const_int(st: &Step, name: &str, consts: &[Const], default: i64) -> Option<i64> {
+    match single(st, name) {
+        None => Some(default),
+        Some(Src::Const(i)) => match &consts[i].konst {
+            Some(Value::Tensor(t)) => t.to_i64_vec().ok().filter(|v| v.len() == 1).map(|v| v[0]),
+            _ => None,
+        },
+        Some(Src::Slot(_)) => None,
+    }
+}
+
+fn rank(ty: &ValueType) -> usize {
+    ty.as_tensor().map_or(0, |t| t.rank())
+}
+
+fn dtype_name(ty: &ValueType) -> Option<String> {
+    ty.as_tensor()
+        .filter(|t| t.dtype.is_float())
+        .map(|t| t.dtype.name().to_string())
+}
+
+/// Replaces each fusable attention chain in `steps` by one step at the position of its last
+/// matmul. `outputs` are the block outputs (never fused away).
+pub fn fuse_attention(steps: &mut Vec<Step>, consts: &[Const], outputs: &[Src]) {
+    let mut uses: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (i, st) in steps.iter().enumerate() {
+        for s in st.args.iter().flat_map(|(_, v)| v) {
+            if let Src::Slot(k) = s {
+                uses.entry(*k).or_default().push(i);
+            }
+        }
+    }
+    for s in outputs {
+        if let Src::Slot(k) = s {
+            uses.entry(*k).or_default().push(usize::MAX);
+        }
+    }
+    let only_use = |slot: usize| match uses.get(&slot).map(|v| v.as_slice()) {
+        Some([i]) if *i != usize::MAX => Some(*i),
+        _ => None,
+    };
+    let mut removed = vec![false; steps.len()];
+    let mut fused: Vec<(usize, Step)> = Vec::new();
+    for i in 0..steps.len() {
+        let Some(chain) = match_chain(steps, consts, i, &only_use) else {
+            continue;
+        };
+        if chain.removed.iter().any(|&r| removed[r]) || removed[chain.last] {
+            continue;
+        }
+        chain.removed.iter().for_each(|&r| removed[r] = true);
+        removed[chain.last] = true;
+        fused.push((chain.last, chain.step));
+    }
+    let mut fused: BTreeMap<usize, Step> = fused.into_iter().collect();
+    let old = std::mem::take(steps);
+    for (i, st) in old.into_iter().enumerate() {
+        match fused.remove(&i) {
+            Some(f) => steps.push(f),
+            None if !removed[i] => steps.push(st),
+            None => {}
+        }
+    }
+}
+
+struct Chain {
+    removed: Vec<usize>,
+    last: usize,
+    step: Step,
+}
+
+fn bool_attr(v: bool) -> Value {
+    Value::bool_scalar(v)
+}
+
+fn match_chain(
+    steps: &[Step],
+    consts: &[Const],
+    i: usize,
+    only_use: &dyn Fn(usize) -> Option<usize>,
+) -> Option<Chain> {
+    let mm = &steps[i];
+    if mm.op_type != "matmul" || mm.outs.len() != 1 || rank(&mm.out_types[0]) < 2 {
+        return None;
+    }
+    let (x, y) = (single(mm, "x")?, single(mm, "y")?);
+    let tx = const_int(mm, "transpose_x", consts, 0)? != 0;
+    let ty = const_int(mm, "transpose_y", consts, 0)? != 0;
+    let mut round = vec![dtype_name(&mm.out_types[0])?];
+    let mut removed = vec![i];
+    let mut cur = only_use(mm.outs[0])?;
+    let mut value = mm.outs[0];
+    let mut mask = None;
+    if steps[cur].op_type == "add" {
+        let add = &steps[cur];
+        let (a, b) = (single(add, "x")?, single(add, "y")?);
+        mask = Some(match (a, b) {
+            (Src::Slot(k), other) if k == value => other,
+            (other, Src::Slot(k)) if k == value => other,
+            _ => return None,
+        });
+        if rank(&add.out_types[0]) != rank(&mm.out_types[0]) {
+            return None;
+        }
+        round.push(dtype_name(&add.out_types[0])?);
+        removed.push(cur);
+        value = add.outs[0];
+        cur = only_use(value)?;
+    } else {
+        round.push(round[0].clone());
+    }
+    let sm = &steps[cur];
+    let r = rank(&sm.out_types[0]) as i64;
+    let axis = const_int(sm, "axis", consts, -1)?;
+    if sm.op_type != "softmax"
+        || single(sm, "x")? != Src::Slot(value)
+        || (axis != -1 && axis != r - 1)
+    {
+        return None;
+    }
+    round.push(dtype_name(&sm.out_types[0])?);
+    removed.push(cur);
+    let p = sm.outs[0];
+    let last = only_use(p)?;
+    let mm2 = &steps[last];
+    if mm2.op_type != "matmul" || rank(&mm2.out_types[0]) != r as usize {
+        return None;
+    }
+    let (x2, y2) = (single(mm2, "x")?, single(mm2, "y")?);
+    let tx2 = const_int(mm2, "transpose_x", consts, 0)? != 0;
+    let ty2 = const_int(mm2, "transpose_y", consts, 0)? != 0;
+    let (v, tv, probs_left) = match (x2, y2) {
+        (Src::Slot(k), other) if k == p && !tx2 => (other, ty2, true),
+        (other, Src::Slot(k)) if k == p && ty2 => (other, tx2, false),
+        _ => return None,
+    };
+    let mut args = vec![
+        ("x".to_string(), vec![x]),
+        ("y".to_string(), vec![y]),
+        ("v".to_string(), vec![v]),
+    ];
+    if let Some(m) = mask {
+        args.push(("mask".to_string(), vec![m]));
+    }
+    let mut attributes = BTreeMap::new();
+    for (k, b) in [
+        ("tx", tx),
+        ("ty", ty),
+        ("tv", tv),
+        ("probs_left", probs_left),
+    ] {
+        attributes.insert(k.to_string(), bool_attr(b));
+    }
+    for (k, d) in ["round_scores", "round_masked", "round_probs"]
+        .iter()
+        .zip(round)
+    {
+        attributes.insert(k.to_string(), Value::str(&d));
+    }
+    let step = Step {
+        op_type: FUSED.to_string(),
+        name: mm2.name.clone(),
+        eval: eval_fused_attention,
+        args,
+        attributes,
+        out_types: mm2.out_types.clone(),
+        outs: mm2.outs.clone(),
+        free: vec![],
+    };
+    Some(Chain {
+        removed,
+        last,
+        step,
+    })
+}
+
+fn eval_fused_attention(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let flag = |k: &str| -> Result<bool> {
+        match cx
+            .attributes
+            .get(k)
+            .and_then(|v| v.as_tensor())
+            .map(|t| t.to_i64_vec())
+        {
+            Some(Ok(v)) if v.len() == 1 => Ok(v[0] != 0),
+            _ => Err(anyhow!("fused attention lacks flag `{k}`")),
+        }
+    };
+    let dt = |k: &str| -> Result<candle_core::DType> {
+        let name = cx
+            .attributes
+            .get(k)
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| anyhow!("fused attention lacks `{k}`"))?;
+        storage_dtype(
+            crate::ir::DType::from_name(name).ok_or_else(|| anyhow!("unknown dtype `{name}`"))?,
+        )
+    };
+    let (x, y, v) = (cx.f32("x")?, cx.f32("y")?, cx.f32("v")?);
+    let mask = cx.opt_t("mask")?;
+    let a = Attention {
+        x: &x,
+        tx: flag("tx")?,
+        y: &y,
+        ty: flag("ty")?,
+        mask,
+        round: [dt("round_scores")?, dt("round_masked")?, dt("round_probs")?],
+        v: &v,
+        tv: flag("tv")?,
+        probs_left: flag("probs_left")?,
+    };
+    one(kernels::cast(&kernels::attention(&a)?, cx.out_dtype(0)?)?)
+}

@@ -1,0 +1,107 @@
+//! Helpers shared by the interpreter tests: deterministic data, building a program with
+//! `ops::Builder` and running it in a `Session`, comparisons.
+#![allow(dead_code)]
+
+use half::f16;
+use milkit::ir::{
+    DType, Description, Function, Model, Program, Tensor as ITensor, Value, ValueType,
+};
+use milkit::ops::{Builder, In, V};
+use milkit::runtime::{Session, Tensor};
+
+/// Deterministic pseudo-random numbers in [-1, 1).
+pub struct Lcg(pub u64);
+impl Lcg {
+    pub fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+pub fn f32s(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+}
+
+pub fn host(v: &[f32], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape, &candle_core::Device::Cpu).unwrap()
+}
+
+pub fn tin(dtype: DType, shape: &[usize]) -> ValueType {
+    ValueType::tensor(dtype, shape)
+}
+
+pub fn c(v: Value) -> In {
+    In::C(v)
+}
+
+pub fn ints(v: &[i32]) -> In {
+    In::C(Value::i32s(v))
+}
+
+pub fn model(b: Builder, outs: &[(V, &str)]) -> Model {
+    let opset = b.opset();
+    let (inputs, block) = b.finish(outs).unwrap();
+    let mut program = Program::default();
+    program.functions.insert(
+        "main".into(),
+        Function {
+            inputs,
+            opset,
+            block,
+        },
+    );
+    Model {
+        spec_version: opset.spec_version(),
+        description: Description::default(),
+        program,
+    }
+}
+
+/// Builds, runs once, returns the outputs in order.
+pub fn run(b: Builder, outs: &[(V, &str)], inputs: &[(&str, Tensor)]) -> Vec<Tensor> {
+    let mut s = Session::from_model(model(b, outs)).unwrap();
+    s.predict(inputs)
+        .unwrap()
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect()
+}
+
+pub fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (*g as f64 - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: got {g}, want {w}"
+        );
+    }
+}
+
+pub fn psnr(reference: &[f32], out: &[f32]) -> f64 {
+    let peak = reference.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+    let mse = reference
+        .iter()
+        .zip(out)
+        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+        .sum::<f64>()
+        / reference.len() as f64;
+    20.0 * (peak / mse.sqrt()).log10()
+}
+
+pub fn f16_tensor(shape: &[usize], v: &[f32]) -> Value {
+    Value::Tensor(ITensor::f16(
+        shape,
+        &v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(),
+    ))
+}
