@@ -183,6 +183,12 @@ fn bad_inputs_and_unknown_ops_are_errors_not_panics() {
 }
 
 #[test]
+fn sessions_can_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Session>();
+}
+
+#[test]
 fn every_op_definition_can_be_evaluated() {
     let missing: Vec<String> = milkit::ops::all()
         .filter(|d| d.eval.is_none())
@@ -262,4 +268,58 @@ fn milkit_bc1s_encoder_matches_pytorch_in_both_abis() {
         );
         assert!(p >= 35.0, "{}: PSNR {p:.2} dB < 35", abi.name());
     }
+}
+
+#[test]
+fn npy_files_round_trip_with_numpy() {
+    let Some(py) = common::python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // numpy writes, milkit reads.
+    let script = format!(
+        "import numpy as np\n\
+         np.save('{0}/a.npy', (np.arange(24, dtype=np.float32) * 0.5 - 3).reshape(2, 3, 4))\n\
+         np.save('{0}/b.npy', np.array([[1.5, -2.25]], dtype=np.float16))\n\
+         np.save('{0}/c.npy', np.array([7, -8, 9], dtype=np.int32))\n",
+        d.display()
+    );
+    let st = std::process::Command::new(&py)
+        .arg("-c")
+        .arg(&script)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let a = io::read_npy(&d.join("a.npy")).unwrap();
+    assert_eq!(a.dims(), &[2, 3, 4]);
+    assert_eq!(
+        f32s(&a),
+        (0..24).map(|i| i as f32 * 0.5 - 3.0).collect::<Vec<_>>()
+    );
+    let b = io::read_npy(&d.join("b.npy")).unwrap();
+    assert_eq!(
+        (b.dtype(), f32s(&b)),
+        (candle_core::DType::F16, vec![1.5, -2.25])
+    );
+    let c = io::read_tensor(d.join("c.npy").to_str().unwrap()).unwrap();
+    assert_eq!(c.to_vec1::<i32>().unwrap(), vec![7, -8, 9]);
+    // milkit writes, numpy reads.
+    io::write_npy(&d.join("o.npy"), &b).unwrap();
+    io::write_npy(&d.join("p.npy"), &c).unwrap();
+    let check = format!(
+        "import numpy as np\n\
+         o = np.load('{0}/o.npy'); p = np.load('{0}/p.npy')\n\
+         assert o.dtype == np.float16 and o.shape == (1, 2) and o.tolist() == [[1.5, -2.25]], o\n\
+         assert p.dtype == np.int32 and p.tolist() == [7, -8, 9], p\n",
+        d.display()
+    );
+    let out = std::process::Command::new(&py)
+        .arg("-c")
+        .arg(&check)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -401,14 +401,19 @@ fn eval_stack(cx: &EvalCx) -> Result<Vec<RValue>> {
 fn eval_split(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let a = axis(cx.int("axis")?, x.rank())?;
+    let n = x.dims()[a];
+    let sizes: Vec<usize> = match (cx.opt_ints("split_sizes")?, cx.opt_int("num_splits")?) {
+        (Some(s), _) => s.into_iter().map(|v| usize::try_from(v).map_err(|_| anyhow!("negative split size {v}"))).collect::<Result<_>>()?,
+        (None, Some(k)) if k > 0 && n % k as usize == 0 => vec![n / k as usize; k as usize],
+        _ => bail!("split of an axis of {n} needs split_sizes or a num_splits dividing it"),
+    };
+    ensure!(sizes.iter().sum::<usize>() == n && sizes.len() == cx.outputs.len(), "split sizes {sizes:?} for an axis of {n} into {} outputs", cx.outputs.len());
     let mut start = 0;
     let mut out = Vec::new();
-    for i in 0..cx.outputs.len() {
-        let n = cx.out(i)?.fixed_shape().and_then(|s| s.get(a).copied()).ok_or_else(|| anyhow!("split output {i} has no fixed size"))?;
-        out.push(RValue::T(x.narrow(a, start, n)?));
-        start += n;
+    for len in sizes {
+        out.push(RValue::T(x.narrow(a, start, len)?));
+        start += len;
     }
-    ensure!(start == x.dims()[a], "split sizes add up to {start}, the axis has {}", x.dims()[a]);
     Ok(out)
 }
 

@@ -245,7 +245,7 @@ impl Session {
         for (name, src, _) in &plan.outputs {
             let v = match *src {
                 Src::Slot(k) => slots[k]
-                    .take()
+                    .clone()
                     .ok_or_else(|| anyhow!("output `{name}` was not computed"))?,
                 Src::Const(k) => plan.consts[k].val.clone(),
             };
