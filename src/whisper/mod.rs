@@ -3,6 +3,7 @@
 pub mod audio;
 pub mod config;
 pub mod encoder;
+pub mod export;
 pub mod graph;
 pub mod synth;
 pub mod tokenizer;

@@ -1,0 +1,7 @@
+//! Subcommand implementations: argument structs and thin glue over the library.
+pub mod bench;
+pub mod compress;
+pub mod export;
+pub mod inspect;
+pub mod progress;
+pub mod synth;
