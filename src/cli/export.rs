@@ -27,6 +27,11 @@ pub enum AbiArg {
 
 #[derive(Args)]
 pub struct ExportArgs {
+    /// A conversion recipe (models/*.toml): exports every component it lists, compressed as
+    /// it says, into the directory --out. Replaces --component/--abi/--target and the
+    /// compression flags.
+    #[arg(long, conflicts_with_all = ["palettize", "quantize"])]
+    pub recipe: Option<PathBuf>,
     /// Hugging Face Whisper checkpoint directory (config.json + model.safetensors, sharded
     /// safetensors with an index, or pytorch_model.bin).
     #[arg(long)]
@@ -68,6 +73,9 @@ pub fn parse_target(s: &str) -> Result<Opset> {
 }
 
 pub fn run(a: &ExportArgs) -> Result<u8> {
+    if let Some(r) = &a.recipe {
+        return run_recipe(a, r);
+    }
     let t0 = Instant::now();
     let opset = parse_target(&a.target)?;
     if a.out.exists() && !a.force {
@@ -77,17 +85,7 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
         AbiArg::Whispercpp => EncoderAbi::WhisperCpp,
         AbiArg::Whisperkit => EncoderAbi::WhisperKit,
     };
-    let mut model = match a.component {
-        ComponentArg::Encoder => {
-            let pb = progress::bar(0, "building", a.quiet);
-            let m = export_encoder(&a.model, abi, opset, &mut |i, n| {
-                pb.set_length(n as u64);
-                pb.set_position(i as u64);
-            })?;
-            pb.finish_and_clear();
-            m
-        }
-    };
+    let mut model = build(a, a.component, abi, opset)?;
     super::compress::apply(&mut model, &a.compress, a.json, a.quiet)?;
     let total: u64 = weight_bytes(&model);
     let pb = progress::bytes_bar(total, "writing", a.quiet);
@@ -138,4 +136,69 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+fn build(a: &ExportArgs, component: ComponentArg, abi: EncoderAbi, opset: Opset) -> Result<milkit::ir::Model> {
+    match component {
+        ComponentArg::Encoder => {
+            let pb = progress::bar(0, "building", a.quiet);
+            let m = export_encoder(&a.model, abi, opset, &mut |i, n| {
+                pb.set_length(n as u64);
+                pb.set_position(i as u64);
+            })?;
+            pb.finish_and_clear();
+            Ok(m)
+        }
+    }
+}
+
+fn enum_arg<T: ValueEnum>(what: &str, s: &str) -> Result<T> {
+    T::from_str(s, true).map_err(|_| anyhow::anyhow!("recipe: unknown {what} `{s}`"))
+}
+
+fn recipe_flags(c: &milkit::whisper::recipe::RecipeCompression) -> Result<super::compress::CompressFlags> {
+    let d = super::compress::CompressFlags::default();
+    Ok(super::compress::CompressFlags {
+        palettize: c.palettize.as_deref().map(|s| enum_arg("palettize mode", s)).transpose()?,
+        nbits: c.nbits.unwrap_or(4),
+        quantize: c.quantize.as_deref().map(|s| enum_arg("quantize dtype", s)).transpose()?,
+        granularity: c.granularity.as_deref().map(|s| enum_arg("granularity", s)).transpose()?,
+        group_size: c.group_size.unwrap_or(16),
+        block_size: c.block_size.unwrap_or(32),
+        asymmetric: c.asymmetric,
+        op_types: c.op_types.clone().unwrap_or_else(|| vec!["conv".into(), "linear".into()]),
+        op_names: c.op_names.clone().unwrap_or(d.op_names),
+        weight_threshold: c.weight_threshold.unwrap_or(2048),
+        skip_indivisible: c.skip_indivisible,
+    })
+}
+
+/// Exports every component of a recipe into the directory `--out`, atomically as a whole.
+fn run_recipe(a: &ExportArgs, path: &std::path::Path) -> Result<u8> {
+    let recipe = milkit::whisper::recipe::Recipe::from_file(path)?;
+    let mut models = Vec::new();
+    for c in &recipe.components {
+        let component = enum_arg::<ComponentArg>("component", &c.component)?;
+        let abi = EncoderAbi::parse(&c.abi)?;
+        let opset = parse_target(&c.target)?;
+        let mut m = build(a, component, abi, opset)?;
+        if let Some(cc) = &c.compress {
+            let flags = recipe_flags(cc)?;
+            if flags.method()?.is_none() {
+                bail!("{}: component `{}` has a [compress] table without palettize or quantize", path.display(), c.file);
+            }
+            super::compress::apply(&mut m, &flags, a.json, a.quiet)?;
+        }
+        models.push((c.file.clone(), m));
+    }
+    milkit::package::fsio::write_package_atomically(&a.out, a.force, |dir| {
+        for (file, m) in &models {
+            milkit::package::save::write_package_dir_new(m, &dir.join(file))?;
+        }
+        Ok(())
+    })?;
+    if !a.quiet {
+        eprintln!("wrote {} ({} packages, recipe {})", a.out.display(), models.len(), recipe.name);
+    }
+    Ok(0)
 }

@@ -180,6 +180,13 @@ pub fn write_package_dir(m: &Model, dir: &Path, progress: &mut dyn FnMut(u64)) -
     Ok(SaveSummary { model_bytes: bytes.len() as u64, weight_bytes, blobs })
 }
 
+/// Creates the directory `dir` (which must not exist) and writes the package into it; for
+/// packages inside a directory that is itself written atomically.
+pub fn write_package_dir_new(m: &Model, dir: &Path) -> Result<SaveSummary> {
+    std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    write_package_dir(m, dir, &mut |_| {})
+}
+
 /// Writes `m` as an `.mlpackage` at `target`, atomically; refuses to replace an existing
 /// target unless `force`.
 pub fn save_package(m: &Model, target: &Path, force: bool, progress: &mut dyn FnMut(u64)) -> Result<SaveSummary> {

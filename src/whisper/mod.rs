@@ -5,6 +5,7 @@ pub mod config;
 pub mod encoder;
 pub mod export;
 pub mod graph;
+pub mod recipe;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;
