@@ -2,6 +2,8 @@
 //! for each component, audio front end, tokenizer, decoding loop.
 pub mod audio;
 pub mod config;
+pub mod generate;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;
+pub mod wer;
