@@ -623,3 +623,11 @@ fn measure_large_v3_turbo() {
         peak_rss_mib()
     );
 }
+
+#[test]
+fn weights_can_be_shared_across_threads() {
+    // Exporters read tensors from rayon workers.
+    fn shareable<T: Send + Sync>() {}
+    shareable::<WhisperWeights>();
+    shareable::<milkit::whisper::weights::F16Tensor>();
+}
