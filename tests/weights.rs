@@ -141,6 +141,9 @@ fn real_tiny_en_matches_expected_tensor_list() {
         let t = w.tensor_f16(name).unwrap();
         assert_eq!(&t.data[..], &bytes[header[name].2.clone()]);
         assert_eq!(t.data.len(), t.numel() * 2);
+        // Releasing the pages must not change what a live tensor reads.
+        w.release(name);
+        assert_eq!(&t.data[..], &bytes[header[name].2.clone()]);
     }
     let gen = GenerationConfig::from_dir(&dir).unwrap().unwrap();
     gen.validate(&cfg).unwrap();
@@ -335,6 +338,15 @@ fn synthesis_is_deterministic_and_non_degenerate() {
     }
     let gen = GenerationConfig::from_dir(&a).unwrap().unwrap();
     gen.validate(&cfg).unwrap();
+    assert_eq!(
+        gen,
+        Preset::Tiny.generation_config(),
+        "generation config round trip"
+    );
+    assert_eq!(
+        gen.forced_decoder_ids,
+        Some(vec![(1, None), (2, Some(50359))])
+    );
     assert_eq!(gen.lang_to_id.as_ref().map(|m| m.len()), Some(99));
     assert_eq!(gen.lang_to_id.as_ref().unwrap()["<|en|>"], 50259);
     assert_eq!(gen.task_to_id.as_ref().unwrap()["transcribe"], 50359);
@@ -568,7 +580,8 @@ fn peak_rss_mib() -> Option<u64> {
 
 /// Measurement, not a check (run with `--ignored --nocapture`; needs ~2 GB of disk): time and
 /// peak memory to synthesize large-v3-turbo, then to read its whole encoder as fp16 (what an
-/// export does). Set MILKIT_SYNTH_DTYPE=f32 to measure the converting path.
+/// export does). Set MILKIT_SYNTH_DTYPE=f32 to measure the converting path, MILKIT_RELEASE=1
+/// to release each tensor's pages after use.
 #[test]
 #[ignore]
 fn measure_large_v3_turbo() {
@@ -599,6 +612,9 @@ fn measure_large_v3_turbo() {
         // Touch every byte, as writing a weight blob would.
         sum = t.data.iter().fold(sum, |s, &b| s.wrapping_add(b as u64));
         bytes += t.data.len();
+        if std::env::var_os("MILKIT_RELEASE").is_some() {
+            w.release(&name);
+        }
     }
     println!(
         "read encoder: {:.2} GB fp16 in {:.2} s (checksum {sum}), peak RSS {:?} MiB",
@@ -606,4 +622,12 @@ fn measure_large_v3_turbo() {
         t.elapsed().as_secs_f64(),
         peak_rss_mib()
     );
+}
+
+#[test]
+fn weights_can_be_shared_across_threads() {
+    // Exporters read tensors from rayon workers.
+    fn shareable<T: Send + Sync>() {}
+    shareable::<WhisperWeights>();
+    shareable::<milkit::whisper::weights::F16Tensor>();
 }

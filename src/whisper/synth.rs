@@ -10,6 +10,7 @@
 use super::config::{GenerationConfig, Preset, WhisperConfig};
 use super::weights::{Component, WhisperWeights};
 use anyhow::{bail, ensure, Context, Result};
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use rayon::prelude::*;
 use std::io::Write;
@@ -271,8 +272,7 @@ fn fill_for(name: &str, shape: &[usize]) -> Fill {
     }
 }
 
-/// SplitMix64's finaliser: a strong 64-bit mix, so hashing (key, index) gives independent
-/// values that do not depend on how the work is chunked.
+/// SplitMix64's finaliser: a strong 64-bit mix (used once per tensor for its key).
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -288,32 +288,113 @@ fn tensor_key(seed: u64, name: &str) -> u64 {
     mix(h ^ mix(seed))
 }
 
-/// Approximately standard normal: the sum of four 16-bit uniforms (Irwin–Hall, variance
-/// 1/3 before scaling), bounded by ±3.46. Cheap enough for 800 M values in seconds.
-fn normal(key: u64, i: u64) -> f32 {
-    let r = mix(key.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
-    let sum = (r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48);
-    let u = sum as f32 / 65535.0; // in [0, 4], mean 2
-    (u - 2.0) * 3f32.sqrt()
+/// "lowbias32" (C. Wellons): a 32-bit bijective hash. 32-bit lanes vectorise (AVX2 has no
+/// 64-bit multiply), which makes per-element hashing several times cheaper than SplitMix64.
+fn hash32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
 }
 
-fn value(fill: Fill, key: u64, i: usize) -> f32 {
-    let z = normal(key, i as u64);
+/// Approximately standard normal values for elements `base..base + out.len()` of the tensor
+/// with `key`: a keyed two-round hash of the element index gives four uniform bytes whose
+/// sum (Irwin–Hall: mean 510, std 147.8) is standardised; 1021 levels within ±3.45σ, finer
+/// than fp16 needs. Counters are 32-bit, so a tensor above 2^32 elements would repeat
+/// itself (Whisper's largest has 66 M).
+fn normals(out: &mut [f32], key: u64, base: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { normals_avx2(out, key, base) };
+    }
+    normals_body(out, key, base)
+}
+
+/// The same loop compiled for AVX2: 8-lane 32-bit multiplies make it ~3x faster than the
+/// SSE2 baseline build.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn normals_avx2(out: &mut [f32], key: u64, base: usize) {
+    normals_body(out, key, base)
+}
+
+#[inline(always)]
+fn normals_body(out: &mut [f32], key: u64, base: usize) {
+    let (k1, k2) = (key as u32, (key >> 32) as u32);
+    // A u32 counter and an i32 → f32 conversion keep every step in 8-lane AVX2 instructions
+    // (u32 → f32 and usize arithmetic would not vectorise).
+    let start = base as u32;
+    for (j, o) in (0u32..).zip(out.iter_mut()) {
+        let a = hash32(hash32(start.wrapping_add(j) ^ k1) ^ k2);
+        let sum = (a & 0xff) + ((a >> 8) & 0xff) + ((a >> 16) & 0xff) + (a >> 24);
+        *o = (sum as i32 - 510) as f32 * (1.0 / 147.8);
+    }
+}
+
+/// Whisper's sinusoid table: channel c < width/2 is sin(pos · 10000^(-c/(width/2 - 1))),
+/// the second half the matching cos.
+fn sinusoid(width: usize, i: usize) -> f32 {
+    let (pos, ch) = (i / width, i % width);
+    let half = (width / 2).max(1);
+    let inc = (10000f32).ln() / (half.max(2) - 1) as f32;
+    let angle = pos as f32 * (-inc * (ch % half) as f32).exp();
+    if ch < half {
+        angle.sin()
+    } else {
+        angle.cos()
+    }
+}
+
+/// Fills `dst` with elements `base..` of one tensor: values in f32 first (vectorised
+/// hashing), then one bulk conversion (F16C/SIMD in `half`). This is the whole cost of
+/// synthesis: ~800 M elements for large-v3-turbo.
+fn fill_chunk(dst: &mut [u8], dtype: SynthDType, fill: Fill, key: u64, base: usize) {
+    let mut vals = vec![0f32; dst.len() / dtype.size()];
+    normals(&mut vals, key, base);
     match fill {
-        Fill::Normal { mean, std } => mean + std * z,
+        Fill::Normal { mean, std } => vals.iter_mut().for_each(|v| *v = mean + std * *v),
         Fill::Sinusoid { width, amp, noise } => {
-            let (pos, ch) = (i / width, i % width);
-            let half = (width / 2).max(1);
-            let inc = (10000f32).ln() / (half.max(2) - 1) as f32;
-            let freq = (-inc * (ch % half) as f32).exp();
-            let angle = pos as f32 * freq;
-            let s = if ch < half { angle.sin() } else { angle.cos() };
-            amp * s + noise * z
+            for (j, v) in vals.iter_mut().enumerate() {
+                *v = amp * sinusoid(width, base + j) + noise * *v;
+            }
+        }
+    }
+    match dtype {
+        SynthDType::F32 => encode(dst, &vals, |v: &f32| v.to_le_bytes()),
+        SynthDType::F16 => {
+            let mut h = vec![f16::ZERO; vals.len()];
+            h.convert_from_f32_slice(&vals);
+            encode(dst, &h, |v: &f16| v.to_le_bytes());
+        }
+        SynthDType::BF16 => {
+            let mut h = vec![bf16::ZERO; vals.len()];
+            h.convert_from_f32_slice(&vals);
+            encode(dst, &h, |v: &bf16| v.to_le_bytes());
         }
     }
 }
 
-/// Writes the header, then every tensor in chunks generated in parallel.
+/// Little-endian bytes of `vals` into `dst`: one memcpy on little-endian machines (a
+/// per-element copy was the single largest cost of synthesis), swapped elsewhere.
+fn encode<T: bytemuck::Pod, const N: usize>(
+    dst: &mut [u8],
+    vals: &[T],
+    le: impl Fn(&T) -> [u8; N],
+) {
+    if cfg!(target_endian = "little") {
+        dst.copy_from_slice(bytemuck::cast_slice(vals));
+    } else {
+        for (d, v) in dst.chunks_exact_mut(N).zip(vals) {
+            d.copy_from_slice(&le(v));
+        }
+    }
+}
+
+/// Writes the header, then every tensor in chunks generated in parallel. No fsync: the data
+/// can be regenerated, syncing 1.6 GB takes tens of seconds on slow disks, and the final
+/// rename already makes the directory appear whole to readers.
 fn write_safetensors(cfg: &WhisperConfig, path: &Path, opts: &SynthOptions) -> Result<()> {
     let tensors = tensor_list(cfg);
     let esize = opts.dtype.size();
@@ -368,23 +449,12 @@ fn write_safetensors(cfg: &WhisperConfig, path: &Path, opts: &SynthOptions) -> R
             let out = &mut buf[..len * esize];
             out.par_chunks_mut(CHUNK * esize)
                 .enumerate()
-                .for_each(|(c, dst)| {
-                    let base = start + c * CHUNK;
-                    for (j, d) in dst.chunks_exact_mut(esize).enumerate() {
-                        let v = value(fill, key, base + j);
-                        match opts.dtype {
-                            SynthDType::F16 => d.copy_from_slice(&f16::from_f32(v).to_le_bytes()),
-                            SynthDType::BF16 => d.copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
-                            SynthDType::F32 => d.copy_from_slice(&v.to_le_bytes()),
-                        }
-                    }
-                });
+                .for_each(|(c, dst)| fill_chunk(dst, opts.dtype, fill, key, start + c * CHUNK));
             file.write_all(out)?;
             bar.inc(out.len() as u64);
             start += len;
         }
     }
-    file.sync_all()?;
     bar.finish_and_clear();
     Ok(())
 }

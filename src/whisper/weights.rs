@@ -12,11 +12,13 @@ use super::config::WhisperConfig;
 use crate::ir::Bytes;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use half::{bf16, f16};
-use rayon::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+mod formats;
+use formats::{convert, f64_to_f32, map_safetensors, read_pickled, release_pages};
 
 /// The two networks of a Whisper checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -376,6 +378,23 @@ impl WhisperWeights {
         })
     }
 
+    /// Drops the resident pages behind a memory-mapped tensor, e.g. once its fp16 data has
+    /// been written out, so that a whole-model export does not keep the checkpoint resident
+    /// (the turbo encoder is 1.3 GB). Data still referenced stays valid: the pages are
+    /// clean and are read back from the file on the next access. No-op for other storage.
+    pub fn release(&self, name: &str) {
+        if let Some(Entry {
+            file,
+            location: Location::Mapped(range),
+            ..
+        }) = self.entries.get(name)
+        {
+            if let SourceFile::Safetensors { map, .. } = &self.files[*file] {
+                release_pages(map, range);
+            }
+        }
+    }
+
     /// Every tensor `component` needs, with its shape, in Hugging Face naming. With tied word
     /// embeddings `proj_out.weight` is optional and not listed.
     pub fn expected(cfg: &WhisperConfig, component: Component) -> Vec<(String, Vec<usize>)> {
@@ -493,133 +512,4 @@ fn canonical_name(name: &str) -> String {
     } else {
         name.to_string()
     }
-}
-
-type MappedTensor = (String, StoredDType, Vec<usize>, Range<usize>);
-
-/// Maps a safetensors file and validates its header, with messages that name the file and
-/// say what is wrong (the crate's own errors are terse).
-fn map_safetensors(path: &Path) -> Result<(Arc<memmap2::Mmap>, Vec<MappedTensor>)> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    // SAFETY: the map is read-only; like every mmap reader we assume the checkpoint is not
-    // modified while it is open.
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .with_context(|| format!("cannot memory-map {}", path.display()))?;
-    let len = map.len();
-    ensure!(
-        len >= 8,
-        "{}: file of {len} bytes is too short for a safetensors header",
-        path.display()
-    );
-    let mut n_bytes = [0u8; 8];
-    n_bytes.copy_from_slice(&map[..8]);
-    let n = u64::from_le_bytes(n_bytes);
-    ensure!(
-        n <= (len - 8) as u64,
-        "{}: header length {n} is larger than the file ({len} bytes): truncated or not a \
-         safetensors file",
-        path.display()
-    );
-    let (n, meta) = match safetensors::SafeTensors::read_metadata(&map) {
-        Ok(v) => v,
-        Err(safetensors::SafeTensorError::MetadataIncompleteBuffer) => {
-            let have = len - 8 - n as usize;
-            let declared = declared_data_len(&map[8..8 + n as usize]);
-            bail!(
-                "{}: truncated or corrupt: the header declares {declared} bytes of tensor data \
-                 but the file holds {have}",
-                path.display()
-            )
-        }
-        Err(e) => bail!("{}: invalid safetensors header: {e}", path.display()),
-    };
-    let start = 8 + n;
-    let tensors = meta
-        .tensors()
-        .into_iter()
-        .map(|(name, info)| {
-            let (s, e) = info.data_offsets;
-            let dtype = StoredDType::from_safetensors(info.dtype);
-            (name, dtype, info.shape.clone(), start + s..start + e)
-        })
-        .collect();
-    Ok((Arc::new(map), tensors))
-}
-
-/// The largest end offset in a safetensors header (for the truncation message only).
-fn declared_data_len(header: &[u8]) -> usize {
-    let json: serde_json::Value = serde_json::from_slice(header).unwrap_or_default();
-    json.as_object()
-        .into_iter()
-        .flat_map(|m| m.values())
-        .filter_map(|t| t.get("data_offsets")?.get(1)?.as_u64())
-        .max()
-        .unwrap_or(0) as usize
-}
-
-/// Converts `N`-byte little-endian floats to fp16 bytes (round to nearest even), in
-/// parallel chunks; a finite value beyond fp16's range is an error, not a silent infinity.
-fn convert<const N: usize>(raw: &[u8], decode: impl Fn([u8; N]) -> f32 + Sync) -> Result<Bytes> {
-    const CHUNK: usize = 1 << 16;
-    let count = raw.len() / N;
-    let mut out = vec![0u8; count * 2];
-    out.par_chunks_mut(CHUNK * 2)
-        .zip(raw.par_chunks(CHUNK * N))
-        .try_for_each(|(dst, src)| {
-            for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(N)) {
-                let mut b = [0u8; N];
-                b.copy_from_slice(s);
-                let v = decode(b);
-                let h = f16::from_f32(v);
-                if v.is_finite() && !h.is_finite() {
-                    bail!("value {v} overflows fp16 (max 65504)");
-                }
-                d.copy_from_slice(&h.to_le_bytes());
-            }
-            Ok(())
-        })?;
-    Ok(Bytes::from_vec(out))
-}
-
-/// f64 → f32 keeping finite values finite, so that the fp16 overflow check still fires.
-fn f64_to_f32(x: f64) -> f32 {
-    if x.is_finite() {
-        x.clamp(-(f32::MAX as f64), f32::MAX as f64) as f32
-    } else {
-        x as f32
-    }
-}
-
-/// Drops the mapped pages of a tensor that was just converted (we hold its fp16 copy), so
-/// converting an fp32 checkpoint does not keep the whole file resident. Pages are clean and
-/// file-backed, so anything still reading them simply faults them back in.
-fn release_pages(map: &memmap2::Mmap, range: &Range<usize>) {
-    #[cfg(unix)]
-    {
-        // SAFETY: the map is read-only and file-backed, so MADV_DONTNEED only discards clean
-        // page-cache copies; later reads see the same file contents.
-        let _ = unsafe {
-            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len())
-        };
-    }
-    #[cfg(not(unix))]
-    let _ = (map, range);
-}
-
-fn read_pickled(
-    pth: &candle_core::pickle::PthTensors,
-    key: &str,
-    dtype: &StoredDType,
-) -> Result<Bytes> {
-    let t = pth
-        .get(key)?
-        .context("listed in the state dict but not readable")?;
-    // flatten_all also makes Fortran-ordered (transposed) storage row-major.
-    let t = t.flatten_all()?;
-    if *dtype == StoredDType::F16 {
-        return Ok(Bytes::from_f16(&t.to_vec1::<f16>()?));
-    }
-    let v = t.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
-    convert::<4>(bytemuck::cast_slice(&v), f32::from_le_bytes)
 }

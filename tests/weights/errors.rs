@@ -43,8 +43,10 @@ fn output_directory_is_refused_unless_forced() {
     ));
     assert!(e.contains("not empty") && e.contains("out"), "{e}");
     assert!(dir.join("keep.txt").exists());
+    // With a progress bar (hidden when stderr is not a terminal) to exercise that path.
     let forced = SynthOptions {
         force: true,
+        progress: true,
         ..opts(1, SynthDType::F16)
     };
     synthesize_with(&micro(), None, &dir, &forced).unwrap();
