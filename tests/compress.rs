@@ -166,7 +166,8 @@ fn turbo_encoder_has_194_lut_ops() {
     let ck = dir.path().join("turbo");
     ok(&run(&["synth", "--quiet", "--preset", "large-v3-turbo", "--out"], &[&ck]));
     let out = dir.path().join("turbo-lut4.mlpackage");
-    ok(&run(&["export", "--quiet", "--abi", "whisperkit", "--palettize", "kmeans", "--nbits", "4", "--model"], &[&ck, Path::new("--out"), &out]));
+    // Uniform tables keep this test quick; k-means at this size is timed by `milkit bench`.
+    ok(&run(&["export", "--quiet", "--abi", "whisperkit", "--palettize", "uniform", "--nbits", "4", "--model"], &[&ck, Path::new("--out"), &out]));
     let m = load_package(&out).unwrap();
     assert_eq!(count(&m, "constexpr_lut_to_dense"), 194);
     assert_eq!(count(&m, "conv"), 194);
