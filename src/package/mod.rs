@@ -1,2 +1,4 @@
 //! `.mlpackage` reading and writing.
 pub mod blob;
+pub mod fsio;
+pub mod manifest;

@@ -1,0 +1,165 @@
+//! Atomic output of packages (or of a directory holding several packages): everything is
+//! built in a hidden temporary directory beside the target, synced to disk, then renamed into
+//! place, so a crash or an error never leaves a half-written package at the target path.
+
+use anyhow::{bail, Context, Result};
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Distinguishes temporary names made by several calls within one process.
+static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+/// Builds `target` atomically.
+///
+/// - If `target` exists and `force` is false: error (naming it and suggesting `--force`);
+///   nothing is touched.
+/// - Otherwise creates an empty hidden directory `.<name>.tmp-<pid>-<n>` in the target's
+///   parent (created if missing), calls `fill` with it, fsyncs every file and directory in
+///   it, and renames it to `target`. With `force` an existing target is first renamed aside
+///   (`.<name>.old-<pid>-<n>`), and removed after the new one is in place.
+/// - On any error (including a panic in `fill`) the temporary directory is removed, and an
+///   existing target is left as it was.
+///
+/// `fill` may create one package directly in the directory it gets (target = `x.mlpackage`)
+/// or several packages inside it (target = an output directory).
+pub fn write_package_atomically(
+    target: &Path,
+    force: bool,
+    fill: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    let exists = fs::symlink_metadata(target).is_ok();
+    if exists && !force {
+        bail!(
+            "{} already exists; pass --force to replace it",
+            target.display()
+        );
+    }
+    let name = target
+        .file_name()
+        .with_context(|| format!("{}: output path has no file name", target.display()))?
+        .to_string_lossy()
+        .into_owned();
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&parent)
+        .with_context(|| format!("cannot create output directory {}", parent.display()))?;
+
+    let tmp = TempDir::create(&parent, &name)?;
+    fill(&tmp.path).with_context(|| format!("while writing {}", target.display()))?;
+    sync_tree(&tmp.path)?;
+
+    if exists {
+        let old = unique_path(&parent, &name, "old");
+        fs::rename(target, &old).with_context(|| {
+            format!(
+                "cannot move the existing {} aside to replace it",
+                target.display()
+            )
+        })?;
+        if let Err(e) = fs::rename(&tmp.path, target) {
+            // Put the old output back so a failed replace changes nothing.
+            let restored = fs::rename(&old, target);
+            return Err(e).with_context(|| {
+                format!(
+                    "cannot move the new output into {}{}",
+                    target.display(),
+                    if restored.is_err() {
+                        " (the previous output is at a hidden .old path)"
+                    } else {
+                        ""
+                    }
+                )
+            });
+        }
+        tmp.disarm();
+        remove_any(&old).with_context(|| {
+            format!(
+                "replaced {}, but cannot remove {}",
+                target.display(),
+                old.display()
+            )
+        })?;
+    } else {
+        fs::rename(&tmp.path, target)
+            .with_context(|| format!("cannot move the new output into {}", target.display()))?;
+        tmp.disarm();
+    }
+    sync_dir(&parent);
+    Ok(())
+}
+
+/// `<parent>/.<name>.<tag>-<pid>-<n>`, a name no other writer uses.
+fn unique_path(parent: &Path, name: &str, tag: &str) -> PathBuf {
+    let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    parent.join(format!(".{name}.{tag}-{}-{n}", std::process::id()))
+}
+
+/// A temporary directory removed on drop unless disarmed.
+struct TempDir {
+    path: PathBuf,
+    armed: bool,
+}
+
+impl TempDir {
+    fn create(parent: &Path, name: &str) -> Result<TempDir> {
+        let path = unique_path(parent, name, "tmp");
+        fs::create_dir(&path)
+            .with_context(|| format!("cannot create temporary directory {}", path.display()))?;
+        Ok(TempDir { path, armed: true })
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if self.armed {
+            // Best effort: the error that got us here is more useful than a cleanup error.
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+fn remove_any(path: &Path) -> std::io::Result<()> {
+    if fs::symlink_metadata(path)?.is_dir() {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    }
+}
+
+/// fsyncs every regular file under `dir` and the directories themselves (children first), so
+/// the rename publishes complete data.
+fn sync_tree(dir: &Path) -> Result<()> {
+    for entry in fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let entry = entry.with_context(|| format!("cannot list {}", dir.display()))?;
+        let path = entry.path();
+        let kind = entry
+            .file_type()
+            .with_context(|| format!("cannot stat {}", path.display()))?;
+        if kind.is_dir() {
+            sync_tree(&path)?;
+        } else if kind.is_file() {
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .with_context(|| format!("cannot sync {} to disk", path.display()))?;
+        }
+    }
+    sync_dir(dir);
+    Ok(())
+}
+
+/// fsyncs a directory's entries where the platform allows it (not on Windows, where a
+/// directory cannot be opened as a file; there the rename is what we rely on).
+fn sync_dir(dir: &Path) {
+    if cfg!(unix) {
+        if let Ok(f) = File::open(dir) {
+            let _ = f.sync_all();
+        }
+    }
+}
