@@ -19,7 +19,15 @@ fn histogram(m: &Model) -> BTreeMap<String, usize> {
 
 fn export(model: &Path, abi: &str, out: &Path, extra: &[&str]) -> std::process::Output {
     milkit()
-        .args(["export", "--component", "encoder", "--quiet", "--abi", abi, "--model"])
+        .args([
+            "export",
+            "--component",
+            "encoder",
+            "--quiet",
+            "--abi",
+            abi,
+            "--model",
+        ])
         .arg(model)
         .arg("--out")
         .arg(out)
@@ -29,7 +37,11 @@ fn export(model: &Path, abi: &str, out: &Path, extra: &[&str]) -> std::process::
 }
 
 fn ok(o: &std::process::Output) {
-    assert!(o.status.success(), "failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
@@ -38,8 +50,22 @@ fn tiny_en_encoder_both_abis() {
     let model = fx.join("models/whisper-tiny.en");
     let dir = tempfile::tempdir().unwrap();
     for (abi, inp, out, in_shape, out_shape, dt) in [
-        ("whispercpp", "logmel_data", "output", vec![1, 80, 3000], vec![1, 1500, 384], ArrayDType::F32),
-        ("whisperkit", "melspectrogram_features", "encoder_output_embeds", vec![1, 80, 1, 3000], vec![1, 384, 1, 1500], ArrayDType::F16),
+        (
+            "whispercpp",
+            "logmel_data",
+            "output",
+            vec![1, 80, 3000],
+            vec![1, 1500, 384],
+            ArrayDType::F32,
+        ),
+        (
+            "whisperkit",
+            "melspectrogram_features",
+            "encoder_output_embeds",
+            vec![1, 80, 1, 3000],
+            vec![1, 384, 1, 1500],
+            ArrayDType::F16,
+        ),
     ] {
         let p = dir.path().join(format!("{abi}.mlpackage"));
         ok(&export(&model, abi, &p, &[]));
@@ -47,8 +73,22 @@ fn tiny_en_encoder_both_abis() {
         assert_eq!(m.spec_version, 9);
         let d = &m.description;
         assert_eq!((d.inputs.len(), d.outputs.len()), (1, 1));
-        assert_eq!((d.inputs[0].name.as_str(), &d.inputs[0].shape, d.inputs[0].dtype), (inp, &in_shape, dt));
-        assert_eq!((d.outputs[0].name.as_str(), &d.outputs[0].shape, d.outputs[0].dtype), (out, &out_shape, dt));
+        assert_eq!(
+            (
+                d.inputs[0].name.as_str(),
+                &d.inputs[0].shape,
+                d.inputs[0].dtype
+            ),
+            (inp, &in_shape, dt)
+        );
+        assert_eq!(
+            (
+                d.outputs[0].name.as_str(),
+                &d.outputs[0].shape,
+                d.outputs[0].dtype
+            ),
+            (out, &out_shape, dt)
+        );
         let h = histogram(&m);
         assert_eq!(h.get("conv"), Some(&26), "{abi}: {h:?}");
         assert_eq!(h.get("softmax"), Some(&4));
@@ -68,26 +108,52 @@ fn export_is_byte_reproducible_and_refuses_overwrite() {
     let b = dir.path().join("b.mlpackage");
     ok(&export(&model, "whisperkit", &a, &[]));
     ok(&export(&model, "whisperkit", &b, &[]));
-    for f in ["Manifest.json", "Data/com.apple.CoreML/model.mlmodel", "Data/com.apple.CoreML/weights/weight.bin"] {
-        assert_eq!(std::fs::read(a.join(f)).unwrap(), std::fs::read(b.join(f)).unwrap(), "{f} differs");
+    for f in [
+        "Manifest.json",
+        "Data/com.apple.CoreML/model.mlmodel",
+        "Data/com.apple.CoreML/weights/weight.bin",
+    ] {
+        assert_eq!(
+            std::fs::read(a.join(f)).unwrap(),
+            std::fs::read(b.join(f)).unwrap(),
+            "{f} differs"
+        );
     }
     // write → read → write is byte-identical too.
     let c = dir.path().join("c.mlpackage");
     milkit::package::save_package(&load_package(&a).unwrap(), &c, false, &mut |_| {}).unwrap();
-    for f in ["Manifest.json", "Data/com.apple.CoreML/model.mlmodel", "Data/com.apple.CoreML/weights/weight.bin"] {
-        assert_eq!(std::fs::read(a.join(f)).unwrap(), std::fs::read(c.join(f)).unwrap(), "{f} differs after a round trip");
+    for f in [
+        "Manifest.json",
+        "Data/com.apple.CoreML/model.mlmodel",
+        "Data/com.apple.CoreML/weights/weight.bin",
+    ] {
+        assert_eq!(
+            std::fs::read(a.join(f)).unwrap(),
+            std::fs::read(c.join(f)).unwrap(),
+            "{f} differs after a round trip"
+        );
     }
     let before = std::fs::read(a.join("Data/com.apple.CoreML/model.mlmodel")).unwrap();
     let o = export(&model, "whispercpp", &a, &[]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
-    assert_eq!(std::fs::read(a.join("Data/com.apple.CoreML/model.mlmodel")).unwrap(), before);
+    assert_eq!(
+        std::fs::read(a.join("Data/com.apple.CoreML/model.mlmodel")).unwrap(),
+        before
+    );
     ok(&export(&model, "whispercpp", &a, &["--force"]));
-    assert_ne!(std::fs::read(a.join("Data/com.apple.CoreML/model.mlmodel")).unwrap(), before);
+    assert_ne!(
+        std::fs::read(a.join("Data/com.apple.CoreML/model.mlmodel")).unwrap(),
+        before
+    );
 }
 
 fn synth(preset: &str, out: &Path) {
-    let o = milkit().args(["synth", "--quiet", "--preset", preset, "--out"]).arg(out).output().unwrap();
+    let o = milkit()
+        .args(["synth", "--quiet", "--preset", preset, "--out"])
+        .arg(out)
+        .output()
+        .unwrap();
     ok(&o);
 }
 
@@ -126,19 +192,39 @@ fn bad_checkpoints_fail_cleanly() {
     let copy = |name: &str| {
         let d = dir.path().join(name);
         std::fs::create_dir_all(&d).unwrap();
-        for f in ["config.json", "generation_config.json", "preprocessor_config.json", "model.safetensors"] {
+        for f in [
+            "config.json",
+            "generation_config.json",
+            "preprocessor_config.json",
+            "model.safetensors",
+        ] {
             std::fs::copy(good.join(f), d.join(f)).unwrap();
         }
         d
     };
     let check = |ckpt: &Path, needle: &str, file: &str| {
-        let out = dir.path().join(format!("{}.mlpackage", ckpt.file_name().unwrap().to_string_lossy()));
+        let out = dir.path().join(format!(
+            "{}.mlpackage",
+            ckpt.file_name().unwrap().to_string_lossy()
+        ));
         let o = export(ckpt, "whisperkit", &out, &[]);
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{}: export should fail", ckpt.display());
+        assert!(
+            !o.status.success(),
+            "{}: export should fail",
+            ckpt.display()
+        );
         assert!(!err.contains("panicked"), "panic: {err}");
-        assert!(err.contains(needle), "{}: expected `{needle}` in: {err}", ckpt.display());
-        assert!(err.contains(file), "{}: expected the file `{file}` named in: {err}", ckpt.display());
+        assert!(
+            err.contains(needle),
+            "{}: expected `{needle}` in: {err}",
+            ckpt.display()
+        );
+        assert!(
+            err.contains(file),
+            "{}: expected the file `{file}` named in: {err}",
+            ckpt.display()
+        );
         assert!(!out.exists(), "something was left at {}", out.display());
         let leftovers: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()

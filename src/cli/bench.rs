@@ -44,8 +44,15 @@ fn bench_export(a: &BenchArgs) -> Result<u8> {
         Some(m) => m.clone(),
         None => {
             let dir = tmp.join("ckpt");
-            eprintln!("synthesizing a {} checkpoint in {} ...", a.preset, dir.display());
-            let st = Command::new(&exe).args(["synth", "--preset", &a.preset, "--quiet", "--out"]).arg(&dir).status()?;
+            eprintln!(
+                "synthesizing a {} checkpoint in {} ...",
+                a.preset,
+                dir.display()
+            );
+            let st = Command::new(&exe)
+                .args(["synth", "--preset", &a.preset, "--quiet", "--out"])
+                .arg(&dir)
+                .status()?;
             if !st.success() {
                 bail!("milkit synth failed");
             }
@@ -56,19 +63,39 @@ fn bench_export(a: &BenchArgs) -> Result<u8> {
     for i in 0..a.runs.max(1) {
         let out = tmp.join(format!("enc{i}.mlpackage"));
         let o = Command::new(&exe)
-            .args(["export", "--component", "encoder", "--abi", "whisperkit", "--quiet", "--stats", "--model"])
+            .args([
+                "export",
+                "--component",
+                "encoder",
+                "--abi",
+                "whisperkit",
+                "--quiet",
+                "--stats",
+                "--model",
+            ])
             .arg(&model)
             .arg("--out")
             .arg(&out)
             .output()?;
         if !o.status.success() {
-            bail!("milkit export failed: {}", String::from_utf8_lossy(&o.stderr));
+            bail!(
+                "milkit export failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
         let text = String::from_utf8_lossy(&o.stderr);
-        let line = text.lines().rev().find(|l| l.starts_with('{')).context("export printed no stats")?;
+        let line = text
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .context("export printed no stats")?;
         let v: serde_json::Value = serde_json::from_str(line)?;
         let bytes = std::fs::metadata(out.join("Data/com.apple.CoreML/weights/weight.bin"))?.len();
-        rows.push((v["wall_ms"].as_f64().unwrap_or(f64::NAN), v["peak_rss_bytes"].as_u64().unwrap_or(0), bytes));
+        rows.push((
+            v["wall_ms"].as_f64().unwrap_or(f64::NAN),
+            v["peak_rss_bytes"].as_u64().unwrap_or(0),
+            bytes,
+        ));
         let _ = std::fs::remove_dir_all(&out);
     }
     let _ = std::fs::remove_dir_all(&tmp);
@@ -87,7 +114,10 @@ fn bench_export(a: &BenchArgs) -> Result<u8> {
         println!("|--------|-------|------|---------------|----------|------------|");
         println!(
             "| export encoder | {} | {} | {:.2} s | {:.2} GB | {:.2} GB |",
-            a.model.as_ref().map(|m| m.display().to_string()).unwrap_or(format!("synth {}", a.preset)),
+            a.model
+                .as_ref()
+                .map(|m| m.display().to_string())
+                .unwrap_or(format!("synth {}", a.preset)),
             rows.len(),
             median / 1e3,
             rss as f64 / 1e9,

@@ -26,6 +26,7 @@ pub enum QuantizeDtype {
     Uint8,
 }
 
+#[allow(clippy::enum_variant_names)] // the names are the CLI vocabulary (per-tensor, per-block, ...)
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum Granularity {
     /// One table / scale for the whole weight.
@@ -90,8 +91,16 @@ impl CompressFlags {
             if ![1, 2, 3, 4, 6, 8].contains(&self.nbits) {
                 bail!("--nbits {} is not one of 1, 2, 3, 4, 6, 8", self.nbits);
             }
-            let mode = if m == PalettizeMode::Kmeans { LutMode::Kmeans } else { LutMode::Uniform };
-            return Ok(Some(Method::Palettize(LutConfig { mode, nbits: self.nbits, granularity })));
+            let mode = if m == PalettizeMode::Kmeans {
+                LutMode::Kmeans
+            } else {
+                LutMode::Uniform
+            };
+            return Ok(Some(Method::Palettize(LutConfig {
+                mode,
+                nbits: self.nbits,
+                granularity,
+            })));
         }
         if let Some(d) = self.quantize {
             let granularity = match self.granularity.unwrap_or(Granularity::PerChannel) {
@@ -106,7 +115,11 @@ impl CompressFlags {
                 QuantizeDtype::Int8 => QuantDtype::Int8,
                 QuantizeDtype::Uint8 => QuantDtype::Uint8,
             };
-            return Ok(Some(Method::Quantize(QuantConfig { dtype, granularity, symmetric: !self.asymmetric })));
+            return Ok(Some(Method::Quantize(QuantConfig {
+                dtype,
+                granularity,
+                symmetric: !self.asymmetric,
+            })));
         }
         Ok(None)
     }
@@ -142,12 +155,22 @@ pub struct CompressArgs {
 }
 
 /// Applies the flags to a model; prints the report. Errors leave nothing written.
-pub fn apply(model: &mut Model, flags: &CompressFlags, json: bool, quiet: bool) -> Result<Option<Outcome>> {
-    let Some(method) = flags.method()? else { return Ok(None) };
+pub fn apply(
+    model: &mut Model,
+    flags: &CompressFlags,
+    json: bool,
+    quiet: bool,
+) -> Result<Option<Outcome>> {
+    let Some(method) = flags.method()? else {
+        return Ok(None);
+    };
     let sp = progress::spinner("compressing", quiet);
     let out = compress(model, &method, &flags.selection())?;
     sp.finish_and_clear();
-    let report = milkit::report::CompressReport::from_outcome(&out, &milkit::passes::compress::mode_name(&method));
+    let report = milkit::report::CompressReport::from_outcome(
+        &out,
+        &milkit::passes::compress::mode_name(&method),
+    );
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else if !quiet {
@@ -158,7 +181,10 @@ pub fn apply(model: &mut Model, flags: &CompressFlags, json: bool, quiet: bool) 
 
 pub fn run(a: &CompressArgs) -> Result<u8> {
     if a.out.exists() && !a.force {
-        bail!("{} already exists; pass --force to replace it", a.out.display());
+        bail!(
+            "{} already exists; pass --force to replace it",
+            a.out.display()
+        );
     }
     if a.flags.method()?.is_none() {
         bail!("nothing to do: pass --palettize kmeans|uniform or --quantize int4|uint4|int8|uint8");

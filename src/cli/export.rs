@@ -68,7 +68,9 @@ pub struct ExportArgs {
 pub fn parse_target(s: &str) -> Result<Opset> {
     match Opset::from_target_name(s) {
         Some(o) => Ok(o),
-        None => bail!("unknown target `{s}`: use ios15, ios16, ios17 or ios18 (or macos12..macos15)"),
+        None => {
+            bail!("unknown target `{s}`: use ios15, ios16, ios17 or ios18 (or macos12..macos15)")
+        }
     }
 }
 
@@ -79,7 +81,10 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
     let t0 = Instant::now();
     let opset = parse_target(&a.target)?;
     if a.out.exists() && !a.force {
-        bail!("{} already exists; pass --force to replace it", a.out.display());
+        bail!(
+            "{} already exists; pass --force to replace it",
+            a.out.display()
+        );
     }
     let abi = match a.abi {
         AbiArg::Whispercpp => EncoderAbi::WhisperCpp,
@@ -115,10 +120,14 @@ fn weight_bytes(m: &milkit::ir::Model) -> u64 {
     let mut n = 0;
     for f in m.program.functions.values() {
         for op in f.block.walk() {
-            for v in op.attributes.values().chain(op.inputs.values().flatten().filter_map(|a| match a {
-                milkit::ir::Arg::Value(v) => Some(v),
-                _ => None,
-            })) {
+            for v in op
+                .attributes
+                .values()
+                .chain(op.inputs.values().flatten().filter_map(|a| match a {
+                    milkit::ir::Arg::Value(v) => Some(v),
+                    _ => None,
+                }))
+            {
                 if let milkit::ir::Value::Tensor(t) = v {
                     if milkit::package::convert::goes_to_blob(t) {
                         n += t.data.len() as u64;
@@ -138,7 +147,12 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn build(a: &ExportArgs, component: ComponentArg, abi: EncoderAbi, opset: Opset) -> Result<milkit::ir::Model> {
+fn build(
+    a: &ExportArgs,
+    component: ComponentArg,
+    abi: EncoderAbi,
+    opset: Opset,
+) -> Result<milkit::ir::Model> {
     match component {
         ComponentArg::Encoder => {
             let pb = progress::bar(0, "building", a.quiet);
@@ -156,17 +170,34 @@ fn enum_arg<T: ValueEnum>(what: &str, s: &str) -> Result<T> {
     T::from_str(s, true).map_err(|_| anyhow::anyhow!("recipe: unknown {what} `{s}`"))
 }
 
-fn recipe_flags(c: &milkit::whisper::recipe::RecipeCompression) -> Result<super::compress::CompressFlags> {
+fn recipe_flags(
+    c: &milkit::whisper::recipe::RecipeCompression,
+) -> Result<super::compress::CompressFlags> {
     let d = super::compress::CompressFlags::default();
     Ok(super::compress::CompressFlags {
-        palettize: c.palettize.as_deref().map(|s| enum_arg("palettize mode", s)).transpose()?,
+        palettize: c
+            .palettize
+            .as_deref()
+            .map(|s| enum_arg("palettize mode", s))
+            .transpose()?,
         nbits: c.nbits.unwrap_or(4),
-        quantize: c.quantize.as_deref().map(|s| enum_arg("quantize dtype", s)).transpose()?,
-        granularity: c.granularity.as_deref().map(|s| enum_arg("granularity", s)).transpose()?,
+        quantize: c
+            .quantize
+            .as_deref()
+            .map(|s| enum_arg("quantize dtype", s))
+            .transpose()?,
+        granularity: c
+            .granularity
+            .as_deref()
+            .map(|s| enum_arg("granularity", s))
+            .transpose()?,
         group_size: c.group_size.unwrap_or(16),
         block_size: c.block_size.unwrap_or(32),
         asymmetric: c.asymmetric,
-        op_types: c.op_types.clone().unwrap_or_else(|| vec!["conv".into(), "linear".into()]),
+        op_types: c
+            .op_types
+            .clone()
+            .unwrap_or_else(|| vec!["conv".into(), "linear".into()]),
         op_names: c.op_names.clone().unwrap_or(d.op_names),
         weight_threshold: c.weight_threshold.unwrap_or(2048),
         skip_indivisible: c.skip_indivisible,
@@ -185,7 +216,11 @@ fn run_recipe(a: &ExportArgs, path: &std::path::Path) -> Result<u8> {
         if let Some(cc) = &c.compress {
             let flags = recipe_flags(cc)?;
             if flags.method()?.is_none() {
-                bail!("{}: component `{}` has a [compress] table without palettize or quantize", path.display(), c.file);
+                bail!(
+                    "{}: component `{}` has a [compress] table without palettize or quantize",
+                    path.display(),
+                    c.file
+                );
             }
             super::compress::apply(&mut m, &flags, a.json, a.quiet)?;
         }
@@ -198,7 +233,12 @@ fn run_recipe(a: &ExportArgs, path: &std::path::Path) -> Result<u8> {
         Ok(())
     })?;
     if !a.quiet {
-        eprintln!("wrote {} ({} packages, recipe {})", a.out.display(), models.len(), recipe.name);
+        eprintln!(
+            "wrote {} ({} packages, recipe {})",
+            a.out.display(),
+            models.len(),
+            recipe.name
+        );
     }
     Ok(0)
 }

@@ -11,7 +11,13 @@ const fn def(
     inputs: &'static [super::InputSpec],
     infer: fn(&InferCx) -> Result<Vec<ValueType>>,
 ) -> OpDef {
-    OpDef { name, since: Opset::Ios15, until: None, inputs, infer }
+    OpDef {
+        name,
+        since: Opset::Ios15,
+        until: None,
+        inputs,
+        infer,
+    }
 }
 
 const XY: &[super::InputSpec] = &[req("x"), req("y")];
@@ -19,16 +25,31 @@ const X: &[super::InputSpec] = &[req("x")];
 const X_EPS: &[super::InputSpec] = &[req("x"), opt_c("epsilon")];
 
 fn infer_const(cx: &InferCx) -> Result<Vec<ValueType>> {
-    let v = cx.attributes.get("val").ok_or_else(|| anyhow!("const without a `val` attribute"))?;
+    let v = cx
+        .attributes
+        .get("val")
+        .ok_or_else(|| anyhow!("const without a `val` attribute"))?;
     Ok(vec![v.value_type()])
 }
 
 fn infer_cast(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    let name = cx.opt_str("dtype")?.ok_or_else(|| anyhow!("cast needs a constant `dtype`"))?;
+    let name = cx
+        .opt_str("dtype")?
+        .ok_or_else(|| anyhow!("cast needs a constant `dtype`"))?;
     let d = DType::from_name(name).ok_or_else(|| anyhow!("cast to unknown dtype `{name}`"))?;
     ensure!(
-        matches!(d, DType::F16 | DType::F32 | DType::I32 | DType::Bool | DType::I8 | DType::U8 | DType::I16 | DType::U16),
+        matches!(
+            d,
+            DType::F16
+                | DType::F32
+                | DType::I32
+                | DType::Bool
+                | DType::I8
+                | DType::U8
+                | DType::I16
+                | DType::U16
+        ),
         "cast to {d} is not supported"
     );
     Ok(vec![tensor(d, x.shape.clone())])
@@ -47,18 +68,27 @@ fn infer_float_same(cx: &InferCx) -> Result<Vec<ValueType>> {
 fn infer_arith(cx: &InferCx) -> Result<Vec<ValueType>> {
     let d = cx.same_dtype(&["x", "y"])?;
     ensure!(d != DType::Bool && d != DType::Str, "arithmetic on {d}");
-    Ok(vec![tensor(d, broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?)])
+    Ok(vec![tensor(
+        d,
+        broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?,
+    )])
 }
 
 fn infer_compare(cx: &InferCx) -> Result<Vec<ValueType>> {
     cx.same_dtype(&["x", "y"])?;
-    Ok(vec![tensor(DType::Bool, broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?)])
+    Ok(vec![tensor(
+        DType::Bool,
+        broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?,
+    )])
 }
 
 fn infer_logical(cx: &InferCx) -> Result<Vec<ValueType>> {
     let d = cx.same_dtype(&["x", "y"])?;
     ensure!(d == DType::Bool, "logical op on {d}");
-    Ok(vec![tensor(DType::Bool, broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?)])
+    Ok(vec![tensor(
+        DType::Bool,
+        broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?,
+    )])
 }
 
 fn infer_not(cx: &InferCx) -> Result<Vec<ValueType>> {
@@ -131,5 +161,9 @@ pub static DEFS: &[OpDef] = &[
     def("relu", X, infer_float_same),
     def("sigmoid", X, infer_float_same),
     def("silu", X, infer_float_same),
-    def("clip", &[req("x"), req_c("alpha"), req_c("beta")], infer_clip),
+    def(
+        "clip",
+        &[req("x"), req_c("alpha"), req_c("beta")],
+        infer_clip,
+    ),
 ];

@@ -11,7 +11,13 @@ const fn def(
     inputs: &'static [InputSpec],
     infer: fn(&InferCx) -> Result<Vec<ValueType>>,
 ) -> OpDef {
-    OpDef { name, since: Opset::Ios15, until: None, inputs, infer }
+    OpDef {
+        name,
+        since: Opset::Ios15,
+        until: None,
+        inputs,
+        infer,
+    }
 }
 
 /// Output length of one convolution axis.
@@ -23,17 +29,26 @@ pub fn conv_out_len(
     pad_type: &str,
     pad: (usize, usize),
 ) -> Result<usize> {
-    ensure!(stride > 0 && dilation > 0, "conv strides and dilations must be positive");
+    ensure!(
+        stride > 0 && dilation > 0,
+        "conv strides and dilations must be positive"
+    );
     let eff = dilation * (kernel - 1) + 1;
     Ok(match pad_type {
         "valid" => {
-            ensure!(input >= eff, "conv kernel span {eff} exceeds input length {input}");
+            ensure!(
+                input >= eff,
+                "conv kernel span {eff} exceeds input length {input}"
+            );
             (input - eff) / stride + 1
         }
         "same" | "same_lower" => input.div_ceil(stride),
         "custom" => {
             let padded = input + pad.0 + pad.1;
-            ensure!(padded >= eff, "conv kernel span {eff} exceeds padded length {padded}");
+            ensure!(
+                padded >= eff,
+                "conv kernel span {eff} exceeds padded length {padded}"
+            );
             (padded - eff) / stride + 1
         }
         other => bail!("unknown conv pad_type `{other}`"),
@@ -45,8 +60,13 @@ fn infer_conv(cx: &InferCx) -> Result<Vec<ValueType>> {
     let w = cx.t("weight")?;
     float_only(x, "x")?;
     ensure!(x.rank() >= 3, "conv input must be rank 3..5, is {x}");
-    ensure!(w.rank() == x.rank(), "conv weight {w} and input {x} differ in rank");
-    let ws = w.fixed_shape().ok_or_else(|| anyhow!("conv weight needs a fixed shape"))?;
+    ensure!(
+        w.rank() == x.rank(),
+        "conv weight {w} and input {x} differ in rank"
+    );
+    let ws = w
+        .fixed_shape()
+        .ok_or_else(|| anyhow!("conv weight needs a fixed shape"))?;
     let nsp = x.rank() - 2;
     let groups = cx.opt_int("groups")?.unwrap_or(1) as usize;
     ensure!(groups >= 1, "conv groups must be ≥ 1");
@@ -58,13 +78,20 @@ fn infer_conv(cx: &InferCx) -> Result<Vec<ValueType>> {
         );
     }
     if let Some(b) = cx.opt_t("bias")? {
-        ensure!(b.fixed_shape() == Some(vec![ws[0]]), "conv bias {b} must be [{}]", ws[0]);
+        ensure!(
+            b.fixed_shape() == Some(vec![ws[0]]),
+            "conv bias {b} must be [{}]",
+            ws[0]
+        );
     }
     let strides = cx.opt_ints("strides")?.unwrap_or(vec![1; nsp]);
     let dil = cx.opt_ints("dilations")?.unwrap_or(vec![1; nsp]);
     let pad_type = cx.opt_str("pad_type")?.unwrap_or("valid");
     let pad = cx.opt_ints("pad")?.unwrap_or(vec![0; 2 * nsp]);
-    ensure!(strides.len() == nsp && dil.len() == nsp, "conv strides/dilations need {nsp} values");
+    ensure!(
+        strides.len() == nsp && dil.len() == nsp,
+        "conv strides/dilations need {nsp} values"
+    );
     ensure!(pad.len() == 2 * nsp, "conv pad needs {} values", 2 * nsp);
     let mut out = vec![x.shape[0].clone(), Dim::Fixed(ws[0])];
     for i in 0..nsp {
@@ -90,10 +117,17 @@ fn infer_linear(cx: &InferCx) -> Result<Vec<ValueType>> {
     ensure!(w.len() == 2, "linear weight must be rank 2, is {w:?}");
     ensure!(x.rank() >= 1, "linear input must have rank ≥ 1");
     if let Some(Dim::Fixed(k)) = x.shape.last() {
-        ensure!(*k == w[1], "linear weight {w:?} does not take an input of width {k}");
+        ensure!(
+            *k == w[1],
+            "linear weight {w:?} does not take an input of width {k}"
+        );
     }
     if let Some(b) = cx.opt_t("bias")? {
-        ensure!(b.fixed_shape() == Some(vec![w[0]]), "linear bias {b} must be [{}]", w[0]);
+        ensure!(
+            b.fixed_shape() == Some(vec![w[0]]),
+            "linear bias {b} must be [{}]",
+            w[0]
+        );
     }
     let mut s = x.shape.clone();
     *s.last_mut().unwrap() = Dim::Fixed(w[0]);
@@ -123,7 +157,10 @@ fn infer_matmul(cx: &InferCx) -> Result<Vec<ValueType>> {
         ys.swap(yn - 1, yn - 2);
     }
     if let (Dim::Fixed(a), Dim::Fixed(b)) = (&xs[xn - 1], &ys[yn - 2]) {
-        ensure!(a == b, "matmul inner dimensions differ: {x} × {y} (transpose {tx}/{ty})");
+        ensure!(
+            a == b,
+            "matmul inner dimensions differ: {x} × {y} (transpose {tx}/{ty})"
+        );
     }
     let mut out = broadcast(&xs[..xn - 2], &ys[..yn - 2])?;
     if !x1 {
@@ -137,17 +174,34 @@ fn infer_matmul(cx: &InferCx) -> Result<Vec<ValueType>> {
 
 /// `einsum` with single-letter subscripts, two operands: "lhs,rhs->out".
 fn infer_einsum(cx: &InferCx) -> Result<Vec<ValueType>> {
-    let eq = cx.opt_str("equation")?.ok_or_else(|| anyhow!("einsum needs `equation`"))?;
+    let eq = cx
+        .opt_str("equation")?
+        .ok_or_else(|| anyhow!("einsum needs `equation`"))?;
     let vals = cx.all("values");
-    let (lhs, out) = eq.split_once("->").ok_or_else(|| anyhow!("einsum equation `{eq}` lacks ->"))?;
+    let (lhs, out) = eq
+        .split_once("->")
+        .ok_or_else(|| anyhow!("einsum equation `{eq}` lacks ->"))?;
     let terms: Vec<&str> = lhs.split(',').collect();
-    ensure!(terms.len() == vals.len(), "einsum `{eq}` has {} operands, got {}", terms.len(), vals.len());
+    ensure!(
+        terms.len() == vals.len(),
+        "einsum `{eq}` has {} operands, got {}",
+        terms.len(),
+        vals.len()
+    );
     let mut dims = std::collections::BTreeMap::new();
     let mut dtype = None;
     for (term, a) in terms.iter().zip(vals) {
-        let t = a.ty.as_tensor().ok_or_else(|| anyhow!("einsum operand is not a tensor"))?;
-        ensure!(term.len() == t.rank(), "einsum term `{term}` vs operand {t}");
-        ensure!(dtype.is_none_or(|d| d == t.dtype), "einsum operands differ in dtype");
+        let t =
+            a.ty.as_tensor()
+                .ok_or_else(|| anyhow!("einsum operand is not a tensor"))?;
+        ensure!(
+            term.len() == t.rank(),
+            "einsum term `{term}` vs operand {t}"
+        );
+        ensure!(
+            dtype.is_none_or(|d| d == t.dtype),
+            "einsum operands differ in dtype"
+        );
         dtype = Some(t.dtype);
         for (c, d) in term.chars().zip(&t.shape) {
             match (dims.get(&c), d) {
@@ -163,14 +217,22 @@ fn infer_einsum(cx: &InferCx) -> Result<Vec<ValueType>> {
     }
     let shape = out
         .chars()
-        .map(|c| dims.get(&c).cloned().ok_or_else(|| anyhow!("einsum output subscript {c} unknown")))
+        .map(|c| {
+            dims.get(&c)
+                .cloned()
+                .ok_or_else(|| anyhow!("einsum output subscript {c} unknown"))
+        })
         .collect::<Result<Vec<_>>>()?;
     Ok(vec![tensor(dtype.unwrap(), shape)])
 }
 
 fn norm_axes(cx: &InferCx, name: &str, rank: usize) -> Result<Option<Vec<usize>>> {
     cx.opt_ints(name)?
-        .map(|v| v.into_iter().map(|a| axis(a, rank)).collect::<Result<Vec<_>>>())
+        .map(|v| {
+            v.into_iter()
+                .map(|a| axis(a, rank))
+                .collect::<Result<Vec<_>>>()
+        })
         .transpose()
 }
 
@@ -181,7 +243,11 @@ fn infer_layer_norm(cx: &InferCx) -> Result<Vec<ValueType>> {
     let want: Vec<Dim> = axes.iter().map(|&a| x.shape[a].clone()).collect();
     for p in ["gamma", "beta"] {
         if let Some(g) = cx.opt_t(p)? {
-            ensure!(g.shape == want, "layer_norm `{p}` {g} must have the normalised shape {}", super::infer::fmt(&want));
+            ensure!(
+                g.shape == want,
+                "layer_norm `{p}` {g} must have the normalised shape {}",
+                super::infer::fmt(&want)
+            );
         }
     }
     Ok(vec![ValueType::Tensor(x.clone())])
@@ -206,7 +272,10 @@ fn infer_gelu(cx: &InferCx) -> Result<Vec<ValueType>> {
     float_only(x, "x")?;
     let mode = cx.opt_str("mode")?.unwrap_or("EXACT");
     ensure!(
-        matches!(mode, "EXACT" | "TANH_APPROXIMATION" | "SIGMOID_APPROXIMATION"),
+        matches!(
+            mode,
+            "EXACT" | "TANH_APPROXIMATION" | "SIGMOID_APPROXIMATION"
+        ),
         "unknown gelu mode `{mode}`"
     );
     Ok(vec![ValueType::Tensor(x.clone())])
@@ -265,17 +334,47 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_conv,
     ),
-    def("linear", &[req("x"), req("weight"), opt("bias")], infer_linear),
-    def("matmul", &[req("x"), req("y"), opt_c("transpose_x"), opt_c("transpose_y")], infer_matmul),
-    def("einsum", &[super::var("values"), req_c("equation")], infer_einsum),
+    def(
+        "linear",
+        &[req("x"), req("weight"), opt("bias")],
+        infer_linear,
+    ),
+    def(
+        "matmul",
+        &[
+            req("x"),
+            req("y"),
+            opt_c("transpose_x"),
+            opt_c("transpose_y"),
+        ],
+        infer_matmul,
+    ),
+    def(
+        "einsum",
+        &[super::var("values"), req_c("equation")],
+        infer_einsum,
+    ),
     def(
         "layer_norm",
-        &[req("x"), opt_c("axes"), opt("gamma"), opt("beta"), opt_c("epsilon")],
+        &[
+            req("x"),
+            opt_c("axes"),
+            opt("gamma"),
+            opt("beta"),
+            opt_c("epsilon"),
+        ],
         infer_layer_norm,
     ),
     def(
         "batch_norm",
-        &[req("x"), req("mean"), req("variance"), opt("gamma"), opt("beta"), opt_c("epsilon")],
+        &[
+            req("x"),
+            req("mean"),
+            req("variance"),
+            opt("gamma"),
+            opt("beta"),
+            opt_c("epsilon"),
+        ],
         infer_batch_norm,
     ),
     def("softmax", &[req("x"), opt_c("axis")], infer_softmax),

@@ -106,7 +106,12 @@ pub fn mode_name(m: &Method) -> String {
                 QuantGranularity::PerChannel => "per-channel".to_string(),
                 QuantGranularity::PerBlock(b) => format!("block{b}"),
             };
-            format!("{}-{}{}", c.dtype.mil_name(), g, if c.symmetric { "" } else { "-asym" })
+            format!(
+                "{}-{}{}",
+                c.dtype.mil_name(),
+                g,
+                if c.symmetric { "" } else { "-asym" }
+            )
         }
     }
 }
@@ -136,7 +141,10 @@ fn indivisible(method: &Method, shape: &[usize]) -> Option<String> {
 }
 
 fn largest_divisor(n: usize, at_most: usize) -> usize {
-    (1..=at_most.min(n).max(1)).rev().find(|d| n % d == 0).unwrap_or(1)
+    (1..=at_most.min(n).max(1))
+        .rev()
+        .find(|d| n % d == 0)
+        .unwrap_or(1)
 }
 
 /// A planned replacement: (function, index of the const op, consumer name, consumer type).
@@ -169,17 +177,27 @@ pub fn compress(model: &mut Model, method: &Method, sel: &Selection) -> Result<O
             .collect();
         let mut seen = std::collections::HashSet::new();
         for op in &f.block.operations {
-            let Some(param) = weight_input(op) else { continue };
-            if !sel.op_types.iter().any(|t| *t == op.op_type) {
+            let Some(param) = weight_input(op) else {
+                continue;
+            };
+            if !sel.op_types.contains(&op.op_type) {
                 continue;
             }
-            let Some(Arg::Var(w)) = op.arg(param) else { continue };
-            let Some(&ci) = producers.get(w.as_str()) else { continue };
+            let Some(Arg::Var(w)) = op.arg(param) else {
+                continue;
+            };
+            let Some(&ci) = producers.get(w.as_str()) else {
+                continue;
+            };
             let c = &f.block.operations[ci];
-            if !sel.op_names.is_empty() && !sel.op_names.iter().any(|n| *n == op.name || *n == c.name) {
+            if !sel.op_names.is_empty()
+                && !sel.op_names.iter().any(|n| *n == op.name || *n == c.name)
+            {
                 continue;
             }
-            let Some(Value::Tensor(t)) = c.const_val() else { continue };
+            let Some(Value::Tensor(t)) = c.const_val() else {
+                continue;
+            };
             if t.dtype != DType::F16 || t.num_elements() <= sel.weight_threshold {
                 continue;
             }
@@ -191,7 +209,12 @@ pub fn compress(model: &mut Model, method: &Method, sel: &Selection) -> Result<O
             }
             if let Some(why) = indivisible(method, &t.shape) {
                 if sel.skip_indivisible {
-                    outcome.skipped.push(Skipped { op: op.name.clone(), weight: c.name.clone(), shape: t.shape.clone(), reason: why });
+                    outcome.skipped.push(Skipped {
+                        op: op.name.clone(),
+                        weight: c.name.clone(),
+                        shape: t.shape.clone(),
+                        reason: why,
+                    });
                     continue;
                 }
                 bail!(
@@ -203,12 +226,21 @@ pub fn compress(model: &mut Model, method: &Method, sel: &Selection) -> Result<O
                 );
             }
             if seen.insert(ci) {
-                jobs.push(Job { func: fname.clone(), const_idx: ci, op: op.name.clone(), op_type: op.op_type.clone() });
+                jobs.push(Job {
+                    func: fname.clone(),
+                    const_idx: ci,
+                    op: op.name.clone(),
+                    op_type: op.op_type.clone(),
+                });
             }
         }
     }
     for name in &sel.op_names {
-        let found = model.program.functions.values().any(|f| f.block.operations.iter().any(|o| o.name == *name));
+        let found = model
+            .program
+            .functions
+            .values()
+            .any(|f| f.block.operations.iter().any(|o| o.name == *name));
         if !found {
             bail!("--op-names: no op named `{name}` in the program (see `milkit inspect --mil`)");
         }
@@ -219,9 +251,20 @@ pub fn compress(model: &mut Model, method: &Method, sel: &Selection) -> Result<O
         .map(|j| {
             let f = &model.program.functions[&j.func];
             let c = &f.block.operations[j.const_idx];
-            let Some(Value::Tensor(t)) = c.const_val() else { unreachable!("selected consts are tensors") };
-            let (op, rec) = replace(c, t, method).with_context(|| format!("compressing `{}` of op `{}`", c.name, j.op))?;
-            Ok((j.const_idx, op, Compressed { op: j.op.clone(), op_type: j.op_type.clone(), ..rec }))
+            let Some(Value::Tensor(t)) = c.const_val() else {
+                unreachable!("selected consts are tensors")
+            };
+            let (op, rec) = replace(c, t, method)
+                .with_context(|| format!("compressing `{}` of op `{}`", c.name, j.op))?;
+            Ok((
+                j.const_idx,
+                op,
+                Compressed {
+                    op: j.op.clone(),
+                    op_type: j.op_type.clone(),
+                    ..rec
+                },
+            ))
         })
         .collect();
     let mut by_func: BTreeMap<String, Vec<(usize, Operation)>> = BTreeMap::new();
@@ -231,7 +274,11 @@ pub fn compress(model: &mut Model, method: &Method, sel: &Selection) -> Result<O
         outcome.compressed.push(rec);
     }
     for (fname, reps) in by_func {
-        let f = model.program.functions.get_mut(&fname).expect("function exists");
+        let f = model
+            .program
+            .functions
+            .get_mut(&fname)
+            .expect("function exists");
         for (i, op) in reps {
             f.block.operations[i] = op;
         }
@@ -243,7 +290,10 @@ pub fn compress(model: &mut Model, method: &Method, sel: &Selection) -> Result<O
 fn replace(c: &Operation, t: &Tensor, method: &Method) -> Result<(Operation, Compressed)> {
     let w: Vec<f16> = t.data.to_f16_vec();
     let before = t.data.len() as u64;
-    let out = Var { name: c.outputs[0].name.clone(), ty: ValueType::Tensor(t.tensor_type()) };
+    let out = Var {
+        name: c.outputs[0].name.clone(),
+        ty: ValueType::Tensor(t.tensor_type()),
+    };
     let mut inputs = BTreeMap::new();
     let (op_type, decoded, after) = match method {
         Method::Palettize(cfg) => {
@@ -258,7 +308,11 @@ fn replace(c: &Operation, t: &Tensor, method: &Method) -> Result<(Operation, Com
                 n => bail!("unsupported nbits {n}"),
             };
             let packed = p.packed_indices()?;
-            let idx = Tensor::new(idx_dtype, t.shape.clone(), crate::ir::Bytes::from_vec(packed))?;
+            let idx = Tensor::new(
+                idx_dtype,
+                t.shape.clone(),
+                crate::ir::Bytes::from_vec(packed),
+            )?;
             let lut = Tensor::f16(&p.lut_shape, &p.lut);
             let after = (idx.data.len() + lut.data.len()) as u64;
             inputs.insert("indices".to_string(), vec![Arg::Value(Value::Tensor(idx))]);
@@ -273,13 +327,21 @@ fn replace(c: &Operation, t: &Tensor, method: &Method) -> Result<(Operation, Com
                 "int8" => DType::I8,
                 _ => DType::U8,
             };
-            let data = Tensor::new(dd, t.shape.clone(), crate::ir::Bytes::from_vec(q.data.to_storage_bytes(q.dtype)?))?;
+            let data = Tensor::new(
+                dd,
+                t.shape.clone(),
+                crate::ir::Bytes::from_vec(q.data.to_storage_bytes(q.dtype)?),
+            )?;
             let scale = Tensor::f16(&q.scale_shape, &q.scale);
             let mut after = (data.data.len() + scale.data.len()) as u64;
             inputs.insert("data".to_string(), vec![Arg::Value(Value::Tensor(data))]);
             inputs.insert("scale".to_string(), vec![Arg::Value(Value::Tensor(scale))]);
             if let Some(o) = &q.offset {
-                let off = Tensor::new(dd, q.scale_shape.clone(), crate::ir::Bytes::from_vec(o.to_storage_bytes(q.dtype)?))?;
+                let off = Tensor::new(
+                    dd,
+                    q.scale_shape.clone(),
+                    crate::ir::Bytes::from_vec(o.to_storage_bytes(q.dtype)?),
+                )?;
                 after += off.data.len() as u64;
                 inputs.insert("offset".to_string(), vec![Arg::Value(Value::Tensor(off))]);
             }
@@ -287,7 +349,11 @@ fn replace(c: &Operation, t: &Tensor, method: &Method) -> Result<(Operation, Com
         }
     };
     let err = relative_rms_error(&w, &decoded)?;
-    let suffix = if op_type == "constexpr_lut_to_dense" { "palettized" } else { "quantized" };
+    let suffix = if op_type == "constexpr_lut_to_dense" {
+        "palettized"
+    } else {
+        "quantized"
+    };
     let op = Operation {
         op_type: op_type.to_string(),
         name: format!("{}_{suffix}", c.name),

@@ -27,11 +27,20 @@ impl CompressReport {
             skipped: o
                 .skipped
                 .iter()
-                .map(|s| SkippedOp { op: s.op.clone(), weight: s.weight.clone(), shape: s.shape.clone(), reason: s.reason.clone() })
+                .map(|s| SkippedOp {
+                    op: s.op.clone(),
+                    weight: s.weight.clone(),
+                    shape: s.shape.clone(),
+                    reason: s.reason.clone(),
+                })
                 .collect(),
             bytes_before: before,
             bytes_after: after,
-            ratio: if after > 0 { before as f64 / after as f64 } else { 0.0 },
+            ratio: if after > 0 {
+                before as f64 / after as f64
+            } else {
+                0.0
+            },
             mean_rel_rms_error: o.compressed.iter().map(|c| c.rel_rms_error).sum::<f64>() / n,
         }
     }

@@ -322,7 +322,11 @@ fn order_key(bits: u16) -> u16 {
 
 #[inline(always)]
 fn key_value(key: u16) -> f64 {
-    let bits = if key & 0x8000 != 0 { key & 0x7fff } else { !key };
+    let bits = if key & 0x8000 != 0 {
+        key & 0x7fff
+    } else {
+        !key
+    };
     f16::from_bits(bits).to_f64()
 }
 

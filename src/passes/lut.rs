@@ -81,7 +81,11 @@ pub fn f64_to_f16_nearest(x: f64) -> f16 {
     }
     // 65520 is the midpoint between fp16 MAX and the next power of two: ties go to infinity.
     if x.abs() >= 65520.0 {
-        return if x > 0.0 { f16::INFINITY } else { f16::NEG_INFINITY };
+        return if x > 0.0 {
+            f16::INFINITY
+        } else {
+            f16::NEG_INFINITY
+        };
     }
     let mut h = f16::from_f32(x as f32);
     if h.is_infinite() {
@@ -145,7 +149,10 @@ fn uniform_group(w: &[f16], nbits: u32, lut: &mut [f16], idx: &mut [u8]) {
 
 /// Largest divisor of `dim` not above `want` (for error messages suggesting a fix).
 fn divisor_at_most(dim: usize, want: usize) -> usize {
-    (1..=want.min(dim)).rev().find(|d| dim % d == 0).unwrap_or(1)
+    (1..=want.min(dim))
+        .rev()
+        .find(|d| dim % d == 0)
+        .unwrap_or(1)
 }
 
 /// Palettizes an fp16 weight whose output channels are axis 0.
@@ -283,7 +290,11 @@ pub fn decode_lut(
         );
         blocks.push(shape[a] / lut_shape[a]);
     }
-    if let Some((i, &bad)) = indices.iter().enumerate().find(|(_, &v)| v as usize >= entries) {
+    if let Some((i, &bad)) = indices
+        .iter()
+        .enumerate()
+        .find(|(_, &v)| v as usize >= entries)
+    {
         bail!("decode_lut: index {i} is {bad}, but the palette has {entries} entries");
     }
     if numel == 0 {
@@ -335,7 +346,9 @@ mod tests {
 
     #[test]
     fn grouped_layout_and_refusal() {
-        let w: Vec<f16> = (0..32 * 6).map(|i| f16::from_f32(((i * 37) % 101) as f32 / 50.0 - 1.0)).collect();
+        let w: Vec<f16> = (0..32 * 6)
+            .map(|i| f16::from_f32(((i * 37) % 101) as f32 / 50.0 - 1.0))
+            .collect();
         let cfg = LutConfig {
             mode: LutMode::Kmeans,
             nbits: 2,
@@ -348,7 +361,9 @@ mod tests {
             granularity: LutGranularity::PerGroupedChannel(12),
             ..cfg
         };
-        let msg = palettize(&w, &[32, 6], &cfg12, None).unwrap_err().to_string();
+        let msg = palettize(&w, &[32, 6], &cfg12, None)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("[32, 6]") && msg.contains("e.g. 8"), "{msg}");
     }
 }

@@ -98,7 +98,10 @@ impl QuantValues {
             (QuantValues::Unsigned(v), QuantDtype::Uint8) => Ok(v.clone()),
             (QuantValues::Signed(v), QuantDtype::Int4) => pack_int4(v),
             (QuantValues::Unsigned(v), QuantDtype::Uint4) => pack_bits(v, 4),
-            _ => bail!("quantized values' signedness does not match {}", dtype.mil_name()),
+            _ => bail!(
+                "quantized values' signedness does not match {}",
+                dtype.mil_name()
+            ),
         }
     }
 }
@@ -169,7 +172,10 @@ fn r16(x: f32) -> f32 {
 
 /// Largest divisor of `dim` not above `want` (for error messages suggesting a fix).
 fn divisor_at_most(dim: usize, want: usize) -> usize {
-    (1..=want.min(dim)).rev().find(|d| dim % d == 0).unwrap_or(1)
+    (1..=want.min(dim))
+        .rev()
+        .find(|d| dim % d == 0)
+        .unwrap_or(1)
 }
 
 /// Quantizes an fp16 weight (output channels on axis 0, input channels on axis 1).
@@ -256,7 +262,13 @@ pub fn quantize(weight: &[f16], shape: &[usize], cfg: &QuantConfig) -> Result<Qu
 }
 
 /// (scale, zero point before clipping) of one block, in coremltools' fp16 arithmetic.
-fn chunk_params(w: &[f16], qmin: i32, qmax: i32, symmetric: bool, unsigned_sym: bool) -> (f32, Option<f32>) {
+fn chunk_params(
+    w: &[f16],
+    qmin: i32,
+    qmax: i32,
+    symmetric: bool,
+    unsigned_sym: bool,
+) -> (f32, Option<f32>) {
     let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
     for x in w {
         let v = x.to_f32();
@@ -275,7 +287,9 @@ fn chunk_params(w: &[f16], qmin: i32, qmax: i32, symmetric: bool, unsigned_sym: 
         let scale = r16(width / span);
         let num = r16(r16(qmin as f32 * hi) - r16(qmax as f32 * lo));
         // Rounded and clipped before it is added to the codes (NaN for an all-zero block).
-        let zp = r16(num / width).round_ties_even().clamp(qmin as f32, qmax as f32);
+        let zp = r16(num / width)
+            .round_ties_even()
+            .clamp(qmin as f32, qmax as f32);
         (scale, Some(zp))
     }
 }
@@ -331,27 +345,27 @@ pub fn decode_blockwise(
         sstride[a] = sstride[a + 1] * scale_shape[a + 1];
     }
     let last = shape[rank - 1];
-    let last_map: Vec<usize> = (0..last).map(|i| (i / blocks[rank - 1]) * sstride[rank - 1]).collect();
+    let last_map: Vec<usize> = (0..last)
+        .map(|i| (i / blocks[rank - 1]) * sstride[rank - 1])
+        .collect();
     let outer = &shape[..rank - 1];
     let mut out = vec![f16::ZERO; numel];
-    out.par_chunks_mut(last)
-        .enumerate()
-        .for_each(|(row, dst)| {
-            // Scale index contributed by the outer axes of this row.
-            let (mut rem, mut base) = (row, 0usize);
-            for a in (0..outer.len()).rev() {
-                let idx = rem % outer[a];
-                rem /= outer[a];
-                base += (idx / blocks[a]) * sstride[a];
-            }
-            for (i, o) in dst.iter_mut().enumerate() {
-                let s = base + last_map[i];
-                let q = data.get(row * last + i) - offset.map_or(0, |o| o.get(s));
-                // q − offset is a small integer (exact in fp16), and the f32 product of it with
-                // an fp16 scale is exact, so this is the single fp16 rounding numpy does.
-                *o = f16::from_f32(scale[s].to_f32() * q as f32);
-            }
-        });
+    out.par_chunks_mut(last).enumerate().for_each(|(row, dst)| {
+        // Scale index contributed by the outer axes of this row.
+        let (mut rem, mut base) = (row, 0usize);
+        for a in (0..outer.len()).rev() {
+            let idx = rem % outer[a];
+            rem /= outer[a];
+            base += (idx / blocks[a]) * sstride[a];
+        }
+        for (i, o) in dst.iter_mut().enumerate() {
+            let s = base + last_map[i];
+            let q = data.get(row * last + i) - offset.map_or(0, |o| o.get(s));
+            // q − offset is a small integer (exact in fp16), and the f32 product of it with
+            // an fp16 scale is exact, so this is the single fp16 rounding numpy does.
+            *o = f16::from_f32(scale[s].to_f32() * q as f32);
+        }
+    });
     Ok(out)
 }
 
@@ -376,7 +390,11 @@ pub fn relative_rms_error(orig: &[f16], decoded: &[f16]) -> Result<f64> {
 }
 
 /// Convenience: quantize then report the relative RMS error of the decode.
-pub fn quantize_with_error(weight: &[f16], shape: &[usize], cfg: &QuantConfig) -> Result<(Quantized, f64)> {
+pub fn quantize_with_error(
+    weight: &[f16],
+    shape: &[usize],
+    cfg: &QuantConfig,
+) -> Result<(Quantized, f64)> {
     let q = quantize(weight, shape, cfg)?;
     let dec = q.decode().context("decoding freshly quantized weight")?;
     let err = relative_rms_error(weight, &dec)?;
@@ -398,7 +416,9 @@ mod tests {
 
     #[test]
     fn per_block_shapes_and_refusal() {
-        let w: Vec<f16> = (0..4 * 64).map(|i| f16::from_f32((i as f32 - 100.0) / 300.0)).collect();
+        let w: Vec<f16> = (0..4 * 64)
+            .map(|i| f16::from_f32((i as f32 - 100.0) / 300.0))
+            .collect();
         let cfg = QuantConfig {
             dtype: QuantDtype::Int4,
             granularity: QuantGranularity::PerBlock(32),

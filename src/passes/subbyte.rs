@@ -30,7 +30,11 @@ fn check_nbits(nbits: u32) -> Result<()> {
 pub fn pack_bits(codes: &[u8], nbits: u32) -> Result<Vec<u8>> {
     check_nbits(nbits)?;
     let limit = 1u32 << nbits;
-    if let Some((i, &c)) = codes.iter().enumerate().find(|(_, &c)| u32::from(c) >= limit) {
+    if let Some((i, &c)) = codes
+        .iter()
+        .enumerate()
+        .find(|(_, &c)| u32::from(c) >= limit)
+    {
         bail!("sub-byte packing: element {i} is {c}, which does not fit in uint{nbits}");
     }
     Ok(pack_unchecked(codes, nbits))
@@ -124,7 +128,11 @@ pub fn unpack_bits(bytes: &[u8], nbits: u32, n: usize) -> Result<Vec<u8>> {
 
 /// Packs int4 values (each in [-8, 7]) as Core ML's `int4`: low nibble of two's complement.
 pub fn pack_int4(values: &[i8]) -> Result<Vec<u8>> {
-    if let Some((i, &v)) = values.iter().enumerate().find(|(_, &v)| !(-8..=7).contains(&v)) {
+    if let Some((i, &v)) = values
+        .iter()
+        .enumerate()
+        .find(|(_, &v)| !(-8..=7).contains(&v))
+    {
         bail!("int4 packing: element {i} is {v}, outside [-8, 7]");
     }
     let codes: Vec<u8> = values.iter().map(|&v| v as u8 & 0x0f).collect();
@@ -147,7 +155,10 @@ mod tests {
         // uint4: element 0 in the low nibble.
         assert_eq!(pack_bits(&[0x1, 0x2, 0x3], 4).unwrap(), vec![0x21, 0x03]);
         // uint3: 5 = 101, 3 = 011, 7 = 111 → stream bits (LSB first) 101 110 111 → 0b11_011_101, 0b1
-        assert_eq!(pack_bits(&[5, 3, 7], 3).unwrap(), vec![0b1101_1101, 0b0000_0001]);
+        assert_eq!(
+            pack_bits(&[5, 3, 7], 3).unwrap(),
+            vec![0b1101_1101, 0b0000_0001]
+        );
         assert_eq!(pack_int4(&[-1, 7, -8]).unwrap(), vec![0x7f, 0x08]);
         assert!(pack_bits(&[4], 2).is_err());
         assert!(pack_int4(&[8]).is_err());

@@ -31,7 +31,10 @@ impl EncoderDims {
 }
 
 /// Opens a checkpoint and checks that every tensor `component` needs is present and shaped.
-pub fn open_checked(model_dir: &Path, component: Component) -> Result<(WhisperConfig, WhisperWeights)> {
+pub fn open_checked(
+    model_dir: &Path,
+    component: Component,
+) -> Result<(WhisperConfig, WhisperWeights)> {
     let (cfg, w) = WhisperWeights::open(model_dir)?;
     w.check(&cfg, component)?;
     Ok((cfg, w))
@@ -47,7 +50,9 @@ pub fn export_encoder(
     let (cfg, w) = open_checked(model_dir, Component::Encoder)?;
     let mut m = build_encoder(&EncoderDims::from_config(&cfg), &w, abi, opset, progress)
         .with_context(|| format!("building the encoder of {}", model_dir.display()))?;
-    m.description.user_defined.insert("milkit.source".into(), source_name(model_dir));
+    m.description
+        .user_defined
+        .insert("milkit.source".into(), source_name(model_dir));
     Ok(m)
 }
 

@@ -9,5 +9,5 @@ pub mod graph;
 pub mod recipe;
 pub mod synth;
 pub mod tokenizer;
-pub mod wer;
 pub mod weights;
+pub mod wer;

@@ -60,14 +60,20 @@ fn default_target() -> String {
 
 impl Recipe {
     pub fn from_file(path: &Path) -> Result<Recipe> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read recipe {}", path.display()))?;
-        let r: Recipe = toml::from_str(&text).with_context(|| format!("{}: not a valid recipe", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read recipe {}", path.display()))?;
+        let r: Recipe = toml::from_str(&text)
+            .with_context(|| format!("{}: not a valid recipe", path.display()))?;
         if r.components.is_empty() {
             bail!("{}: the recipe lists no [[component]]", path.display());
         }
         for c in &r.components {
             if c.file.contains('/') || c.file.contains("..") || c.file.is_empty() {
-                bail!("{}: component file `{}` must be a plain file name", path.display(), c.file);
+                bail!(
+                    "{}: component file `{}` must be a plain file name",
+                    path.display(),
+                    c.file
+                );
             }
         }
         Ok(r)
