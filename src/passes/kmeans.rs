@@ -134,6 +134,15 @@ impl Layer<'_> {
         if lo > hi {
             return;
         }
+        if opt_lo == opt_hi {
+            // Monotone argmins pinned at both ends: every row in between shares them.
+            for i in lo..=hi {
+                let j = opt_lo.min(i);
+                self.cur[i] = self.prev[j - 1] + self.p.cost(j, i);
+                self.arg[i] = j as u32;
+            }
+            return;
+        }
         let i = lo + (hi - lo) / 2;
         let b = opt_hi.min(i);
         // Rounding in near-ties could in principle cross the bounds; never search an empty range.
