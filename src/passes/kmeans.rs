@@ -72,87 +72,200 @@ fn check_weights(n: usize, weights: Option<&[f32]>) -> Result<()> {
     Ok(())
 }
 
-/// Prefix sums of (w, w·x, w·x²) over values centred at `shift`, interleaved for locality.
-fn prefix_sums(xs: &[f64], ws: &[f64], shift: f64, out: &mut Vec<[f64; 3]>) {
-    out.clear();
-    out.reserve(xs.len() + 1);
-    let mut acc = [0.0f64; 3];
-    out.push(acc);
-    for (&x, &w) in xs.iter().zip(ws) {
-        let d = x - shift;
-        acc[0] += w;
-        acc[1] += w * d;
-        acc[2] += w * d * d;
-        out.push(acc);
+/// Prefix sums of w, w·x and w·x² over values centred at `shift` (centring keeps the
+/// `Σwx² − (Σwx)²/Σw` cancellation small), one array each so the scan loops vectorize.
+#[derive(Default)]
+struct Prefix {
+    w: Vec<f64>,
+    wx: Vec<f64>,
+    wxx: Vec<f64>,
+}
+
+impl Prefix {
+    fn build(&mut self, xs: &[f64], ws: &[f64], shift: f64) {
+        for v in [&mut self.w, &mut self.wx, &mut self.wxx] {
+            v.clear();
+            v.reserve(xs.len() + 1);
+            v.push(0.0);
+        }
+        let (mut a, mut b, mut c) = (0.0f64, 0.0f64, 0.0f64);
+        for (&x, &w) in xs.iter().zip(ws) {
+            let d = x - shift;
+            a += w;
+            b += w * d;
+            c += w * d * d;
+            self.w.push(a);
+            self.wx.push(b);
+            self.wxx.push(c);
+        }
+    }
+
+    /// Weighted SSE of the run `j..=i`.
+    #[inline(always)]
+    fn cost(&self, j: usize, i: usize) -> f64 {
+        let s0 = self.w[i + 1] - self.w[j];
+        let s1 = self.wx[i + 1] - self.wx[j];
+        let s2 = self.wxx[i + 1] - self.wxx[j];
+        // A run of only zero-weight values costs nothing wherever it goes.
+        let c = if s0 > 0.0 { s2 - s1 * s1 / s0 } else { 0.0 };
+        c.max(0.0)
     }
 }
 
-/// Weighted SSE of the run `j..=i`.
-#[inline(always)]
-fn run_cost(p: &[[f64; 3]], j: usize, i: usize) -> f64 {
-    let (a, b) = (p[j], p[i + 1]);
-    let s0 = b[0] - a[0];
-    if s0 <= 0.0 {
-        return 0.0; // only zero-weight values: they cost nothing wherever they go
-    }
-    let s1 = b[1] - a[1];
-    (b[2] - a[2] - s1 * s1 / s0).max(0.0)
+/// One DP layer: `cur[i] = min_{j ≥ lb[i]} prev[j-1] + cost(j, i)` for rows `lo..=hi`, with the
+/// argmin (leftmost) in `arg[i]`.
+///
+/// The argmin is non-decreasing in `i` (concave Monge costs), so divide and conquer on rows
+/// narrows each row's candidates to those between its neighbours' argmins; the previous
+/// layer's argmin is a further lower bound (an extra cluster never moves the last cluster's
+/// start left). Each row's candidates are scored in a branch-free loop into `buf` (which
+/// vectorizes and keeps the divisions pipelined) and then scanned for the minimum.
+struct Layer<'a> {
+    p: &'a Prefix,
+    prev: &'a [f64],
+    lb: &'a [u32],
+    cur: &'a mut [f64],
+    arg: &'a mut [u32],
+    buf: &'a mut Vec<f64>,
 }
 
-/// SMAWK row minima of a totally monotone matrix given by `f(row, col)`.
-/// Writes the (leftmost) argmin column of each row into `out[row]`.
-fn smawk<F: Fn(usize, usize) -> f64>(rows: &[usize], cols: &[usize], f: &F, out: &mut [u32]) {
-    if rows.is_empty() {
-        return;
-    }
-    // REDUCE: keep at most rows.len() columns that can still hold a row minimum.
-    let mut kept: Vec<usize> = Vec::with_capacity(rows.len().min(cols.len()));
-    for &c in cols {
-        while let Some(&top) = kept.last() {
-            let r = rows[kept.len() - 1];
-            if f(r, c) < f(r, top) {
-                kept.pop();
-            } else {
-                break;
+impl Layer<'_> {
+    fn solve(&mut self, lo: usize, hi: usize, opt_lo: usize, opt_hi: usize) {
+        if lo > hi {
+            return;
+        }
+        if opt_lo == opt_hi {
+            // Monotone argmins pinned at both ends: every row in between shares them.
+            for i in lo..=hi {
+                let j = opt_lo.min(i);
+                self.cur[i] = self.prev[j - 1] + self.p.cost(j, i);
+                self.arg[i] = j as u32;
             }
+            return;
         }
-        if kept.len() < rows.len() {
-            kept.push(c);
+        let i = lo + (hi - lo) / 2;
+        let b = opt_hi.min(i);
+        // Rounding in near-ties could in principle cross the bounds; never search an empty range.
+        let a = opt_lo.max(self.lb[i] as usize).min(b);
+        let (j, v) = self.best(i, a, b);
+        self.cur[i] = v;
+        self.arg[i] = j as u32;
+        if i > lo {
+            self.solve(lo, i - 1, opt_lo, j);
         }
+        self.solve(i + 1, hi, j, opt_hi);
     }
-    // Recurse on the odd rows.
-    let odd: Vec<usize> = rows.iter().skip(1).step_by(2).copied().collect();
-    smawk(&odd, &kept, f, out);
-    // INTERPOLATE: each even row's minimum lies between its neighbours' minima.
-    let mut k = 0;
-    for r_idx in (0..rows.len()).step_by(2) {
-        let r = rows[r_idx];
-        let stop = if r_idx + 1 < rows.len() {
-            out[rows[r_idx + 1]] as usize
-        } else {
-            kept[kept.len() - 1]
+
+    /// Leftmost minimum of `prev[j-1] + cost(j, i)` over `a..=b` (requires 1 ≤ a ≤ b).
+    #[inline]
+    fn best(&mut self, i: usize, a: usize, b: usize) -> (usize, f64) {
+        let p = self.p;
+        let (t0, t1, t2) = (p.w[i + 1], p.wx[i + 1], p.wxx[i + 1]);
+        let len = b + 1 - a;
+        // Equal-length slices let the compiler drop bounds checks and vectorize.
+        let (w, wx, wxx) = (&p.w[a..=b], &p.wx[a..=b], &p.wxx[a..=b]);
+        let prev = &self.prev[a - 1..b];
+        // Prefix sums of non-negative weights never decrease, so s0 ≥ 0; when it is 0 the run
+        // has only zero-weight values, s1 = s2 = 0 exactly, and the cost is 0.
+        let score = |t: usize| {
+            let (s0, s1, s2) = (t0 - w[t], t1 - wx[t], t2 - wxx[t]);
+            prev[t] + (s2 - s1 * s1 / s0.max(f64::MIN_POSITIVE)).max(0.0)
         };
-        let mut best = kept[k];
-        let mut best_v = f(r, best);
-        while kept[k] != stop {
-            k += 1;
-            let v = f(r, kept[k]);
-            if v < best_v {
-                best_v = v;
-                best = kept[k];
+        if len <= 16 {
+            // Most rows of the recursion have a handful of candidates: keep them cheap.
+            let (mut bj, mut bv) = (0, f64::INFINITY);
+            for t in 0..len {
+                let v = score(t);
+                if v < bv {
+                    bv = v;
+                    bj = t;
+                }
             }
+            return (a + bj, bv);
         }
-        out[r] = best as u32;
+        if self.buf.len() < len {
+            self.buf.resize(len, 0.0);
+        }
+        let buf = &mut self.buf[..len];
+        let bv = score_and_min(
+            buf,
+            Run {
+                w,
+                wx,
+                wxx,
+                prev,
+                t0,
+                t1,
+                t2,
+            },
+        );
+        let bj = buf.iter().position(|&v| v == bv).unwrap_or(0);
+        (a + bj, bv)
     }
+}
+
+/// Candidate runs of one DP row: equal-length slices plus the row's prefix totals.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    w: &'a [f64],
+    wx: &'a [f64],
+    wxx: &'a [f64],
+    prev: &'a [f64],
+    t0: f64,
+    t1: f64,
+    t2: f64,
+}
+
+/// Scores every candidate into `buf` and returns the minimum score. Written as two simple
+/// loops so they vectorize; the divisions of independent candidates then overlap.
+#[inline(always)]
+fn score_and_min_body(buf: &mut [f64], r: Run) -> f64 {
+    let n = buf.len();
+    let (w, wx, wxx, prev) = (&r.w[..n], &r.wx[..n], &r.wxx[..n], &r.prev[..n]);
+    for t in 0..n {
+        let (s0, s1, s2) = (r.t0 - w[t], r.t1 - wx[t], r.t2 - wxx[t]);
+        buf[t] = prev[t] + (s2 - s1 * s1 / s0.max(f64::MIN_POSITIVE)).max(0.0);
+    }
+    // Four independent lanes make the min reduction vectorizable (min is exact, so the
+    // order of comparisons cannot change the result).
+    let mut lanes = [f64::INFINITY; 4];
+    let mut chunks = buf.chunks_exact(4);
+    for c in &mut chunks {
+        for l in 0..4 {
+            lanes[l] = if c[l] < lanes[l] { c[l] } else { lanes[l] };
+        }
+    }
+    let mut bv = f64::INFINITY;
+    for &v in lanes.iter().chain(chunks.remainder()) {
+        bv = if v < bv { v } else { bv };
+    }
+    bv
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn score_and_min_avx2(buf: &mut [f64], r: Run) -> f64 {
+    // Same code compiled for 4-wide vectors; no FMA, so results are bit-identical.
+    score_and_min_body(buf, r)
+}
+
+fn score_and_min(buf: &mut [f64], r: Run) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { score_and_min_avx2(buf, r) };
+    }
+    score_and_min_body(buf, r)
 }
 
 /// Reusable buffers for one thread's clustering work.
 #[derive(Default)]
 struct Scratch {
-    prefix: Vec<[f64; 3]>,
+    prefix: Prefix,
     prev: Vec<f64>,
     cur: Vec<f64>,
     argmin: Vec<u32>,
+    buf: Vec<f64>,
     counts: Vec<u32>,
     wsum: Vec<f64>,
     table: Vec<u8>,
@@ -175,73 +288,58 @@ fn cluster_runs(xs: &[f64], ws: &[f64], k: usize, s: &mut Scratch) -> Runs {
     } else {
         0.0
     };
-    let mut prefix = std::mem::take(&mut s.prefix);
-    prefix_sums(xs, ws, shift, &mut prefix);
-    let p = &prefix[..];
+    s.prefix.build(xs, ws, shift);
+    let p = &s.prefix;
 
     let mut starts = vec![0usize; k];
-    let sse;
     if k == n {
         for (c, st) in starts.iter_mut().enumerate() {
             *st = c;
         }
-        sse = 0.0;
-    } else if k == 1 {
-        sse = run_cost(p, 0, n - 1);
-    } else {
-        // prev[i]: best cost of x_0..=x_i with (m+1) clusters for the current layer m.
-        let (prev, cur, argmin) = (&mut s.prev, &mut s.cur, &mut s.argmin);
+    } else if k > 1 {
+        // Layer m: best cost of x_0..=x_i in m+1 runs (prev), argmin = start of the last run.
+        let (prev, cur, argmin, buf) = (&mut s.prev, &mut s.cur, &mut s.argmin, &mut s.buf);
         prev.clear();
-        prev.extend((0..n).map(|i| run_cost(p, 0, i)));
+        prev.extend((0..n).map(|i| p.cost(0, i)));
         cur.clear();
         cur.resize(n, f64::INFINITY);
         argmin.clear();
+        // Row m-1 of `argmin` is layer m-1's argmin; layer 0's (all 0) doubles as "no bound".
         argmin.resize(k * n, 0);
-        let mut rows: Vec<usize> = Vec::with_capacity(n);
-        for m in 1..k - 1 {
-            // Layer m only needs ends i that leave room for the k-1-m clusters after it.
-            let (lo, hi) = (m, n - (k - 1 - m));
-            rows.clear();
-            rows.extend(lo..hi);
-            let prev_ref = &prev[..];
-            let f = |i: usize, j: usize| -> f64 {
-                if j > i {
-                    f64::INFINITY
-                } else {
-                    prev_ref[j - 1] + run_cost(p, j, i)
-                }
+        for m in 1..k {
+            // Ends i must leave room for m runs before and k-1-m runs after.
+            let (lo, hi) = (m, n - (k - m));
+            let (done, rest) = argmin.split_at_mut(m * n);
+            let lb = &done[(m - 1) * n..];
+            let mut layer = Layer {
+                p,
+                prev: &prev[..],
+                lb,
+                cur: &mut cur[..],
+                arg: &mut rest[..n],
+                buf,
             };
-            let out = &mut argmin[m * n..(m + 1) * n];
-            smawk(&rows, &rows, &f, out);
-            for &i in &rows {
-                let j = out[i] as usize;
-                cur[i] = f(i, j);
+            if m == k - 1 {
+                // The last layer only needs the full range, ending at n-1.
+                let a = (layer.lb[n - 1] as usize).max(m);
+                let (j, v) = layer.best(n - 1, a, n - 1);
+                layer.arg[n - 1] = j as u32;
+                layer.cur[n - 1] = v;
+            } else {
+                layer.solve(lo, hi, m, hi);
             }
             std::mem::swap(prev, cur);
         }
-        // Last layer: only the full range ends at n-1, so a plain scan suffices.
-        let m = k - 1;
-        let mut best_j = m;
-        let mut best_v = f64::INFINITY;
-        for j in m..n {
-            let v = prev[j - 1] + run_cost(p, j, n - 1);
-            if v < best_v {
-                best_v = v;
-                best_j = j;
-            }
-        }
-        sse = best_v;
         // Backtrack the run starts.
-        starts[m] = best_j;
-        let mut i = best_j - 1;
-        for m in (1..k - 1).rev() {
+        let mut i = n - 1;
+        for m in (1..k).rev() {
             let j = argmin[m * n + i] as usize;
             starts[m] = j;
             i = j - 1;
         }
-        starts[0] = 0;
     }
 
+    let mut sse = 0.0;
     let centroids = (0..k)
         .map(|c| {
             let (a, b) = (starts[c], if c + 1 < k { starts[c + 1] } else { n });
@@ -250,17 +348,21 @@ fn cluster_runs(xs: &[f64], ws: &[f64], k: usize, s: &mut Scratch) -> Runs {
                 sw += ws[t];
                 swx += ws[t] * xs[t];
             }
-            if sw > 0.0 {
+            let centre = if sw > 0.0 {
                 // A weighted mean can round just outside its run; keep it inside so
                 // centroids stay strictly ordered like the runs.
                 (swx / sw).clamp(xs[a], xs[b - 1])
             } else {
                 // A run of zero-weight values has no mean; any point of it is optimal.
                 0.5 * (xs[a] + xs[b - 1])
-            }
+            };
+            // Direct (not prefix-sum) error, so the reported value carries no cancellation.
+            sse += (a..b)
+                .map(|t| ws[t] * (xs[t] - centre).powi(2))
+                .sum::<f64>();
+            centre
         })
         .collect();
-    s.prefix = prefix;
     Runs {
         starts,
         centroids,
