@@ -24,11 +24,20 @@ enum Command {
     /// Compress the weights of a package (LUT palettization or linear quantization).
     Compress(cli::compress::CompressArgs),
     /// Show what a package holds: spec version, opset, I/O, op histogram, weight bytes.
-    Inspect(cli::inspect::InspectArgs),
+    Inspect(milkit::verify::cli::InspectArgs),
+    /// Check a package's claims: op counts, LUT ops, ABI, opset, bytes, predicted placement;
+    /// exit 0 when every expectation holds, 1 on mismatches, 2 when unreadable.
+    Verify(milkit::verify::cli::VerifyArgs),
+    /// Compile a package to .mlmodelc with `xcrun coremlc` (macOS only).
+    Compile(milkit::verify::cli::CompileArgs),
     /// Write a random-weight Whisper checkpoint with real dimensions (tests, benchmarks).
     Synth(cli::synth::SynthArgs),
     /// Time an export (large models, no download needed).
     Bench(cli::bench::BenchArgs),
+}
+
+fn code(c: i32) -> u8 {
+    u8::try_from(c).unwrap_or(2)
 }
 
 fn main() -> ExitCode {
@@ -36,7 +45,9 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Command::Export(a) => cli::export::run(&a),
         Command::Compress(a) => cli::compress::run(&a),
-        Command::Inspect(a) => cli::inspect::run(&a),
+        Command::Inspect(a) => Ok(code(milkit::verify::cli::run_inspect(&a))),
+        Command::Verify(a) => Ok(code(milkit::verify::cli::run_verify(&a))),
+        Command::Compile(a) => Ok(code(milkit::verify::cli::run_compile(&a))),
         Command::Synth(a) => cli::synth::run(&a),
         Command::Bench(a) => cli::bench::run(&a),
     };

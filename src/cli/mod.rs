@@ -2,6 +2,5 @@
 pub mod bench;
 pub mod compress;
 pub mod export;
-pub mod inspect;
 pub mod progress;
 pub mod synth;
