@@ -200,6 +200,20 @@ fn tiny_en_encoder_lut4_and_int4() {
             .find(|o| o.name == "embed_positions")
             .unwrap();
         assert_eq!(pos.op_type, "const");
+        // The JSON report validates against its checked-in schema.
+        let schema: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/compress.schema.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let v = jsonschema::validator_for(&schema).unwrap();
+        let errors: Vec<String> = v.iter_errors(&rep).map(|e| e.to_string()).collect();
+        assert!(
+            errors.is_empty(),
+            "compress report violates its schema: {errors:?}"
+        );
         if mode == "kmeans" {
             // coremltools' own LUT4 k-means g16 on the same weights: mean relative RMS 0.1233.
             let err = rep["mean_rel_rms_error"].as_f64().unwrap();
