@@ -8,213 +8,31 @@ mod common;
 mod interp;
 #[path = "decoder/reference.rs"]
 mod reference;
+#[path = "decoder/support.rs"]
+mod support;
 
 use interp::{Interp, T};
-use milkit::ir::{ArrayDType, Model, Opset};
-use milkit::package::{load_package, save_package};
+use milkit::ir::{ArrayDType, Opset};
 use milkit::whisper::decoder::{
-    alignment_heads_from_json, build_cross_kv, build_decoder, min_head_chunks, CrossKv, DecoderDims, DecoderOptions,
-    KvCache, CROSS_KV_NAMES, MASK_HIDDEN,
+    alignment_heads_from_json, build_cross_kv, build_decoder, min_head_chunks, CrossKv,
+    DecoderOptions, KvCache, CROSS_KV_NAMES,
 };
 use reference::{psnr, RefDecoder, SafeWeights};
 use std::collections::HashMap;
-use std::path::Path;
-use std::process::Command;
-
-fn tiny_dims() -> DecoderDims {
-    // head_dim 32: 1/sqrt(32) is not a power of two, so the query scale stays a `mul`.
-    DecoderDims { d_model: 64, layers: 2, heads: 2, ffn: 128, vocab: 300, n_text_ctx: 448, n_audio_ctx: 1500 }
-}
-
-fn tiny_en_dims(fx: &Path) -> DecoderDims {
-    let c: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fx.join("models/whisper-tiny.en/config.json")).unwrap()).unwrap();
-    let u = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("config.json lacks {k}")) as usize;
-    DecoderDims {
-        d_model: u("d_model"),
-        layers: u("decoder_layers"),
-        heads: u("decoder_attention_heads"),
-        ffn: u("decoder_ffn_dim"),
-        vocab: u("vocab_size"),
-        n_text_ctx: u("max_target_positions"),
-        n_audio_ctx: u("max_source_positions"),
-    }
-}
-
-fn tiny_en_heads(fx: &Path) -> Vec<(usize, usize)> {
-    let g: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fx.join("models/whisper-tiny.en/generation_config.json")).unwrap())
-            .unwrap();
-    alignment_heads_from_json(&g["alignment_heads"]).unwrap()
-}
-
-fn opts(heads: Vec<(usize, usize)>, chunks: usize, kv: KvCache, cross: CrossKv) -> DecoderOptions {
-    DecoderOptions { alignment_heads: heads, head_chunks: chunks, kv_cache: kv, cross_kv: cross }
-}
-
-/// (name, dtype, shape) of a feature list.
-fn abi(fs: &[milkit::ir::Feature]) -> Vec<(String, ArrayDType, Vec<usize>)> {
-    fs.iter().map(|f| (f.name.clone(), f.dtype, f.shape.clone())).collect()
-}
-
-fn f(name: &str, dt: ArrayDType, shape: &[usize]) -> (String, ArrayDType, Vec<usize>) {
-    (name.to_string(), dt, shape.to_vec())
-}
-
-/// Saves, reloads (every op re-inferred; must equal the built model) and returns the path.
-fn save_roundtrip(m: &Model, dir: &Path, name: &str) -> std::path::PathBuf {
-    let p = dir.join(format!("{name}.mlpackage"));
-    save_package(m, &p, false, &mut |_| {}).unwrap_or_else(|e| panic!("save {name}: {e:#}"));
-    let back = load_package(&p).unwrap_or_else(|e| panic!("reload {name}: {e:#}"));
-    assert!(back == *m, "{name}: reloaded model differs from the built one");
-    p
-}
-
-/// Runs the validator on a stateful package. coremltools 9 itself writes states only in the
-/// description's `state` list (not `input`), and validate_mlpackage.py compares the number of
-/// description inputs with all function inputs, states included — so it rejects even
-/// coremltools' own stateful packages with exactly "N description inputs vs N+k function
-/// inputs". Every other check (load with type re-inference, prog.validate, names, shapes,
-/// dtypes, opsets) runs before that verdict, and all problems are reported together, so an
-/// error equal to that single message means everything else passed.
-fn validate_stateful(pkg: &Path, n_inputs: usize, n_states: usize) {
-    let (Some(fx), Some(py)) = (common::fixtures(), common::python()) else { return };
-    let out = Command::new(py)
-        .arg(fx.join("tools/validate_mlpackage.py"))
-        .arg(pkg)
-        .arg("--materialize")
-        .output()
-        .expect("run validator");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("validator JSON");
-    if report["ok"] == true {
-        return;
-    }
-    let known = format!("AssertionError: {n_inputs} description inputs vs {} function inputs", n_inputs + n_states);
-    assert_eq!(
-        report["error"].as_str(),
-        Some(known.as_str()),
-        "validator rejected {} for another reason:\n{}",
-        pkg.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("validator: {} passes every check except its state-count comparison", pkg.display());
-}
-
-/// Encoder output for the synthetic model, [n_audio][d] (position-major) and as the graph's
-/// [1, d, 1, n_audio] input.
-fn synthetic_encoder(d: &DecoderDims) -> (Vec<f32>, T) {
-    let rows: Vec<f32> = (0..d.n_audio_ctx * d.d_model).map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 2.0).collect();
-    (rows.clone(), T::new(&[1, d.d_model, 1, d.n_audio_ctx], transpose(&rows, d.n_audio_ctx, d.d_model)))
-}
-
-fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0.0; x.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = x[r * cols + c];
-        }
-    }
-    t
-}
-
-/// Flattens per-layer [positions][d] rows into a [1, d·layers, 1, positions] tensor.
-fn bc1s_layers(kv: &[Vec<f32>], d: usize, positions: usize) -> T {
-    let mut data = vec![];
-    for rows in kv {
-        data.extend(transpose(rows, positions, d));
-    }
-    T::new(&[1, d * kv.len(), 1, positions], data)
-}
-
-/// WhisperKit's host loop around the cache-I/O decoder: per step the update mask marks the
-/// current position, the padding mask opens positions 0..=t, and the returned updates are
-/// written into the caches at t. The stateful decoder gets the same masks and no caches.
-struct Host {
-    d: DecoderDims,
-    key: T,
-    value: T,
-    states: HashMap<String, T>,
-}
-
-impl Host {
-    fn new(d: &DecoderDims) -> Host {
-        let shape = [1, d.d_model * d.layers, 1, d.n_text_ctx];
-        let z = T::new(&shape, vec![0.0; shape.iter().product()]);
-        let states = [("key_cache".to_string(), z.clone()), ("value_cache".to_string(), z.clone())].into();
-        Host { d: d.clone(), key: z.clone(), value: z, states }
-    }
-
-    fn step(&mut self, m: &Model, token: usize, t: usize, cross: &HashMap<&str, T>) -> HashMap<String, T> {
-        let s = self.d.n_text_ctx;
-        let mut ins: HashMap<&str, T> = cross.clone();
-        ins.insert("input_ids", T::new(&[1], vec![token as f32]));
-        ins.insert("cache_length", T::new(&[1], vec![t as f32]));
-        ins.insert("decoder_key_padding_mask", T::new(&[1, s], (0..s).map(|j| if j <= t { 0.0 } else { MASK_HIDDEN }).collect()));
-        let stateful = !m.description.states.is_empty();
-        if !stateful {
-            ins.insert("kv_cache_update_mask", T::new(&[1, s], (0..s).map(|j| (j == t) as u8 as f32).collect()));
-            ins.insert("key_cache", self.key.clone());
-            ins.insert("value_cache", self.value.clone());
-        }
-        let out = Interp::new(m).run(&ins, &mut self.states).unwrap_or_else(|e| panic!("evaluate step {t}: {e:#}"));
-        if !stateful {
-            for (cache, upd) in [(&mut self.key, &out["key_cache_updates"]), (&mut self.value, &out["value_cache_updates"])] {
-                for c in 0..upd.data.len() {
-                    cache.data[c * s + t] = upd.data[c];
-                }
-            }
-        }
-        out
-    }
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
-
-/// Runs `steps` tokens through `m` and the reference; returns the worst logits PSNR and checks
-/// cache updates and alignment weights along the way.
-fn compare_with_reference(
-    m: &Model,
-    r: &RefDecoder,
-    d: &DecoderDims,
-    heads: &[(usize, usize)],
-    tokens: &[usize],
-    enc_rows: &[f32],
-    cross_inputs: &HashMap<&str, T>,
-) -> f64 {
-    let cross = r.cross_kv(enc_rows);
-    let mut cache: reference::Kv = vec![(vec![], vec![]); d.layers];
-    let mut host = Host::new(d);
-    let mut worst = f64::INFINITY;
-    for (t, &tok) in tokens.iter().enumerate() {
-        let want = r.step(tok, t, &cross, &mut cache, heads);
-        let got = host.step(m, tok, t, cross_inputs);
-        let p = psnr(&want.logits, &got["logits"].data);
-        worst = worst.min(p);
-        if let Some(k) = got.get("key_cache_updates") {
-            let wk: Vec<f32> = want.k_new.concat();
-            let wv: Vec<f32> = want.v_new.concat();
-            assert!(psnr(&wk, &k.data) > 60.0, "key_cache_updates at step {t}");
-            assert!(psnr(&wv, &got["value_cache_updates"].data) > 60.0, "value_cache_updates at step {t}");
-        }
-        if !heads.is_empty() {
-            let a = &got["alignment_heads_weights"].data;
-            assert!(max_abs_diff(&want.alignment, a) < 1e-4, "alignment weights at step {t}");
-            let total: f32 = a.iter().sum();
-            assert!((total - 1.0).abs() < 1e-3, "alignment weights sum to {total}");
-        }
-    }
-    worst
-}
+use support::*;
 
 #[test]
 fn synthetic_decoder_abi_head_and_validator() {
     let d = tiny_dims();
     let w = reference::synthetic(&d, 1);
     let heads = vec![(0, 1), (1, 0), (1, 1)];
-    let m = build_decoder(&d, &w, &opts(heads, 3, KvCache::Io, CrossKv::InGraph), Opset::Ios16).unwrap();
+    let m = build_decoder(
+        &d,
+        &w,
+        &opts(heads, 3, KvCache::Io, CrossKv::InGraph),
+        Opset::Ios16,
+    )
+    .unwrap();
     use ArrayDType::{F16, I32};
     assert_eq!(
         abi(&m.description.inputs),
@@ -244,10 +62,17 @@ fn synthetic_decoder_abi_head_and_validator() {
     let ops = m.program.main().unwrap().block.walk();
     let consts: HashMap<&str, Vec<usize>> = ops
         .iter()
-        .filter_map(|o| o.const_val().and_then(|v| v.as_tensor()).map(|t| (o.name.as_str(), t.shape.clone())))
+        .filter_map(|o| {
+            o.const_val()
+                .and_then(|v| v.as_tensor())
+                .map(|t| (o.name.as_str(), t.shape.clone()))
+        })
         .collect();
-    let mut head: Vec<(&str, Vec<usize>)> =
-        consts.iter().filter(|(n, s)| n.contains("lm_head") && s.len() > 1).map(|(n, s)| (*n, s.clone())).collect();
+    let mut head: Vec<(&str, Vec<usize>)> = consts
+        .iter()
+        .filter(|(n, s)| n.contains("lm_head") && s.len() > 1)
+        .map(|(n, s)| (*n, s.clone()))
+        .collect();
     head.sort();
     assert_eq!(
         head,
@@ -259,7 +84,11 @@ fn synthetic_decoder_abi_head_and_validator() {
     );
     assert_eq!(consts["embed_tokens"], vec![300, 64]);
     let gathers = ops.iter().filter(|o| o.op_type == "gather").count();
-    assert_eq!(gathers, 2 + 2, "token + position embedding and one alignment gather per layer");
+    assert_eq!(
+        gathers,
+        2 + 2,
+        "token + position embedding and one alignment gather per layer"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let p = save_roundtrip(&m, dir.path(), "decoder");
@@ -278,7 +107,13 @@ fn synthetic_decoder_graph_matches_reference() {
     let (rows, enc) = synthetic_encoder(&d);
     let tokens = [7, 299, 0, 42, 42, 150];
     for chunks in [1, 3] {
-        let m = build_decoder(&d, &w, &opts(heads.clone(), chunks, KvCache::Io, CrossKv::InGraph), Opset::Ios15).unwrap();
+        let m = build_decoder(
+            &d,
+            &w,
+            &opts(heads.clone(), chunks, KvCache::Io, CrossKv::InGraph),
+            Opset::Ios15,
+        )
+        .unwrap();
         let cross = [("encoder_output_embeds", enc.clone())].into();
         let p = compare_with_reference(&m, &r, &d, &heads, &tokens, &rows, &cross);
         eprintln!("synthetic decoder (head chunks {chunks}) vs f32 reference: worst logits PSNR {p:.1} dB");
@@ -305,22 +140,48 @@ fn synthetic_stateful_decoder() {
             f("decoder_key_padding_mask", F16, &[1, 448]),
         ]
     );
-    assert_eq!(abi(&m.description.states), vec![f("key_cache", F16, &[1, 128, 1, 448]), f("value_cache", F16, &[1, 128, 1, 448])]);
-    assert_eq!(abi(&m.description.outputs), vec![f("logits", F16, &[1, 1, 300]), f("alignment_heads_weights", F16, &[1, 1500])]);
+    assert_eq!(
+        abi(&m.description.states),
+        vec![
+            f("key_cache", F16, &[1, 128, 1, 448]),
+            f("value_cache", F16, &[1, 128, 1, 448])
+        ]
+    );
+    assert_eq!(
+        abi(&m.description.outputs),
+        vec![
+            f("logits", F16, &[1, 1, 300]),
+            f("alignment_heads_weights", F16, &[1, 1500])
+        ]
+    );
     assert_eq!(m.spec_version, 9);
     let f0 = m.program.main().unwrap();
-    let state_inputs: Vec<&str> =
-        f0.inputs.iter().filter(|v| matches!(v.ty, milkit::ir::ValueType::State(_))).map(|v| v.name.as_str()).collect();
+    let state_inputs: Vec<&str> = f0
+        .inputs
+        .iter()
+        .filter(|v| matches!(v.ty, milkit::ir::ValueType::State(_)))
+        .map(|v| v.name.as_str())
+        .collect();
     assert_eq!(state_inputs, ["key_cache", "value_cache"]);
     let count = |t: &str| f0.block.walk().iter().filter(|o| o.op_type == t).count();
-    assert_eq!((count("read_state"), count("slice_update"), count("write_state")), (4, 4, 4));
+    assert_eq!(
+        (
+            count("read_state"),
+            count("slice_update"),
+            count("write_state")
+        ),
+        (4, 4, 4)
+    );
 
     let r = RefDecoder::load(&d, &w).unwrap();
     let (rows, enc) = synthetic_encoder(&d);
     let cross = [("encoder_output_embeds", enc)].into();
     let p = compare_with_reference(&m, &r, &d, &heads, &[3, 1, 4, 1, 5], &rows, &cross);
     eprintln!("synthetic stateful decoder vs f32 reference: worst logits PSNR {p:.1} dB");
-    assert!(p > 60.0, "stateful graph vs reference logits PSNR {p:.1} dB");
+    assert!(
+        p > 60.0,
+        "stateful graph vs reference logits PSNR {p:.1} dB"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let pkg = save_roundtrip(&m, dir.path(), "decoder-stateful");
@@ -334,13 +195,30 @@ fn synthetic_cross_kv_models() {
     let heads = vec![(0, 1)];
     let ckv = build_cross_kv(&d, &w, Opset::Ios16).unwrap();
     use ArrayDType::F16;
-    assert_eq!(abi(&ckv.description.inputs), vec![f("encoder_output_embeds", F16, &[1, 64, 1, 1500])]);
+    assert_eq!(
+        abi(&ckv.description.inputs),
+        vec![f("encoder_output_embeds", F16, &[1, 64, 1, 1500])]
+    );
     assert_eq!(
         abi(&ckv.description.outputs),
-        vec![f(CROSS_KV_NAMES[0], F16, &[1, 128, 1, 1500]), f(CROSS_KV_NAMES[1], F16, &[1, 128, 1, 1500])]
+        vec![
+            f(CROSS_KV_NAMES[0], F16, &[1, 128, 1, 1500]),
+            f(CROSS_KV_NAMES[1], F16, &[1, 128, 1, 1500])
+        ]
     );
-    let dec = build_decoder(&d, &w, &opts(heads.clone(), 1, KvCache::Io, CrossKv::Precomputed), Opset::Ios16).unwrap();
-    let names: Vec<&str> = dec.description.inputs.iter().map(|f| f.name.as_str()).collect();
+    let dec = build_decoder(
+        &d,
+        &w,
+        &opts(heads.clone(), 1, KvCache::Io, CrossKv::Precomputed),
+        Opset::Ios16,
+    )
+    .unwrap();
+    let names: Vec<&str> = dec
+        .description
+        .inputs
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
     assert_eq!(
         names,
         [
@@ -359,20 +237,48 @@ fn synthetic_cross_kv_models() {
     // equals the reference decoder.
     let r = RefDecoder::load(&d, &w).unwrap();
     let (rows, enc) = synthetic_encoder(&d);
-    let out = Interp::new(&ckv).run(&[("encoder_output_embeds", enc)].into(), &mut HashMap::new()).unwrap();
+    let out = Interp::new(&ckv)
+        .run(
+            &[("encoder_output_embeds", enc)].into(),
+            &mut HashMap::new(),
+        )
+        .unwrap();
     let want = r.cross_kv(&rows);
-    let wk = bc1s_layers(&want.iter().map(|kv| kv.0.clone()).collect::<Vec<_>>(), d.d_model, d.n_audio_ctx);
-    let wv = bc1s_layers(&want.iter().map(|kv| kv.1.clone()).collect::<Vec<_>>(), d.d_model, d.n_audio_ctx);
+    let wk = bc1s_layers(
+        &want.iter().map(|kv| kv.0.clone()).collect::<Vec<_>>(),
+        d.d_model,
+        d.n_audio_ctx,
+    );
+    let wv = bc1s_layers(
+        &want.iter().map(|kv| kv.1.clone()).collect::<Vec<_>>(),
+        d.d_model,
+        d.n_audio_ctx,
+    );
     assert!(psnr(&wk.data, &out[CROSS_KV_NAMES[0]].data) > 80.0);
     assert!(psnr(&wv.data, &out[CROSS_KV_NAMES[1]].data) > 80.0);
-    let cross: HashMap<&str, T> =
-        [(CROSS_KV_NAMES[0], out[CROSS_KV_NAMES[0]].clone()), (CROSS_KV_NAMES[1], out[CROSS_KV_NAMES[1]].clone())].into();
+    let cross: HashMap<&str, T> = [
+        (CROSS_KV_NAMES[0], out[CROSS_KV_NAMES[0]].clone()),
+        (CROSS_KV_NAMES[1], out[CROSS_KV_NAMES[1]].clone()),
+    ]
+    .into();
     let p = compare_with_reference(&dec, &r, &d, &heads, &[9, 8, 7], &rows, &cross);
-    eprintln!("synthetic precomputed-cross-KV decoder vs f32 reference: worst logits PSNR {p:.1} dB");
+    eprintln!(
+        "synthetic precomputed-cross-KV decoder vs f32 reference: worst logits PSNR {p:.1} dB"
+    );
     assert!(p > 60.0);
 
-    let stateful = build_decoder(&d, &w, &opts(vec![], 1, KvCache::State, CrossKv::Precomputed), Opset::Ios18).unwrap();
-    assert_eq!(stateful.description.outputs.len(), 1, "no alignment heads → logits only");
+    let stateful = build_decoder(
+        &d,
+        &w,
+        &opts(vec![], 1, KvCache::State, CrossKv::Precomputed),
+        Opset::Ios18,
+    )
+    .unwrap();
+    assert_eq!(
+        stateful.description.outputs.len(),
+        1,
+        "no alignment heads → logits only"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     for (m, name) in [(&ckv, "cross-kv"), (&dec, "decoder-cross-kv")] {
@@ -389,9 +295,21 @@ fn synthetic_cross_kv_models() {
 fn bad_options_are_errors() {
     let d = tiny_dims();
     let w = reference::synthetic(&d, 5);
-    let e = build_decoder(&d, &w, &opts(vec![(2, 0)], 1, KvCache::Io, CrossKv::InGraph), Opset::Ios16).unwrap_err();
+    let e = build_decoder(
+        &d,
+        &w,
+        &opts(vec![(2, 0)], 1, KvCache::Io, CrossKv::InGraph),
+        Opset::Ios16,
+    )
+    .unwrap_err();
     assert!(format!("{e:#}").contains("alignment head"), "{e:#}");
-    let e = build_decoder(&d, &w, &opts(vec![], 0, KvCache::Io, CrossKv::InGraph), Opset::Ios16).unwrap_err();
+    let e = build_decoder(
+        &d,
+        &w,
+        &opts(vec![], 0, KvCache::Io, CrossKv::InGraph),
+        Opset::Ios16,
+    )
+    .unwrap_err();
     assert!(format!("{e:#}").contains("head_chunks"), "{e:#}");
     let mut missing = reference::synthetic(&d, 5);
     missing.0.remove("model.decoder.layers.1.fc2.bias");
@@ -425,8 +343,16 @@ fn reference_decoder_reproduces_pytorch_logits() {
         let s = r.step(tokens[t] as usize, t, &cross, &mut cache, &[]);
         let want = &logits8[t * d.vocab..(t + 1) * d.vocab];
         let p = psnr(want, &s.logits);
-        let am = s.logits.iter().enumerate().fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0;
-        eprintln!("reference step {t}: logits PSNR {p:.1} dB, argmax {am} (PyTorch {})", argmax[t]);
+        let am = s
+            .logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .0;
+        eprintln!(
+            "reference step {t}: logits PSNR {p:.1} dB, argmax {am} (PyTorch {})",
+            argmax[t]
+        );
         assert!(p >= 35.0, "position {t}: PSNR {p:.1} dB");
         assert_eq!(am, argmax[t] as usize, "argmax at position {t}");
         all.extend(s.logits);
@@ -448,10 +374,19 @@ fn tiny_en_packages() {
     let chunks = min_head_chunks(d.vocab);
     let dir = tempfile::tempdir().unwrap();
 
-    let m = build_decoder(&d, &w, &opts(heads.clone(), chunks, KvCache::Io, CrossKv::InGraph), Opset::Ios17).unwrap();
+    let m = build_decoder(
+        &d,
+        &w,
+        &opts(heads.clone(), chunks, KvCache::Io, CrossKv::InGraph),
+        Opset::Ios17,
+    )
+    .unwrap();
     use ArrayDType::F16;
     let dl = d.d_model * d.layers;
-    assert_eq!(m.description.inputs[2], milkit::ir::Feature::new("key_cache", F16, &[1, dl, 1, 448]));
+    assert_eq!(
+        m.description.inputs[2],
+        milkit::ir::Feature::new("key_cache", F16, &[1, dl, 1, 448])
+    );
     assert_eq!(
         abi(&m.description.outputs),
         vec![
@@ -463,7 +398,10 @@ fn tiny_en_packages() {
     );
     let p = save_roundtrip(&m, dir.path(), "tiny.en-decoder");
     if let Some(r) = common::validate(&p) {
-        eprintln!("validator on tiny.en decoder: {}", r["spec_histogram"]["main"]);
+        eprintln!(
+            "validator on tiny.en decoder: {}",
+            r["spec_histogram"]["main"]
+        );
     }
 
     // Numerics of the graph itself on real weights: first 3 jfk positions vs PyTorch.
@@ -471,26 +409,48 @@ fn tiny_en_packages() {
     let (_, enc) = refs.f32s("encoder_output").unwrap();
     let (_, tokens) = refs.f32s("tokens").unwrap();
     let (_, logits8) = refs.f32s("logits_first8").unwrap();
-    let cross: HashMap<&str, T> =
-        [("encoder_output_embeds", T::new(&[1, d.d_model, 1, d.n_audio_ctx], transpose(&enc, d.n_audio_ctx, d.d_model)))]
-            .into();
+    let cross: HashMap<&str, T> = [(
+        "encoder_output_embeds",
+        T::new(
+            &[1, d.d_model, 1, d.n_audio_ctx],
+            transpose(&enc, d.n_audio_ctx, d.d_model),
+        ),
+    )]
+    .into();
     let mut host = Host::new(&d);
     for t in 0..3 {
         let out = host.step(&m, tokens[t] as usize, t, &cross);
-        let p = psnr(&logits8[t * d.vocab..(t + 1) * d.vocab], &out["logits"].data);
-        eprintln!("tiny.en decoder graph (f32 evaluation) step {t} vs PyTorch: logits PSNR {p:.1} dB");
+        let p = psnr(
+            &logits8[t * d.vocab..(t + 1) * d.vocab],
+            &out["logits"].data,
+        );
+        eprintln!(
+            "tiny.en decoder graph (f32 evaluation) step {t} vs PyTorch: logits PSNR {p:.1} dB"
+        );
         assert!(p >= 35.0, "step {t}: {p:.1} dB");
     }
     drop(host);
 
-    let st = build_decoder(&d, &w, &opts(heads.clone(), chunks, KvCache::State, CrossKv::InGraph), Opset::Ios18).unwrap();
+    let st = build_decoder(
+        &d,
+        &w,
+        &opts(heads.clone(), chunks, KvCache::State, CrossKv::InGraph),
+        Opset::Ios18,
+    )
+    .unwrap();
     let p = save_roundtrip(&st, dir.path(), "tiny.en-decoder-stateful");
     validate_stateful(&p, 4, 2);
 
     let ckv = build_cross_kv(&d, &w, Opset::Ios17).unwrap();
     let p = save_roundtrip(&ckv, dir.path(), "tiny.en-cross-kv");
     common::validate(&p);
-    let dec = build_decoder(&d, &w, &opts(heads, chunks, KvCache::Io, CrossKv::Precomputed), Opset::Ios17).unwrap();
+    let dec = build_decoder(
+        &d,
+        &w,
+        &opts(heads, chunks, KvCache::Io, CrossKv::Precomputed),
+        Opset::Ios17,
+    )
+    .unwrap();
     let p = save_roundtrip(&dec, dir.path(), "tiny.en-decoder-cross-kv");
     common::validate(&p);
 }
@@ -502,28 +462,45 @@ fn tiny_en_packages() {
 fn prefill_lookup_tables() {
     use milkit::whisper::decoder_prefill::{build_prefill, PrefillSpec};
     if let Some(fx) = common::fixtures() {
-        let g: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(fx.join("models/whisper-tiny.en/generation_config.json")).unwrap())
-                .unwrap();
+        let g: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(fx.join("models/whisper-tiny.en/generation_config.json")).unwrap(),
+        )
+        .unwrap();
         let e = PrefillSpec::from_generation_config(&g).unwrap_err();
         assert!(format!("{e:#}").contains(".en"), "{e:#}");
     }
     let d = tiny_dims();
     let w = reference::synthetic(&d, 6);
-    let langs: serde_json::Map<String, serde_json::Value> =
-        (0..10).map(|i| (format!("<|l{i}|>"), serde_json::json!(251 + i))).collect();
+    let langs: serde_json::Map<String, serde_json::Value> = (0..10)
+        .map(|i| (format!("<|l{i}|>"), serde_json::json!(251 + i)))
+        .collect();
     let g = serde_json::json!({
         "is_multilingual": true, "decoder_start_token_id": 250, "lang_to_id": langs,
         "task_to_id": {"translate": 261, "transcribe": 262}
     });
     let spec = PrefillSpec::from_generation_config(&g).unwrap();
-    assert_eq!(spec, PrefillSpec { sot: 250, first_language: 251, languages: 10, transcribe: 262, translate: 261 });
+    assert_eq!(
+        spec,
+        PrefillSpec {
+            sot: 250,
+            first_language: 251,
+            languages: 10,
+            transcribe: 262,
+            translate: 261
+        }
+    );
     let m = build_prefill(&d, &w, &spec, Opset::Ios16).unwrap();
     use ArrayDType::{F16, I32};
-    assert_eq!(abi(&m.description.inputs), vec![f("task", I32, &[1]), f("language", I32, &[1])]);
+    assert_eq!(
+        abi(&m.description.inputs),
+        vec![f("task", I32, &[1]), f("language", I32, &[1])]
+    );
     assert_eq!(
         abi(&m.description.outputs),
-        vec![f("key_cache_prefill", F16, &[1, 128, 1, 3]), f("value_cache_prefill", F16, &[1, 128, 1, 3])]
+        vec![
+            f("key_cache_prefill", F16, &[1, 128, 1, 3]),
+            f("value_cache_prefill", F16, &[1, 128, 1, 3])
+        ]
     );
 
     let r = RefDecoder::load(&d, &w).unwrap();
@@ -533,11 +510,26 @@ fn prefill_lookup_tables() {
         for (t, tok) in [250, lang, task_token].into_iter().enumerate() {
             r.step(tok, t, &cross, &mut cache, &[]);
         }
-        let want_k = bc1s_layers(&cache.iter().map(|kv| kv.0.clone()).collect::<Vec<_>>(), d.d_model, 3);
-        let want_v = bc1s_layers(&cache.iter().map(|kv| kv.1.clone()).collect::<Vec<_>>(), d.d_model, 3);
-        let ins = [("task", T::new(&[1], vec![task as f32])), ("language", T::new(&[1], vec![lang as f32]))].into();
+        let want_k = bc1s_layers(
+            &cache.iter().map(|kv| kv.0.clone()).collect::<Vec<_>>(),
+            d.d_model,
+            3,
+        );
+        let want_v = bc1s_layers(
+            &cache.iter().map(|kv| kv.1.clone()).collect::<Vec<_>>(),
+            d.d_model,
+            3,
+        );
+        let ins = [
+            ("task", T::new(&[1], vec![task as f32])),
+            ("language", T::new(&[1], vec![lang as f32])),
+        ]
+        .into();
         let out = Interp::new(&m).run(&ins, &mut HashMap::new()).unwrap();
-        let (pk, pv) = (psnr(&want_k.data, &out["key_cache_prefill"].data), psnr(&want_v.data, &out["value_cache_prefill"].data));
+        let (pk, pv) = (
+            psnr(&want_k.data, &out["key_cache_prefill"].data),
+            psnr(&want_v.data, &out["value_cache_prefill"].data),
+        );
         eprintln!("prefill (task {task}, language {lang}) vs reference: key PSNR {pk:.1} dB, value PSNR {pv:.1} dB");
         assert!(pk > 50.0 && pv > 50.0);
     }

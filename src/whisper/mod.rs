@@ -3,6 +3,7 @@
 pub mod audio;
 pub mod config;
 pub mod decoder;
+pub mod decoder_parts;
 pub mod decoder_prefill;
 pub mod encoder;
 pub mod graph;

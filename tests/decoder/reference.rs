@@ -16,29 +16,51 @@ pub struct MemWeights(pub HashMap<String, (Vec<usize>, Bytes)>);
 
 impl WeightSource for MemWeights {
     fn f16(&self, name: &str) -> Result<(Vec<usize>, Bytes)> {
-        self.0.get(name).cloned().ok_or_else(|| anyhow!("synthetic checkpoint has no tensor {name}"))
+        self.0
+            .get(name)
+            .cloned()
+            .ok_or_else(|| anyhow!("synthetic checkpoint has no tensor {name}"))
     }
 }
 
 /// Deterministic pseudo-random fp16 decoder weights with Hugging Face names: N(0, scale²)-ish
 /// values from a 64-bit LCG; layer-norm gains near 1.
 pub fn synthetic(d: &DecoderDims, seed: u64) -> MemWeights {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         // Sum of 4 uniforms: roughly normal, mean 0, variance 1/3.
-        (0..4).map(|i| ((state >> (16 * i)) & 0xffff) as f32 / 65535.0 - 0.5).sum::<f32>() * 1.7
+        (0..4)
+            .map(|i| ((state >> (16 * i)) & 0xffff) as f32 / 65535.0 - 0.5)
+            .sum::<f32>()
+            * 1.7
     };
     let mut m = HashMap::new();
     let mut put = |name: String, shape: Vec<usize>, scale: f32, offset: f32| {
         let n: usize = shape.iter().product();
-        let v: Vec<f16> = (0..n).map(|_| f16::from_f32(offset + scale * next())).collect();
+        let v: Vec<f16> = (0..n)
+            .map(|_| f16::from_f32(offset + scale * next()))
+            .collect();
         m.insert(name, (shape, Bytes::from_f16(&v)));
     };
     let (dm, f) = (d.d_model, d.ffn);
     let p = "model.decoder";
-    put(format!("{p}.embed_tokens.weight"), vec![d.vocab, dm], 0.5, 0.0);
-    put(format!("{p}.embed_positions.weight"), vec![d.n_text_ctx, dm], 0.2, 0.0);
+    put(
+        format!("{p}.embed_tokens.weight"),
+        vec![d.vocab, dm],
+        0.5,
+        0.0,
+    );
+    put(
+        format!("{p}.embed_positions.weight"),
+        vec![d.n_text_ctx, dm],
+        0.2,
+        0.0,
+    );
     for l in 0..d.layers {
         let lp = format!("{p}.layers.{l}");
         let sd = 1.0 / (dm as f32).sqrt();
@@ -50,13 +72,22 @@ pub fn synthetic(d: &DecoderDims, seed: u64) -> MemWeights {
                 }
             }
         }
-        for ln in ["self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"] {
+        for ln in [
+            "self_attn_layer_norm",
+            "encoder_attn_layer_norm",
+            "final_layer_norm",
+        ] {
             put(format!("{lp}.{ln}.weight"), vec![dm], 0.1, 1.0);
             put(format!("{lp}.{ln}.bias"), vec![dm], 0.1, 0.0);
         }
         put(format!("{lp}.fc1.weight"), vec![f, dm], sd, 0.0);
         put(format!("{lp}.fc1.bias"), vec![f], 0.1, 0.0);
-        put(format!("{lp}.fc2.weight"), vec![dm, f], 1.0 / (f as f32).sqrt(), 0.0);
+        put(
+            format!("{lp}.fc2.weight"),
+            vec![dm, f],
+            1.0 / (f as f32).sqrt(),
+            0.0,
+        );
         put(format!("{lp}.fc2.bias"), vec![dm], 0.1, 0.0);
     }
     put(format!("{p}.layer_norm.weight"), vec![dm], 0.1, 1.0);
@@ -72,28 +103,50 @@ pub struct SafeWeights {
 
 impl SafeWeights {
     pub fn open(path: &Path) -> Result<SafeWeights> {
-        let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let f =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         // SAFETY: the fixture is read-only and not modified while mapped.
-        let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.with_context(|| format!("cannot map {}", path.display()))?);
-        let st = safetensors::SafeTensors::deserialize(&map).with_context(|| format!("{}: bad safetensors", path.display()))?;
+        let map = Arc::new(
+            unsafe { memmap2::Mmap::map(&f) }
+                .with_context(|| format!("cannot map {}", path.display()))?,
+        );
+        let st = safetensors::SafeTensors::deserialize(&map)
+            .with_context(|| format!("{}: bad safetensors", path.display()))?;
         let base = map.as_ptr() as usize;
         let mut index = HashMap::new();
         for (name, view) in st.tensors() {
             let start = view.data().as_ptr() as usize - base;
-            index.insert(name, (view.dtype(), view.shape().to_vec(), start..start + view.data().len()));
+            index.insert(
+                name,
+                (
+                    view.dtype(),
+                    view.shape().to_vec(),
+                    start..start + view.data().len(),
+                ),
+            );
         }
         Ok(SafeWeights { map, index })
     }
     pub fn bytes(&self, name: &str) -> Result<(safetensors::Dtype, Vec<usize>, Bytes)> {
-        let (dt, shape, r) = self.index.get(name).ok_or_else(|| anyhow!("no tensor {name}"))?;
-        Ok((*dt, shape.clone(), Bytes::from_mmap(self.map.clone(), r.clone())?))
+        let (dt, shape, r) = self
+            .index
+            .get(name)
+            .ok_or_else(|| anyhow!("no tensor {name}"))?;
+        Ok((
+            *dt,
+            shape.clone(),
+            Bytes::from_mmap(self.map.clone(), r.clone())?,
+        ))
     }
     pub fn f32s(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         let (dt, shape, b) = self.bytes(name)?;
         let v = match dt {
             safetensors::Dtype::F32 => b.to_f32_vec(),
             safetensors::Dtype::F16 => b.to_f16_vec().iter().map(|x| x.to_f32()).collect(),
-            safetensors::Dtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            safetensors::Dtype::I32 => b
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
             d => anyhow::bail!("{name}: unsupported dtype {d:?}"),
         };
         Ok((shape, v))
@@ -103,13 +156,21 @@ impl SafeWeights {
 impl WeightSource for SafeWeights {
     fn f16(&self, name: &str) -> Result<(Vec<usize>, Bytes)> {
         let (dt, shape, b) = self.bytes(name)?;
-        ensure!(dt == safetensors::Dtype::F16, "{name} is {dt:?}, expected F16");
+        ensure!(
+            dt == safetensors::Dtype::F16,
+            "{name} is {dt:?}, expected F16"
+        );
         Ok((shape, b))
     }
 }
 
 fn f32s(w: &dyn WeightSource, name: &str) -> Result<Vec<f32>> {
-    Ok(w.f16(name)?.1.to_f16_vec().iter().map(|x| x.to_f32()).collect())
+    Ok(w.f16(name)?
+        .1
+        .to_f16_vec()
+        .iter()
+        .map(|x| x.to_f32())
+        .collect())
 }
 
 struct Lin {
@@ -121,8 +182,17 @@ struct Lin {
 
 impl Lin {
     fn load(w: &dyn WeightSource, name: &str, rows: usize, cols: usize, bias: bool) -> Result<Lin> {
-        let b = if bias { Some(f32s(w, &format!("{name}.bias"))?) } else { None };
-        Ok(Lin { w: f32s(w, &format!("{name}.weight"))?, b, rows, cols })
+        let b = if bias {
+            Some(f32s(w, &format!("{name}.bias"))?)
+        } else {
+            None
+        };
+        Ok(Lin {
+            w: f32s(w, &format!("{name}.weight"))?,
+            b,
+            rows,
+            cols,
+        })
     }
     fn apply(&self, x: &[f32]) -> Vec<f32> {
         (0..self.rows)
@@ -139,14 +209,20 @@ struct Norm(Vec<f32>, Vec<f32>);
 
 impl Norm {
     fn load(w: &dyn WeightSource, name: &str) -> Result<Norm> {
-        Ok(Norm(f32s(w, &format!("{name}.weight"))?, f32s(w, &format!("{name}.bias"))?))
+        Ok(Norm(
+            f32s(w, &format!("{name}.weight"))?,
+            f32s(w, &format!("{name}.bias"))?,
+        ))
     }
     fn apply(&self, x: &[f32]) -> Vec<f32> {
         let n = x.len() as f32;
         let mean = x.iter().sum::<f32>() / n;
         let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
         let inv = 1.0 / (var + 1e-5).sqrt();
-        x.iter().enumerate().map(|(i, v)| (v - mean) * inv * self.0[i] + self.1[i]).collect()
+        x.iter()
+            .enumerate()
+            .map(|(i, v)| (v - mean) * inv * self.0[i] + self.1[i])
+            .collect()
     }
 }
 
@@ -284,7 +360,14 @@ impl RefDecoder {
         for h in 0..self.d.heads {
             let r = h * hd..(h + 1) * hd;
             let s: Vec<f32> = (0..n)
-                .map(|j| q[r.clone()].iter().zip(&keys[j * dm + r.start..j * dm + r.end]).map(|(a, b)| a * b).sum::<f32>() * scale)
+                .map(|j| {
+                    q[r.clone()]
+                        .iter()
+                        .zip(&keys[j * dm + r.start..j * dm + r.end])
+                        .map(|(a, b)| a * b)
+                        .sum::<f32>()
+                        * scale
+                })
                 .collect();
             let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
@@ -302,10 +385,18 @@ impl RefDecoder {
 
     /// One decoder step for `token` at position `pos`; `cache` holds the previous positions'
     /// self-attention keys/values and is extended with this token's.
-    pub fn step(&self, token: usize, pos: usize, cross: &Kv, cache: &mut Kv, heads: &[(usize, usize)]) -> Step {
+    pub fn step(
+        &self,
+        token: usize,
+        pos: usize,
+        cross: &Kv,
+        cache: &mut Kv,
+        heads: &[(usize, usize)],
+    ) -> Step {
         let dm = self.d.d_model;
-        let mut h: Vec<f32> =
-            (0..dm).map(|c| self.tokens[token * dm + c] + self.positions[pos * dm + c]).collect();
+        let mut h: Vec<f32> = (0..dm)
+            .map(|c| self.tokens[token * dm + c] + self.positions[pos * dm + c])
+            .collect();
         let (mut k_new, mut v_new) = (vec![], vec![]);
         let mut alignment = vec![0.0; self.d.n_audio_ctx];
         for (li, l) in self.layers.iter().enumerate() {
@@ -316,22 +407,38 @@ impl RefDecoder {
             k_new.push(k);
             v_new.push(v);
             let (ctx, _) = self.attend(&q, &cache[li].0, &cache[li].1);
-            h.iter_mut().zip(l.sa.o.apply(&ctx)).for_each(|(a, b)| *a += b);
+            h.iter_mut()
+                .zip(l.sa.o.apply(&ctx))
+                .for_each(|(a, b)| *a += b);
             let x = l.ln2.apply(&h);
             let (ctx, ws) = self.attend(&l.ca.q.apply(&x), &cross[li].0, &cross[li].1);
             for &(al, ah) in heads {
                 if al == li {
-                    alignment.iter_mut().zip(&ws[ah]).for_each(|(a, b)| *a += b / heads.len() as f32);
+                    alignment
+                        .iter_mut()
+                        .zip(&ws[ah])
+                        .for_each(|(a, b)| *a += b / heads.len() as f32);
                 }
             }
-            h.iter_mut().zip(l.ca.o.apply(&ctx)).for_each(|(a, b)| *a += b);
+            h.iter_mut()
+                .zip(l.ca.o.apply(&ctx))
+                .for_each(|(a, b)| *a += b);
             let x = l.ln3.apply(&h);
             let f: Vec<f32> = l.fc1.apply(&x).into_iter().map(gelu).collect();
             h.iter_mut().zip(l.fc2.apply(&f)).for_each(|(a, b)| *a += b);
         }
         let x = self.ln.apply(&h);
-        let logits = self.head.chunks_exact(dm).map(|row| row.iter().zip(&x).map(|(a, b)| a * b).sum()).collect();
-        Step { logits, k_new, v_new, alignment }
+        let logits = self
+            .head
+            .chunks_exact(dm)
+            .map(|row| row.iter().zip(&x).map(|(a, b)| a * b).sum())
+            .collect();
+        Step {
+            logits,
+            k_new,
+            v_new,
+            alignment,
+        }
     }
 }
 
@@ -339,6 +446,11 @@ impl RefDecoder {
 pub fn psnr(reference: &[f32], test: &[f32]) -> f64 {
     assert_eq!(reference.len(), test.len(), "psnr of different lengths");
     let peak = reference.iter().fold(0f64, |m, x| m.max(x.abs() as f64));
-    let mse = reference.iter().zip(test).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / reference.len() as f64;
+    let mse = reference
+        .iter()
+        .zip(test)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum::<f64>()
+        / reference.len() as f64;
     20.0 * ((peak + 1e-10) / (mse.sqrt() + 1e-10)).log10()
 }
