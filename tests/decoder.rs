@@ -13,12 +13,14 @@ mod support;
 
 use interp::{Interp, T};
 use milkit::ir::{ArrayDType, Opset};
+use milkit::package::load_package;
 use milkit::whisper::decoder::{
     alignment_heads_from_json, build_cross_kv, build_decoder, min_head_chunks, CrossKv,
     DecoderOptions, KvCache, CROSS_KV_NAMES,
 };
 use reference::{psnr, RefDecoder, SafeWeights};
 use std::collections::HashMap;
+use std::process::Command;
 use support::*;
 
 #[test]
@@ -536,4 +538,57 @@ fn prefill_lookup_tables() {
     let dir = tempfile::tempdir().unwrap();
     let p = save_roundtrip(&m, dir.path(), "prefill");
     common::validate(&p);
+}
+
+/// The state ops as coremltools 9 serializes them (read_state, slice_update with a dynamic
+/// begin, write_state + read_state for `coreml_update_state`) load with milkit's definitions,
+/// every op re-inferred.
+#[test]
+fn coremltools_stateful_package_loads() {
+    let (Some(_), Some(py)) = (common::fixtures(), common::python()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("ct-stateful.mlpackage");
+    let script = r#"
+import sys, numpy as np, coremltools as ct
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.mil import types
+@mb.program(input_specs=[mb.StateTensorSpec((1, 8, 1, 16), dtype=types.fp16),
+                         mb.TensorSpec((1, 4, 1, 1), dtype=types.fp16),
+                         mb.TensorSpec((1,), dtype=types.int32)], opset_version=ct.target.iOS18)
+def prog(cache, x, pos):
+    c = mb.read_state(input=cache)
+    b = mb.concat(values=[np.array([0, 4, 0], dtype=np.int32), pos], axis=0)
+    e = mb.add(x=b, y=np.array([1, 4, 1, 1], dtype=np.int32))
+    u = mb.coreml_update_state(state=cache, value=mb.slice_update(x=c, update=x, begin=b, end=e))
+    return mb.reduce_sum(x=u, axes=[3], keep_dims=True, name="y")
+ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
+           skip_model_load=True).save(sys.argv[1])
+"#;
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(script)
+        .arg(&pkg)
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "coremltools: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = load_package(&pkg).unwrap_or_else(|e| panic!("load: {e:#}"));
+    assert_eq!(m.description.states.len(), 1);
+    let ops: Vec<&str> = m
+        .program
+        .main()
+        .unwrap()
+        .block
+        .walk()
+        .iter()
+        .map(|o| o.op_type.as_str())
+        .collect();
+    for t in ["read_state", "slice_update", "write_state"] {
+        assert!(ops.contains(&t), "{t} missing from {ops:?}");
+    }
 }
