@@ -1,8 +1,11 @@
 //! Core ML states (iOS18): reading, writing, and the in-place `slice_update` they pair with.
+//! `coreml_update_state` is coremltools' dialect op; its backend serializes it as the Core ML
+//! ops `write_state` (no outputs) followed by `read_state`, and its loader maps `write_state`
+//! back, so a package holds `write_state`.
 
 use super::infer::InferCx;
-use super::{opt, opt_c, req, InputSpec, OpDef};
-use crate::ir::{Opset, ValueType};
+use super::{opt_c, req, InputSpec, OpDef};
+use crate::ir::{Dim, Opset, ValueType};
 use anyhow::{anyhow, ensure, Result};
 
 fn infer_read_state(cx: &InferCx) -> Result<Vec<ValueType>> {
@@ -34,6 +37,24 @@ fn infer_update_state(cx: &InferCx) -> Result<Vec<ValueType>> {
     }
 }
 
+/// `write_state(input: state<T>, data: T)`: stores `data` into the state; no outputs.
+fn infer_write_state(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let s = cx
+        .all("input")
+        .first()
+        .ok_or_else(|| anyhow!("write_state needs `input`"))?;
+    let v = cx.t("data")?;
+    match s.ty.as_ref() {
+        ValueType::State(t) => {
+            ensure!(t == v, "write_state: data {v} does not match state {t}");
+            Ok(vec![])
+        }
+        t => anyhow::bail!("write_state of a non-state {t}"),
+    }
+}
+
+/// As coremltools 9 declares it: `update` must have the shape `slice_by_index` would give
+/// for the same begin/end/stride/masks (unknown dims match anything) and may not be rank 0.
 fn infer_slice_update(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
     let u = cx.t("update")?;
@@ -41,6 +62,24 @@ fn infer_slice_update(cx: &InferCx) -> Result<Vec<ValueType>> {
         x.dtype == u.dtype,
         "slice_update: update {u} and x {x} differ in dtype"
     );
+    ensure!(
+        u.rank() > 0,
+        "slice_update: a rank-0 update is not supported"
+    );
+    let slice = super::lookup("slice_by_index", cx.opset)
+        .ok_or_else(|| anyhow!("slice_by_index is undefined"))?;
+    if let Some(ValueType::Tensor(want)) = (slice.infer)(cx)?.first() {
+        let fits = want.rank() == u.rank()
+            && want
+                .shape
+                .iter()
+                .zip(&u.shape)
+                .all(|(a, b)| a == b || *a == Dim::Unknown || *b == Dim::Unknown);
+        ensure!(
+            fits,
+            "slice_update: update {u} does not fit the slice {want} of {x}"
+        );
+    }
     Ok(vec![ValueType::Tensor(x.clone())])
 }
 
@@ -49,7 +88,7 @@ const SLICE_UPDATE: &[InputSpec] = &[
     req("update"),
     req("begin"),
     req("end"),
-    opt("stride"),
+    opt_c("stride"),
     opt_c("begin_mask"),
     opt_c("end_mask"),
     opt_c("squeeze_mask"),
@@ -69,6 +108,13 @@ pub static DEFS: &[OpDef] = &[
         until: None,
         inputs: &[req("state"), req("value")],
         infer: infer_update_state,
+    },
+    OpDef {
+        name: "write_state",
+        since: Opset::Ios18,
+        until: None,
+        inputs: &[req("input"), req("data")],
+        infer: infer_write_state,
     },
     OpDef {
         name: "slice_update",
