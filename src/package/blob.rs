@@ -448,7 +448,7 @@ impl BlobReader {
         }
         if offset
             .checked_add(ALIGNMENT)
-            .map_or(true, |end| end > file_len)
+            .is_none_or(|end| end > file_len)
         {
             return Err(fail(format!(
                 "metadata record runs past the end of the file ({file_len} bytes)"

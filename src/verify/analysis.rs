@@ -163,7 +163,7 @@ pub fn spec_version_problems(model: &Model) -> Vec<String> {
         .program
         .functions
         .iter()
-        .filter(|(_, f)| max.map_or(true, |m| f.opset > m))
+        .filter(|(_, f)| max.is_none_or(|m| f.opset > m))
         .map(|(n, f)| {
             format!(
                 "function `{n}` uses opset {} (specification version {}), the model declares version {}",

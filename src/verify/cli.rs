@@ -175,7 +175,7 @@ pub fn raw_opset_findings(path: &Path) -> Option<Vec<String>> {
             out.push(format!("function `{fname}`: unknown opset `{}`", f.opset));
             continue;
         };
-        if max.map_or(true, |mx| opset > mx) {
+        if max.is_none_or(|mx| opset > mx) {
             out.push(format!(
                 "function `{fname}`: opset {} needs specification version {}, the package declares {}",
                 f.opset,
