@@ -254,3 +254,71 @@ fn bad_checkpoints_fail_cleanly() {
     std::fs::write(&st, &bytes).unwrap();
     check(&d, "model.safetensors", "model.safetensors");
 }
+
+/// Rewrites a checkpoint's model.safetensors with one tensor dropped or reshaped.
+fn edit_safetensors(dir: &Path, drop: Option<&str>, reshape: Option<(&str, Vec<usize>)>) {
+    use safetensors::tensor::{Dtype, TensorView};
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut views = Vec::new();
+    for (name, t) in st.tensors() {
+        if Some(name.as_str()) == drop {
+            continue;
+        }
+        let shape = match &reshape {
+            Some((n, s)) if *n == name => s.clone(),
+            _ => t.shape().to_vec(),
+        };
+        views.push((
+            name.clone(),
+            TensorView::new(Dtype::F16, shape, t.data()).unwrap(),
+        ));
+    }
+    let out = safetensors::serialize(views, None).unwrap();
+    std::fs::write(&path, out).unwrap();
+}
+
+/// A missing tensor and a wrong shape: clear errors naming the tensor and the file, no output.
+#[test]
+fn missing_tensor_and_wrong_shape_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good");
+    synth("tiny", &good);
+    for (case, drop, reshape, needle) in [
+        (
+            "missing",
+            Some("model.encoder.layers.1.fc1.weight"),
+            None,
+            "model.encoder.layers.1.fc1.weight",
+        ),
+        (
+            "shape",
+            None,
+            Some(("model.encoder.layers.2.fc2.weight", vec![384 * 1536])),
+            "model.encoder.layers.2.fc2.weight",
+        ),
+    ] {
+        let d = dir.path().join(case);
+        std::fs::create_dir_all(&d).unwrap();
+        for f in [
+            "config.json",
+            "generation_config.json",
+            "preprocessor_config.json",
+            "model.safetensors",
+        ] {
+            std::fs::copy(good.join(f), d.join(f)).unwrap();
+        }
+        edit_safetensors(&d, drop, reshape);
+        let out = dir.path().join(format!("{case}.mlpackage"));
+        let o = export(&d, "whisperkit", &out, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{case}: export should fail");
+        assert!(!err.contains("panicked"), "{case}: panic: {err}");
+        assert!(
+            err.contains(needle) && err.contains("model.safetensors"),
+            "{case}: {err}"
+        );
+        assert!(!out.exists(), "{case}: output left behind");
+    }
+}
