@@ -2,7 +2,7 @@
 //! Rust protobuf compiler) so no system `protoc` is needed.
 //!
 //! Output in OUT_DIR (included by `src/proto.rs`):
-//! - `CoreML.Specification.rs`, `CoreML.Specification.MILSpec.rs`: the generated types;
+//! - `core_ml.specification.rs`, `core_ml.specification.mil_spec.rs`: the generated types;
 //! - `coreml_descriptor_set.bin`: the encoded `FileDescriptorSet`, so tests can compare our
 //!   schema field by field with Apple's.
 
@@ -18,7 +18,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
 
     let mut compiler = protox::Compiler::new(["mil"])?;
-    compiler.include_source_info(true).include_imports(true).open_files(PROTOS)?;
+    compiler
+        .include_source_info(true)
+        .include_imports(true)
+        .open_files(PROTOS)?;
     std::fs::write(
         out_dir.join("coreml_descriptor_set.bin"),
         compiler.encode_file_descriptor_set(),

@@ -1,1 +1,61 @@
-fn main() {}
+//! The `milkit` command line. Owns no logic: parses arguments, calls the library, prints.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Convert Hugging Face Whisper checkpoints into small, verified Core ML packages, and run
+/// them anywhere.
+///
+/// Typical flow: `milkit export` a component (optionally compressing it), `milkit inspect`
+/// or `milkit verify` the package, `milkit transcribe` audio with the bundled runtime.
+#[derive(Parser)]
+#[command(name = "milkit", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Export a Whisper component from a Hugging Face checkpoint as an .mlpackage.
+    Export(cli::export::ExportArgs),
+    /// Compress the weights of a package (LUT palettization or linear quantization).
+    Compress(cli::compress::CompressArgs),
+    /// Show what a package holds: spec version, opset, I/O, op histogram, weight bytes.
+    Inspect(milkit::verify::cli::InspectArgs),
+    /// Check a package's claims: op counts, LUT ops, ABI, opset, bytes, predicted placement;
+    /// exit 0 when every expectation holds, 1 on mismatches, 2 when unreadable.
+    Verify(milkit::verify::cli::VerifyArgs),
+    /// Compile a package to .mlmodelc with `xcrun coremlc` (macOS only).
+    Compile(milkit::verify::cli::CompileArgs),
+    /// Write a random-weight Whisper checkpoint with real dimensions (tests, benchmarks).
+    Synth(cli::synth::SynthArgs),
+    /// Time an export (large models, no download needed).
+    Bench(cli::bench::BenchArgs),
+}
+
+fn code(c: i32) -> u8 {
+    u8::try_from(c).unwrap_or(2)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Export(a) => cli::export::run(&a),
+        Command::Compress(a) => cli::compress::run(&a),
+        Command::Inspect(a) => Ok(code(milkit::verify::cli::run_inspect(&a))),
+        Command::Verify(a) => Ok(code(milkit::verify::cli::run_verify(&a))),
+        Command::Compile(a) => Ok(code(milkit::verify::cli::run_compile(&a))),
+        Command::Synth(a) => cli::synth::run(&a),
+        Command::Bench(a) => cli::bench::run(&a),
+    };
+    match r {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

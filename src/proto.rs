@@ -18,7 +18,10 @@ pub mod specification {
     /// from the parent package as `mil_spec::...`).
     #[allow(clippy::all, missing_docs, rustdoc::all)]
     pub mod mil_spec {
-        include!(concat!(env!("OUT_DIR"), "/core_ml.specification.mil_spec.rs"));
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/core_ml.specification.mil_spec.rs"
+        ));
     }
 }
 

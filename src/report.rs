@@ -1,1 +1,380 @@
-//! JSON report types.
+//! JSON reports milkit prints (`--json`), as serde + schemars types. Each top-level report has
+//! a checked-in JSON Schema generated from these types (`schemas/<name>.schema.json`); a test
+//! regenerates the schemas and fails when they drift. Uses nothing else in milkit.
+//!
+//! Reports hold data only: verification findings are values here (a failed [`Check`]), never
+//! errors.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A named, typed model feature (input, output or state) or tensor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TensorInfo {
+    pub name: String,
+    /// MIL dtype name: `fp16`, `fp32`, `int32`, ...
+    pub dtype: String,
+    pub shape: Vec<u64>,
+}
+
+/// Op counts of one function, nested blocks included.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FunctionOps {
+    pub name: String,
+    /// Opset of the function, as the program names it (`CoreML8`).
+    pub opset: String,
+    pub total_ops: u64,
+    /// op type → count.
+    pub ops: BTreeMap<String, u64>,
+}
+
+/// Tensors and bytes of one storage kind.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StorageBytes {
+    pub tensors: u64,
+    pub bytes: u64,
+}
+
+/// Constant data by how it is stored. Keys of `by_storage`: `fp16`, `fp32` (plain `const`
+/// tensors), `lut1`..`lut8` (palettized: indices + look-up table), `int4_blockwise`,
+/// `int8_blockwise` (`constexpr_blockwise_shift_scale`: data + scale + offset), `other`
+/// (everything else, e.g. int32 shape constants or affine-quantized weights).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WeightSummary {
+    pub by_storage: BTreeMap<String, StorageBytes>,
+    /// Sum over all storage kinds.
+    pub total_bytes: u64,
+    /// Bytes stored for the inputs of `constexpr_*` ops.
+    pub compressed_stored_bytes: u64,
+    /// Bytes the `constexpr_*` outputs would take as dense fp16.
+    pub compressed_dense_fp16_bytes: u64,
+    /// `compressed_dense_fp16_bytes / compressed_stored_bytes`; absent without constexpr ops.
+    pub compression_ratio: Option<f64>,
+}
+
+/// One file of a package.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FileSize {
+    /// Relative to the package root, `/`-separated.
+    pub path: String,
+    pub bytes: u64,
+}
+
+/// `milkit inspect --json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct InspectReport {
+    /// The package path as given.
+    pub package: String,
+    pub spec_version: i32,
+    /// Highest opset of any function (`CoreML8`) and its deployment target (`ios18`).
+    pub opset: String,
+    pub target: String,
+    pub inputs: Vec<TensorInfo>,
+    pub outputs: Vec<TensorInfo>,
+    pub states: Vec<TensorInfo>,
+    pub short_description: String,
+    pub user_defined: BTreeMap<String, String>,
+    pub functions: Vec<FunctionOps>,
+    pub weights: WeightSummary,
+    /// Every regular file of the package, sorted by path.
+    pub files: Vec<FileSize>,
+    pub total_file_bytes: u64,
+}
+
+/// One verification check. Failed checks are listed in [`VerifyReport::mismatches`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Check {
+    /// Stable identifier, e.g. `types_reinferred`, `opset`, `positional_embedding`, `abi`,
+    /// `lut_ops`, `ops.conv`.
+    pub name: String,
+    pub ok: bool,
+    pub expected: String,
+    pub actual: String,
+}
+
+/// An op, by type and name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OpRef {
+    pub op_type: String,
+    pub name: String,
+}
+
+/// An op the function's opset does not have.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OpsetViolation {
+    pub function: String,
+    pub op_type: String,
+    pub name: String,
+    pub opset: String,
+    /// The first opset that has the op, when milkit knows the op at all.
+    pub available_since: Option<String>,
+}
+
+/// One `constexpr_*` op (a compressed weight decoded at load time).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ConstexprOp {
+    pub function: String,
+    pub op_type: String,
+    pub name: String,
+    /// Storage kind, as in [`WeightSummary::by_storage`].
+    pub storage: String,
+    pub output_shape: Vec<u64>,
+    pub stored_bytes: u64,
+    pub dense_fp16_bytes: u64,
+    /// The ops its output feeds.
+    pub feeds: Vec<OpRef>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ConstexprSummary {
+    /// op type → count, all functions.
+    pub counts: BTreeMap<String, u64>,
+    pub ops: Vec<ConstexprOp>,
+}
+
+/// Whether the positional embedding was left a plain fp16 constant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PositionalStatus {
+    /// Every match is a plain fp16 `const`.
+    Untouched,
+    /// A match is produced by a `constexpr_*` op.
+    Compressed,
+    /// A match is a `const` of another dtype.
+    NotFp16,
+    /// No constant named like a positional embedding.
+    Absent,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PositionalEntry {
+    pub function: String,
+    pub op_type: String,
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PositionalReport {
+    pub status: PositionalStatus,
+    pub entries: Vec<PositionalEntry>,
+}
+
+/// Result of an I/O ABI check.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AbiReport {
+    /// `whispercpp` or `whisperkit`.
+    pub expected: String,
+    /// `encoder` or `decoder` when the inputs identify one.
+    pub component: Option<String>,
+    pub ok: bool,
+    pub problems: Vec<String>,
+    /// Sizes read off the features: `n_mels`, `d_model`, `kv_width`, `layers`, `vocab`.
+    pub dims: BTreeMap<String, u64>,
+}
+
+/// A compute unit, or none for ops evaluated when the model loads.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub enum ComputeUnit {
+    #[serde(rename = "ANE")]
+    Ane,
+    #[serde(rename = "GPU")]
+    Gpu,
+    #[serde(rename = "CPU")]
+    Cpu,
+    #[serde(rename = "load-time")]
+    LoadTime,
+}
+
+impl ComputeUnit {
+    pub fn label(self) -> &'static str {
+        match self {
+            ComputeUnit::Ane => "ANE",
+            ComputeUnit::Gpu => "GPU",
+            ComputeUnit::Cpu => "CPU",
+            ComputeUnit::LoadTime => "load-time",
+        }
+    }
+}
+
+/// One row of the placement rule table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RuleInfo {
+    pub id: String,
+    /// Unit the rule sends an op to, or `none` for informational rules.
+    pub effect: String,
+    pub statement: String,
+    pub source: String,
+}
+
+/// What Core ML's MLComputePlan said about one op.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MeasuredPlacement {
+    /// `ANE`, `GPU`, `CPU`, or `none` when the plan gives no device for the op.
+    pub preferred: String,
+    pub supported: Vec<String>,
+    /// MLComputePlan's relative cost estimate, when it gives one.
+    pub cost: Option<f64>,
+}
+
+/// Predicted placement of one op.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PlacementRow {
+    pub function: String,
+    pub op_type: String,
+    pub name: String,
+    /// The op's first output variable (how MLComputePlan results are matched to it).
+    pub output: String,
+    pub unit: ComputeUnit,
+    /// Always `predicted`: milkit does not run Core ML.
+    pub basis: String,
+    /// Ids of the rules that fired.
+    pub rules: Vec<String>,
+    /// Estimated floating-point operations per prediction.
+    pub flops: u64,
+    /// Estimated bytes read and written per prediction.
+    pub bytes: u64,
+    /// Filled by `--measured` on macOS.
+    pub measured: Option<MeasuredPlacement>,
+}
+
+/// Totals of one unit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct UnitTotal {
+    pub unit: ComputeUnit,
+    pub ops: u64,
+    pub flops: u64,
+    pub bytes: u64,
+    /// Fractions of the run-time totals (load-time ops excluded).
+    pub flops_share: f64,
+    pub bytes_share: f64,
+}
+
+/// Agreement between prediction and MLComputePlan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MeasuredSummary {
+    pub source: String,
+    pub matched_ops: u64,
+    pub agree: u64,
+    pub disagree: u64,
+    pub unmatched: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PlacementReport {
+    pub basis: String,
+    pub rules: Vec<RuleInfo>,
+    pub ops: Vec<PlacementRow>,
+    pub totals: Vec<UnitTotal>,
+    pub measured: Option<MeasuredSummary>,
+}
+
+/// sha256 of one file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FileDigest {
+    pub path: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Digests {
+    /// sha256 of `model.mlmodel`.
+    pub model_mlmodel: String,
+    /// sha256 of `weight.bin`, when the package has one.
+    pub weight_bin: Option<String>,
+    /// sha256 over the sorted lines `<relative path>\0<sha256 hex>\n` of every file.
+    pub package: String,
+}
+
+/// What was verified, by which milkit, with which command.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Receipt {
+    pub tool: String,
+    pub version: String,
+    pub command_line: Vec<String>,
+    pub package: String,
+    pub digests: Digests,
+    pub files: Vec<FileDigest>,
+}
+
+/// `milkit verify --json`: the checks, everything `inspect` reports, the compressed-weight
+/// and positional-embedding analysis, optional placement, and a receipt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct VerifyReport {
+    /// True when every check holds.
+    pub ok: bool,
+    /// One line per failed check.
+    pub mismatches: Vec<String>,
+    pub checks: Vec<Check>,
+    pub model: InspectReport,
+    pub opset_violations: Vec<OpsetViolation>,
+    pub constexpr: ConstexprSummary,
+    pub positional_embedding: PositionalReport,
+    pub abi: Option<AbiReport>,
+    pub placement: Option<PlacementReport>,
+    pub receipt: Receipt,
+}
+
+/// The JSON Schema of a report type, as checked in under `schemas/`.
+pub fn schema_json<T: JsonSchema>() -> String {
+    let schema = schemars::schema_for!(T);
+    let mut s = serde_json::to_string_pretty(&schema).expect("a JSON schema serializes");
+    s.push('\n');
+    s
+}
+
+/// (file name under `schemas/`, schema text) for every report with a checked-in schema.
+pub fn all_schemas() -> Vec<(&'static str, String)> {
+    vec![
+        ("verify.schema.json", schema_json::<VerifyReport>()),
+        ("inspect.schema.json", schema_json::<InspectReport>()),
+        ("compress.schema.json", schema_json::<CompressReport>()),
+    ]
+}
+
+/// `milkit compress --json` / `milkit export --json` with compression flags.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct CompressReport {
+    /// Method, e.g. `lut4-kmeans-g16` or `int4-block32`.
+    pub mode: String,
+    /// One row per compressed weight.
+    pub ops: Vec<CompressedOp>,
+    /// Weights left uncompressed with `--skip-indivisible`, and why.
+    pub skipped: Vec<SkippedOp>,
+    /// Sum over the compressed weights of their fp16 bytes.
+    pub bytes_before: u64,
+    /// Sum over the compressed weights of their stored bytes (indices + tables, or data +
+    /// scales + offsets).
+    pub bytes_after: u64,
+    /// bytes_before / bytes_after over the selected weights.
+    pub ratio: f64,
+    /// Mean over compressed weights of rms(w − decoded) / rms(w).
+    pub mean_rel_rms_error: f64,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct CompressedOp {
+    /// The op that consumes the weight.
+    pub op: String,
+    pub op_type: String,
+    /// The weight constant (now the constexpr op's output).
+    pub weight: String,
+    pub shape: Vec<usize>,
+    pub mode: String,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    pub rel_rms_error: f64,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct SkippedOp {
+    pub op: String,
+    pub weight: String,
+    pub shape: Vec<usize>,
+    pub reason: String,
+}

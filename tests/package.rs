@@ -7,7 +7,11 @@ use milkit::package::{load_package, save_package};
 #[test]
 fn loads_coremltools_packages() {
     let Some(fx) = common::fixtures() else { return };
-    for name in ["tiny.en-encoder-fp16", "tiny.en-encoder-lut4-kmeans", "tiny.en-encoder-int4-block32"] {
+    for name in [
+        "tiny.en-encoder-fp16",
+        "tiny.en-encoder-lut4-kmeans",
+        "tiny.en-encoder-int4-block32",
+    ] {
         let p = fx.join(format!("coremltools/{name}.mlpackage"));
         let m = load_package(&p).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         assert_eq!(m.spec_version, 9);
@@ -30,8 +34,16 @@ fn rewrite_is_byte_identical() {
     let m2 = load_package(&a).unwrap();
     assert_eq!(m, m2);
     save_package(&m2, &b, false, &mut |_| {}).unwrap();
-    for f in ["Manifest.json", "Data/com.apple.CoreML/model.mlmodel", "Data/com.apple.CoreML/weights/weight.bin"] {
-        assert_eq!(std::fs::read(a.join(f)).unwrap(), std::fs::read(b.join(f)).unwrap(), "{f} differs");
+    for f in [
+        "Manifest.json",
+        "Data/com.apple.CoreML/model.mlmodel",
+        "Data/com.apple.CoreML/weights/weight.bin",
+    ] {
+        assert_eq!(
+            std::fs::read(a.join(f)).unwrap(),
+            std::fs::read(b.join(f)).unwrap(),
+            "{f} differs"
+        );
     }
     common::validate(&a);
 }

@@ -21,7 +21,10 @@ impl Bytes {
     /// Takes ownership of a vector.
     pub fn from_vec(v: Vec<u8>) -> Bytes {
         let len = v.len();
-        Bytes { inner: Inner::Owned(Arc::new(v)), range: 0..len }
+        Bytes {
+            inner: Inner::Owned(Arc::new(v)),
+            range: 0..len,
+        }
     }
 
     /// A window `range` of a mapped file. Errors when the range is out of bounds.
@@ -33,7 +36,10 @@ impl Bytes {
             range.end,
             map.len()
         );
-        Ok(Bytes { inner: Inner::Mapped(map), range })
+        Ok(Bytes {
+            inner: Inner::Mapped(map),
+            range,
+        })
     }
 
     /// Copies little-endian `f16` values.

@@ -7,6 +7,8 @@ pub mod types;
 pub mod value;
 
 pub use bytes::Bytes;
-pub use program::{Arg, ArrayDType, Block, Description, Feature, Function, Model, Operation, Program, Var};
+pub use program::{
+    Arg, ArrayDType, Block, Description, Feature, Function, Model, Operation, Program, Var,
+};
 pub use types::{DType, Dim, Opset, TensorType, ValueType};
 pub use value::{Tensor, Value};

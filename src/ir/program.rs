@@ -91,7 +91,9 @@ pub struct Program {
 
 impl Program {
     pub fn main(&self) -> Option<&Function> {
-        self.functions.get("main").or_else(|| self.functions.values().next())
+        self.functions
+            .get("main")
+            .or_else(|| self.functions.values().next())
     }
 }
 
@@ -135,7 +137,12 @@ pub struct Feature {
 
 impl Feature {
     pub fn new(name: &str, dtype: ArrayDType, shape: &[usize]) -> Feature {
-        Feature { name: name.to_string(), dtype, shape: shape.to_vec(), doc: String::new() }
+        Feature {
+            name: name.to_string(),
+            dtype,
+            shape: shape.to_vec(),
+            doc: String::new(),
+        }
     }
     pub fn tensor_type(&self) -> TensorType {
         TensorType::new(self.dtype.to_dtype(), &self.shape)

@@ -54,7 +54,10 @@ const TABLE: &[(DType, &str, i32, usize)] = &[
 
 impl DType {
     fn row(self) -> &'static (DType, &'static str, i32, usize) {
-        TABLE.iter().find(|r| r.0 == self).expect("every dtype is in TABLE")
+        TABLE
+            .iter()
+            .find(|r| r.0 == self)
+            .expect("every dtype is in TABLE")
     }
     /// MIL spelling, e.g. `fp16`.
     pub fn name(self) -> &'static str {
@@ -81,7 +84,10 @@ impl DType {
         !self.is_float() && !matches!(self, DType::Bool | DType::Str)
     }
     pub fn is_signed_int(self) -> bool {
-        matches!(self, DType::I4 | DType::I8 | DType::I16 | DType::I32 | DType::I64)
+        matches!(
+            self,
+            DType::I4 | DType::I8 | DType::I16 | DType::I32 | DType::I64
+        )
     }
     /// Fewer than 8 bits per element: stored packed.
     pub fn is_sub_byte(self) -> bool {
@@ -124,10 +130,16 @@ pub struct TensorType {
 
 impl TensorType {
     pub fn new(dtype: DType, shape: &[usize]) -> TensorType {
-        TensorType { dtype, shape: shape.iter().map(|&d| Dim::Fixed(d)).collect() }
+        TensorType {
+            dtype,
+            shape: shape.iter().map(|&d| Dim::Fixed(d)).collect(),
+        }
     }
     pub fn scalar(dtype: DType) -> TensorType {
-        TensorType { dtype, shape: vec![] }
+        TensorType {
+            dtype,
+            shape: vec![],
+        }
     }
     pub fn rank(&self) -> usize {
         self.shape.len()
@@ -160,9 +172,15 @@ pub enum ValueType {
     Tensor(TensorType),
     /// A Core ML state (iOS18) wrapping a tensor type.
     State(TensorType),
-    List { elem: Box<ValueType>, len: Option<usize> },
+    List {
+        elem: Box<ValueType>,
+        len: Option<usize>,
+    },
     Tuple(Vec<ValueType>),
-    Dict { key: Box<ValueType>, value: Box<ValueType> },
+    Dict {
+        key: Box<ValueType>,
+        value: Box<ValueType>,
+    },
 }
 
 impl ValueType {

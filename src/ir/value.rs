@@ -29,15 +29,35 @@ impl Tensor {
         Ok(Tensor { dtype, shape, data })
     }
     pub fn f16(shape: &[usize], v: &[f16]) -> Tensor {
-        assert_eq!(shape.iter().product::<usize>(), v.len(), "shape/data mismatch");
-        Tensor { dtype: DType::F16, shape: shape.to_vec(), data: Bytes::from_f16(v) }
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            v.len(),
+            "shape/data mismatch"
+        );
+        Tensor {
+            dtype: DType::F16,
+            shape: shape.to_vec(),
+            data: Bytes::from_f16(v),
+        }
     }
     pub fn f32(shape: &[usize], v: &[f32]) -> Tensor {
-        assert_eq!(shape.iter().product::<usize>(), v.len(), "shape/data mismatch");
-        Tensor { dtype: DType::F32, shape: shape.to_vec(), data: Bytes::from_f32(v) }
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            v.len(),
+            "shape/data mismatch"
+        );
+        Tensor {
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+            data: Bytes::from_f32(v),
+        }
     }
     pub fn i32(shape: &[usize], v: &[i32]) -> Tensor {
-        assert_eq!(shape.iter().product::<usize>(), v.len(), "shape/data mismatch");
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            v.len(),
+            "shape/data mismatch"
+        );
         Tensor {
             dtype: DType::I32,
             shape: shape.to_vec(),
@@ -45,7 +65,11 @@ impl Tensor {
         }
     }
     pub fn bools(shape: &[usize], v: &[bool]) -> Tensor {
-        assert_eq!(shape.iter().product::<usize>(), v.len(), "shape/data mismatch");
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            v.len(),
+            "shape/data mismatch"
+        );
         Tensor {
             dtype: DType::Bool,
             shape: shape.to_vec(),
@@ -62,7 +86,10 @@ impl Tensor {
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
         let b = self.data.as_slice();
         Ok(match self.dtype {
-            DType::F16 => b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+            DType::F16 => b
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
             DType::BF16 => b
                 .chunks_exact(2)
                 .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
@@ -71,7 +98,10 @@ impl Tensor {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
                 .collect(),
-            DType::F64 => b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+            DType::F64 => b
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
             DType::I8 => b.iter().map(|&x| x as i8 as f64).collect(),
             DType::U8 | DType::Bool => b.iter().map(|&x| x as f64).collect(),
             DType::I16 => b
@@ -116,15 +146,28 @@ impl Tensor {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     Tensor(Tensor),
-    Strings { shape: Vec<usize>, values: Vec<String> },
-    List { elem: ValueType, values: Vec<Value> },
+    Strings {
+        shape: Vec<usize>,
+        values: Vec<String>,
+    },
+    List {
+        elem: ValueType,
+        values: Vec<Value>,
+    },
     Tuple(Vec<Value>),
-    Dict { key: ValueType, value: ValueType, entries: Vec<(Value, Value)> },
+    Dict {
+        key: ValueType,
+        value: ValueType,
+        entries: Vec<(Value, Value)>,
+    },
 }
 
 impl Value {
     pub fn str(s: &str) -> Value {
-        Value::Strings { shape: vec![], values: vec![s.to_string()] }
+        Value::Strings {
+            shape: vec![],
+            values: vec![s.to_string()],
+        }
     }
     pub fn i32_scalar(v: i32) -> Value {
         Value::Tensor(Tensor::i32(&[], &[v]))
@@ -145,13 +188,15 @@ impl Value {
         match self {
             Value::Tensor(t) => ValueType::Tensor(t.tensor_type()),
             Value::Strings { shape, .. } => ValueType::Tensor(TensorType::new(DType::Str, shape)),
-            Value::List { elem, values } => {
-                ValueType::List { elem: Box::new(elem.clone()), len: Some(values.len()) }
-            }
+            Value::List { elem, values } => ValueType::List {
+                elem: Box::new(elem.clone()),
+                len: Some(values.len()),
+            },
             Value::Tuple(vs) => ValueType::Tuple(vs.iter().map(|v| v.value_type()).collect()),
-            Value::Dict { key, value, .. } => {
-                ValueType::Dict { key: Box::new(key.clone()), value: Box::new(value.clone()) }
-            }
+            Value::Dict { key, value, .. } => ValueType::Dict {
+                key: Box::new(key.clone()),
+                value: Box::new(value.clone()),
+            },
         }
     }
     pub fn as_tensor(&self) -> Option<&Tensor> {

@@ -75,14 +75,28 @@ pub fn infer_op(op: &Operation, opset: Opset, scope: &dyn Scope) -> Result<Vec<V
             let info = match b {
                 Arg::Var(n) => {
                     let (ty, val) = scope.lookup(n).ok_or_else(|| {
-                        anyhow!("op `{}` ({}) uses `{n}` before it is defined", op.op_type, op.name)
+                        anyhow!(
+                            "op `{}` ({}) uses `{n}` before it is defined",
+                            op.op_type,
+                            op.name
+                        )
                     })?;
-                    ArgInfo { ty: std::borrow::Cow::Borrowed(ty), val }
+                    ArgInfo {
+                        ty: std::borrow::Cow::Borrowed(ty),
+                        val,
+                    }
                 }
-                Arg::Value(v) => ArgInfo { ty: std::borrow::Cow::Owned(v.value_type()), val: Some(v) },
+                Arg::Value(v) => ArgInfo {
+                    ty: std::borrow::Cow::Owned(v.value_type()),
+                    val: Some(v),
+                },
             };
             if spec.kind == Kind::Const && info.val.is_none() {
-                bail!("input `{pname}` of `{}` ({}) must be a constant", op.op_type, op.name);
+                bail!(
+                    "input `{pname}` of `{}` ({}) must be a constant",
+                    op.op_type,
+                    op.name
+                );
             }
             infos.push(info);
         }
@@ -97,7 +111,13 @@ pub fn infer_op(op: &Operation, opset: Opset, scope: &dyn Scope) -> Result<Vec<V
             spec.name
         );
     }
-    let cx = InferCx { op_type: &op.op_type, op_name: &op.name, opset, args, attributes: &op.attributes };
+    let cx = InferCx {
+        op_type: &op.op_type,
+        op_name: &op.name,
+        opset,
+        args,
+        attributes: &op.attributes,
+    };
     (def.infer)(&cx).with_context(|| format!("type inference of `{}` ({})", op.op_type, op.name))
 }
 
@@ -112,7 +132,13 @@ pub struct Builder {
 
 impl Builder {
     pub fn new(opset: Opset) -> Builder {
-        Builder { opset, inputs: vec![], ops: vec![], env: HashMap::new(), names: HashSet::new() }
+        Builder {
+            opset,
+            inputs: vec![],
+            ops: vec![],
+            env: HashMap::new(),
+            names: HashSet::new(),
+        }
     }
 
     pub fn opset(&self) -> Opset {
@@ -135,7 +161,10 @@ impl Builder {
     pub fn input(&mut self, name: &str, ty: ValueType) -> V {
         let n = self.unique(name);
         self.env.insert(n.clone(), (ty.clone(), None));
-        self.inputs.push(Var { name: n.clone(), ty });
+        self.inputs.push(Var {
+            name: n.clone(),
+            ty,
+        });
         V(n)
     }
 
@@ -149,7 +178,10 @@ impl Builder {
             op_type: "const".into(),
             name: n.clone(),
             inputs: BTreeMap::new(),
-            outputs: vec![Var { name: n.clone(), ty: ty.clone() }],
+            outputs: vec![Var {
+                name: n.clone(),
+                ty: ty.clone(),
+            }],
             blocks: vec![],
             attributes,
         });
@@ -159,7 +191,10 @@ impl Builder {
 
     /// Type of a variable in scope.
     pub fn ty(&self, v: &V) -> Result<&ValueType> {
-        self.env.get(&v.0).map(|e| &e.0).ok_or_else(|| anyhow!("unknown variable `{}`", v.0))
+        self.env
+            .get(&v.0)
+            .map(|e| &e.0)
+            .ok_or_else(|| anyhow!("unknown variable `{}`", v.0))
     }
 
     /// Appends an op; returns its outputs.
@@ -189,7 +224,11 @@ impl Builder {
         let types = infer_op(&op, self.opset, &self.env)?;
         let single = types.len() == 1;
         for (i, ty) in types.into_iter().enumerate() {
-            let vn = if single { name.clone() } else { self.unique(&format!("{name}_{i}")) };
+            let vn = if single {
+                name.clone()
+            } else {
+                self.unique(&format!("{name}_{i}"))
+            };
             self.env.insert(vn.clone(), (ty.clone(), None));
             op.outputs.push(Var { name: vn, ty });
         }
@@ -211,7 +250,10 @@ impl Builder {
         let mut names = Vec::new();
         for (v, want) in outputs {
             if v.0 != *want {
-                ensure!(!self.env.contains_key(*want), "output name `{want}` is already taken");
+                ensure!(
+                    !self.env.contains_key(*want),
+                    "output name `{want}` is already taken"
+                );
                 let op = self
                     .ops
                     .iter_mut()
@@ -225,12 +267,23 @@ impl Builder {
                     }
                 }
                 ensure!(
-                    !self.ops.iter().any(|o| o.inputs.values().flatten().any(|a| *a == Arg::Var(old.clone()))),
+                    !self.ops.iter().any(|o| o
+                        .inputs
+                        .values()
+                        .flatten()
+                        .any(|a| *a == Arg::Var(old.clone()))),
                     "output `{old}` is also used inside the block; add an identity first"
                 );
             }
             names.push(want.to_string());
         }
-        Ok((self.inputs, Block { inputs: vec![], operations: self.ops, outputs: names }))
+        Ok((
+            self.inputs,
+            Block {
+                inputs: vec![],
+                operations: self.ops,
+                outputs: names,
+            },
+        ))
     }
 }

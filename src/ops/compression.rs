@@ -12,7 +12,8 @@ use rayon::prelude::*;
 
 fn const_shape(cx: &InferCx, name: &str) -> Result<Vec<usize>> {
     let t = cx.t(name)?;
-    t.fixed_shape().ok_or_else(|| anyhow!("`{name}` of {} needs a fixed shape", cx.op_type))
+    t.fixed_shape()
+        .ok_or_else(|| anyhow!("`{name}` of {} needs a fixed shape", cx.op_type))
 }
 
 /// iOS18: `indices` uint1..uint8 of the weight's shape; `lut` of rank r+2 whose first r dims
@@ -29,50 +30,92 @@ fn infer_lut18(cx: &InferCx) -> Result<Vec<ValueType>> {
         DType::U8 => 8,
         d => anyhow::bail!("constexpr_lut_to_dense indices must be uint1..uint8, are {d}"),
     };
-    ensure!(lut.dtype.is_float() || lut.dtype.is_int(), "lut dtype {}", lut.dtype);
+    ensure!(
+        lut.dtype.is_float() || lut.dtype.is_int(),
+        "lut dtype {}",
+        lut.dtype
+    );
     let s = const_shape(cx, "indices")?;
     let l = const_shape(cx, "lut")?;
     let r = s.len();
-    ensure!(l.len() == r + 2, "lut {l:?} must have rank {} for indices {s:?}", r + 2);
-    ensure!(l[r] == 1 << nbits, "lut {l:?} must have {} entries for {}-bit indices", 1 << nbits, nbits);
+    ensure!(
+        l.len() == r + 2,
+        "lut {l:?} must have rank {} for indices {s:?}",
+        r + 2
+    );
+    ensure!(
+        l[r] == 1 << nbits,
+        "lut {l:?} must have {} entries for {}-bit indices",
+        1 << nbits,
+        nbits
+    );
     for i in 0..r {
-        ensure!(l[i] > 0 && s[i] % l[i] == 0, "lut {l:?}: {} groups do not divide axis {i} of indices {s:?}", l[i]);
+        ensure!(
+            l[i] > 0 && s[i] % l[i] == 0,
+            "lut {l:?}: {} groups do not divide axis {i} of indices {s:?}",
+            l[i]
+        );
     }
     let vs = l[r + 1];
     let mut out = s.clone();
     if vs > 1 {
-        let ax = cx.opt_int("vector_axis")?.ok_or_else(|| anyhow!("vector palettization needs vector_axis"))?;
+        let ax = cx
+            .opt_int("vector_axis")?
+            .ok_or_else(|| anyhow!("vector palettization needs vector_axis"))?;
         let a = super::infer::axis(ax, r)?;
         out[a] *= vs;
     }
-    Ok(vec![tensor(lut.dtype, out.into_iter().map(Dim::Fixed).collect())])
+    Ok(vec![tensor(
+        lut.dtype,
+        out.into_iter().map(Dim::Fixed).collect(),
+    )])
 }
 
 /// iOS18: `data` (int4/uint4/int8/uint8...) of the weight's shape; `scale` (and `offset`) of
 /// the same rank, each dim dividing data's; output = scale · (data − offset), scale's dtype.
 fn infer_shift_scale(cx: &InferCx) -> Result<Vec<ValueType>> {
     let data = cx.t("data")?;
-    ensure!(data.dtype.is_int() || data.dtype.is_float(), "data dtype {}", data.dtype);
+    ensure!(
+        data.dtype.is_int() || data.dtype.is_float(),
+        "data dtype {}",
+        data.dtype
+    );
     let scale = cx.t("scale")?;
-    ensure!(scale.dtype.is_float(), "scale must be fp16/fp32, is {}", scale.dtype);
+    ensure!(
+        scale.dtype.is_float(),
+        "scale must be fp16/fp32, is {}",
+        scale.dtype
+    );
     let s = const_shape(cx, "data")?;
     let sc = const_shape(cx, "scale")?;
-    ensure!(sc.len() == s.len(), "scale {sc:?} must have the rank of data {s:?}");
+    ensure!(
+        sc.len() == s.len(),
+        "scale {sc:?} must have the rank of data {s:?}"
+    );
     for i in 0..s.len() {
-        ensure!(sc[i] > 0 && s[i] % sc[i] == 0, "scale {sc:?} does not divide data {s:?} on axis {i}");
+        ensure!(
+            sc[i] > 0 && s[i] % sc[i] == 0,
+            "scale {sc:?} does not divide data {s:?} on axis {i}"
+        );
     }
     if cx.has("offset") {
         let o = const_shape(cx, "offset")?;
         ensure!(o == sc, "offset {o:?} must have the shape of scale {sc:?}");
     }
-    Ok(vec![tensor(scale.dtype, s.into_iter().map(Dim::Fixed).collect())])
+    Ok(vec![tensor(
+        scale.dtype,
+        s.into_iter().map(Dim::Fixed).collect(),
+    )])
 }
 
 /// iOS16: 1-D `lut` of 2^nbits values, packed uint8 `indices`, output `shape` (uint32).
 fn infer_lut16(cx: &InferCx) -> Result<Vec<ValueType>> {
     let lut = cx.t("lut")?;
     let shape = cx.ints("shape")?;
-    Ok(vec![tensor(lut.dtype, shape.into_iter().map(|d| Dim::Fixed(d as usize)).collect())])
+    Ok(vec![tensor(
+        lut.dtype,
+        shape.into_iter().map(|d| Dim::Fixed(d as usize)).collect(),
+    )])
 }
 
 /// iOS16: output = scale · (quantized_data − zero_point) along `axis`.
@@ -81,6 +124,16 @@ fn infer_affine(cx: &InferCx) -> Result<Vec<ValueType>> {
     let scale = cx.t("scale")?;
     Ok(vec![tensor(scale.dtype, q.shape.clone())])
 }
+
+const LUT18: &[InputSpec] = &[req_c("indices"), req_c("lut"), opt_c("vector_axis")];
+const SHIFT: &[InputSpec] = &[req_c("data"), req_c("scale"), opt_c("offset")];
+const LUT16: &[InputSpec] = &[req_c("lut"), req_c("indices"), req_c("shape")];
+const AFFINE: &[InputSpec] = &[
+    req_c("quantized_data"),
+    req_c("zero_point"),
+    req_c("scale"),
+    req_c("axis"),
+];
 
 // ---- evaluation: decoded once when the interpreter loads the program; results keep the
 // LUT's / scale's dtype, computed in f32 with one rounding ----
@@ -105,10 +158,19 @@ fn eval_lut18(cx: &EvalCx) -> Result<Vec<RValue>> {
     let lshape = lut_t.dims().to_vec();
     let lut = kernels::to_f32_vec(lut_t)?;
     let r = ishape.len();
-    ensure!(r >= 1 && lshape.len() == r + 2, "lut {lshape:?} for indices {ishape:?}");
+    ensure!(
+        r >= 1 && lshape.len() == r + 2,
+        "lut {lshape:?} for indices {ishape:?}"
+    );
     let (palette, vs) = (lshape[r], lshape[r + 1]);
-    let block: Vec<usize> = (0..r).map(|k| (ishape[k] / lshape[k].max(1)).max(1)).collect();
-    let va = if vs > 1 { axis(cx.opt_int("vector_axis")?.unwrap_or(0), r)? } else { r };
+    let block: Vec<usize> = (0..r)
+        .map(|k| (ishape[k] / lshape[k].max(1)).max(1))
+        .collect();
+    let va = if vs > 1 {
+        axis(cx.opt_int("vector_axis")?.unwrap_or(0), r)?
+    } else {
+        r
+    };
     let mut oshape = ishape.clone();
     if vs > 1 {
         oshape[va] *= vs;
@@ -117,28 +179,42 @@ fn eval_lut18(cx: &EvalCx) -> Result<Vec<RValue>> {
     let last = oshape[r - 1];
     let mut out = vec![0f32; oshape.iter().product()];
     let bad = std::sync::atomic::AtomicBool::new(false);
-    out.par_chunks_mut(last.max(1)).enumerate().for_each(|(row, dst)| {
-        // Offsets of the row's prefix (all axes but the last) in indices and lut.
-        let (mut ioff, mut loff, mut rem) = (0usize, 0usize, row);
-        let mut comp = 0usize;
-        for k in (0..r - 1).rev() {
-            let o = rem % oshape[k];
-            rem /= oshape[k];
-            let i = if k == va { comp = o % vs; o / vs } else { o };
-            ioff += i * ist[k];
-            loff += (i / block[k]) * lst[k];
-        }
-        for (j, d) in dst.iter_mut().enumerate() {
-            let (i, c) = if va == r - 1 { (j / vs, j % vs) } else { (j, comp) };
-            let code = codes[ioff + i] as usize;
-            if code >= palette {
-                bad.store(true, std::sync::atomic::Ordering::Relaxed);
-                continue;
+    out.par_chunks_mut(last.max(1))
+        .enumerate()
+        .for_each(|(row, dst)| {
+            // Offsets of the row's prefix (all axes but the last) in indices and lut.
+            let (mut ioff, mut loff, mut rem) = (0usize, 0usize, row);
+            let mut comp = 0usize;
+            for k in (0..r - 1).rev() {
+                let o = rem % oshape[k];
+                rem /= oshape[k];
+                let i = if k == va {
+                    comp = o % vs;
+                    o / vs
+                } else {
+                    o
+                };
+                ioff += i * ist[k];
+                loff += (i / block[k]) * lst[k];
             }
-            *d = lut[loff + (i / block[r - 1]) * lst[r - 1] + code * lst[r] + c];
-        }
-    });
-    ensure!(!bad.into_inner(), "LUT index out of range for a palette of {palette}");
+            for (j, d) in dst.iter_mut().enumerate() {
+                let (i, c) = if va == r - 1 {
+                    (j / vs, j % vs)
+                } else {
+                    (j, comp)
+                };
+                let code = codes[ioff + i] as usize;
+                if code >= palette {
+                    bad.store(true, std::sync::atomic::Ordering::Relaxed);
+                    continue;
+                }
+                *d = lut[loff + (i / block[r - 1]) * lst[r - 1] + code * lst[r] + c];
+            }
+        });
+    ensure!(
+        !bad.into_inner(),
+        "LUT index out of range for a palette of {palette}"
+    );
     out0(cx, kernels::from_vec(out, &oshape)?)
 }
 
@@ -146,12 +222,25 @@ fn eval_lut18(cx: &EvalCx) -> Result<Vec<RValue>> {
 fn eval_lut16(cx: &EvalCx) -> Result<Vec<RValue>> {
     let lut = values(cx, "lut")?;
     let nbits = lut.len().trailing_zeros() as usize;
-    ensure!(lut.len().is_power_of_two() && (1..=8).contains(&nbits), "lut of {} entries", lut.len());
+    ensure!(
+        lut.len().is_power_of_two() && (1..=8).contains(&nbits),
+        "lut of {} entries",
+        lut.len()
+    );
     let shape: Vec<usize> = cx.ints("shape")?.into_iter().map(|d| d as usize).collect();
     let n: usize = shape.iter().product();
     let bytes = kernels::to_vec::<u8>(cx.t("indices")?)?;
     let codes = kernels::unpack_bits(&bytes, nbits, n)?;
-    out0(cx, kernels::from_vec(codes.into_iter().map(|c| lut[c as usize]).collect::<Vec<f32>>(), &shape)?)
+    out0(
+        cx,
+        kernels::from_vec(
+            codes
+                .into_iter()
+                .map(|c| lut[c as usize])
+                .collect::<Vec<f32>>(),
+            &shape,
+        )?,
+    )
 }
 
 /// iOS18: `scale[block(i)] · (data[i] − offset[block(i)])`, blocks tiling `data`.
@@ -162,25 +251,36 @@ fn eval_shift_scale(cx: &EvalCx) -> Result<Vec<RValue>> {
     let st = cx.t("scale")?;
     let sshape = st.dims().to_vec();
     let scale = kernels::to_f32_vec(st)?;
-    let offset = if cx.has("offset") { Some(values(cx, "offset")?) } else { None };
+    let offset = if cx.has("offset") {
+        Some(values(cx, "offset")?)
+    } else {
+        None
+    };
     let r = shape.len();
-    ensure!(r >= 1 && sshape.len() == r, "scale {sshape:?} for data {shape:?}");
-    let block: Vec<usize> = (0..r).map(|k| (shape[k] / sshape[k].max(1)).max(1)).collect();
+    ensure!(
+        r >= 1 && sshape.len() == r,
+        "scale {sshape:?} for data {shape:?}"
+    );
+    let block: Vec<usize> = (0..r)
+        .map(|k| (shape[k] / sshape[k].max(1)).max(1))
+        .collect();
     let sst = strides(&sshape);
     let last = shape[r - 1];
     let mut out = vec![0f32; data.len()];
-    out.par_chunks_mut(last.max(1)).enumerate().for_each(|(row, dst)| {
-        let (mut soff, mut rem) = (0usize, row);
-        for k in (0..r - 1).rev() {
-            soff += (rem % shape[k]) / block[k] * sst[k];
-            rem /= shape[k];
-        }
-        let src = &data[row * last..(row + 1) * last];
-        for (j, d) in dst.iter_mut().enumerate() {
-            let b = soff + j / block[r - 1];
-            *d = scale[b] * (src[j] - offset.as_ref().map_or(0.0, |o| o[b]));
-        }
-    });
+    out.par_chunks_mut(last.max(1))
+        .enumerate()
+        .for_each(|(row, dst)| {
+            let (mut soff, mut rem) = (0usize, row);
+            for k in (0..r - 1).rev() {
+                soff += (rem % shape[k]) / block[k] * sst[k];
+                rem /= shape[k];
+            }
+            let src = &data[row * last..(row + 1) * last];
+            for (j, d) in dst.iter_mut().enumerate() {
+                let b = soff + j / block[r - 1];
+                *d = scale[b] * (src[j] - offset.as_ref().map_or(0.0, |o| o[b]));
+            }
+        });
     out0(cx, kernels::from_vec(out, &shape)?)
 }
 
@@ -194,18 +294,26 @@ fn eval_affine(cx: &EvalCx) -> Result<Vec<RValue>> {
     let inner: usize = shape[a + 1..].iter().product();
     let n = shape[a];
     for (p, what) in [(&zp, "zero_point"), (&scale, "scale")] {
-        ensure!(p.len() == 1 || p.len() == n, "{what} has {} values for an axis of {n}", p.len());
+        ensure!(
+            p.len() == 1 || p.len() == n,
+            "{what} has {} values for an axis of {n}",
+            p.len()
+        );
     }
-    let pick = |p: &[f32], i: usize| if p.len() == 1 { p[0] } else { p[(i / inner.max(1)) % n] };
-    let out: Vec<f32> = q.iter().enumerate().map(|(i, &v)| (v - pick(&zp, i)) * pick(&scale, i)).collect();
+    let pick = |p: &[f32], i: usize| {
+        if p.len() == 1 {
+            p[0]
+        } else {
+            p[(i / inner.max(1)) % n]
+        }
+    };
+    let out: Vec<f32> = q
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v - pick(&zp, i)) * pick(&scale, i))
+        .collect();
     out0(cx, kernels::from_vec(out, &shape)?)
 }
-
-const LUT18: &[InputSpec] = &[req_c("indices"), req_c("lut"), opt_c("vector_axis")];
-const SHIFT: &[InputSpec] = &[req_c("data"), req_c("scale"), opt_c("offset")];
-const LUT16: &[InputSpec] = &[req_c("lut"), req_c("indices"), req_c("shape")];
-const AFFINE: &[InputSpec] =
-    &[req_c("quantized_data"), req_c("zero_point"), req_c("scale"), req_c("axis")];
 
 pub static DEFS: &[OpDef] = &[
     OpDef {

@@ -16,7 +16,14 @@ const fn def(
     infer: fn(&InferCx) -> Result<Vec<ValueType>>,
     eval: EvalFn,
 ) -> OpDef {
-    OpDef { name, since: Opset::Ios15, until: None, inputs, infer, eval: Some(eval) }
+    OpDef {
+        name,
+        since: Opset::Ios15,
+        until: None,
+        inputs,
+        infer,
+        eval: Some(eval),
+    }
 }
 
 const XY: &[super::InputSpec] = &[req("x"), req("y")];
@@ -24,16 +31,31 @@ const X: &[super::InputSpec] = &[req("x")];
 const X_EPS: &[super::InputSpec] = &[req("x"), opt_c("epsilon")];
 
 fn infer_const(cx: &InferCx) -> Result<Vec<ValueType>> {
-    let v = cx.attributes.get("val").ok_or_else(|| anyhow!("const without a `val` attribute"))?;
+    let v = cx
+        .attributes
+        .get("val")
+        .ok_or_else(|| anyhow!("const without a `val` attribute"))?;
     Ok(vec![v.value_type()])
 }
 
 fn infer_cast(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    let name = cx.opt_str("dtype")?.ok_or_else(|| anyhow!("cast needs a constant `dtype`"))?;
+    let name = cx
+        .opt_str("dtype")?
+        .ok_or_else(|| anyhow!("cast needs a constant `dtype`"))?;
     let d = DType::from_name(name).ok_or_else(|| anyhow!("cast to unknown dtype `{name}`"))?;
     ensure!(
-        matches!(d, DType::F16 | DType::F32 | DType::I32 | DType::Bool | DType::I8 | DType::U8 | DType::I16 | DType::U16),
+        matches!(
+            d,
+            DType::F16
+                | DType::F32
+                | DType::I32
+                | DType::Bool
+                | DType::I8
+                | DType::U8
+                | DType::I16
+                | DType::U16
+        ),
         "cast to {d} is not supported"
     );
     Ok(vec![tensor(d, x.shape.clone())])
@@ -52,18 +74,27 @@ fn infer_float_same(cx: &InferCx) -> Result<Vec<ValueType>> {
 fn infer_arith(cx: &InferCx) -> Result<Vec<ValueType>> {
     let d = cx.same_dtype(&["x", "y"])?;
     ensure!(d != DType::Bool && d != DType::Str, "arithmetic on {d}");
-    Ok(vec![tensor(d, broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?)])
+    Ok(vec![tensor(
+        d,
+        broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?,
+    )])
 }
 
 fn infer_compare(cx: &InferCx) -> Result<Vec<ValueType>> {
     cx.same_dtype(&["x", "y"])?;
-    Ok(vec![tensor(DType::Bool, broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?)])
+    Ok(vec![tensor(
+        DType::Bool,
+        broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?,
+    )])
 }
 
 fn infer_logical(cx: &InferCx) -> Result<Vec<ValueType>> {
     let d = cx.same_dtype(&["x", "y"])?;
     ensure!(d == DType::Bool, "logical op on {d}");
-    Ok(vec![tensor(DType::Bool, broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?)])
+    Ok(vec![tensor(
+        DType::Bool,
+        broadcast(&cx.t("x")?.shape, &cx.t("y")?.shape)?,
+    )])
 }
 
 fn infer_not(cx: &InferCx) -> Result<Vec<ValueType>> {
@@ -96,7 +127,10 @@ fn infer_pow_like(cx: &InferCx) -> Result<Vec<ValueType>> {
 // ---- evaluation ----
 
 fn eval_const(cx: &EvalCx) -> Result<Vec<RValue>> {
-    let v = cx.attributes.get("val").ok_or_else(|| anyhow!("const without a `val` attribute"))?;
+    let v = cx
+        .attributes
+        .get("val")
+        .ok_or_else(|| anyhow!("const without a `val` attribute"))?;
     Ok(vec![value_from_ir(v)?])
 }
 
@@ -190,7 +224,11 @@ fn eval_select(cx: &EvalCx) -> Result<Vec<RValue>> {
 
 /// A float map (generic, so `f` inlines and vectorises), or an integer one for ops MIL
 /// also defines on integers.
-fn map(cx: &EvalCx, f: impl Fn(f32) -> f32 + Sync + Send, int: Option<fn(i64) -> i64>) -> Result<Vec<RValue>> {
+fn map(
+    cx: &EvalCx,
+    f: impl Fn(f32) -> f32 + Sync + Send,
+    int: Option<fn(i64) -> i64>,
+) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     match int {
         Some(g) if !kernels::data::is_float(x.dtype()) => one(kernels::map_i64(x, g)?),
@@ -222,7 +260,17 @@ macro_rules! unary {
 }
 
 unary!(eval_abs, f32::abs, i64::abs);
-unary!(eval_sign, |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 }, i64::signum);
+unary!(
+    eval_sign,
+    |x| if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        0.0
+    },
+    i64::signum
+);
 unary!(eval_square, |x| x * x, |x| x.wrapping_mul(x));
 unary!(eval_sqrt, f32::sqrt);
 unary!(eval_exp, fastmath::exp);
@@ -252,8 +300,12 @@ fn eval_log(cx: &EvalCx) -> Result<Vec<RValue>> {
     one(kernels::map_f32(cx.t("x")?, move |x| (x + e).ln())?)
 }
 fn eval_clip(cx: &EvalCx) -> Result<Vec<RValue>> {
-    let lo = cx.opt_f64("alpha")?.ok_or_else(|| anyhow!("clip needs `alpha`"))? as f32;
-    let hi = cx.opt_f64("beta")?.ok_or_else(|| anyhow!("clip needs `beta`"))? as f32;
+    let lo = cx
+        .opt_f64("alpha")?
+        .ok_or_else(|| anyhow!("clip needs `alpha`"))? as f32;
+    let hi = cx
+        .opt_f64("beta")?
+        .ok_or_else(|| anyhow!("clip needs `beta`"))? as f32;
     one(kernels::map_f32(cx.t("x")?, move |x| x.max(lo).min(hi))?)
 }
 
@@ -280,7 +332,12 @@ pub static DEFS: &[OpDef] = &[
     def("logical_or", XY, infer_logical, eval_logical_or),
     def("logical_xor", XY, infer_logical, eval_logical_xor),
     def("logical_not", X, infer_not, eval_logical_not),
-    def("select", &[req("cond"), req("a"), req("b")], infer_select, eval_select),
+    def(
+        "select",
+        &[req("cond"), req("a"), req("b")],
+        infer_select,
+        eval_select,
+    ),
     def("abs", X, infer_same, eval_abs),
     def("sign", X, infer_same, eval_sign),
     def("square", X, infer_same, eval_square),
@@ -300,5 +357,10 @@ pub static DEFS: &[OpDef] = &[
     def("relu", X, infer_float_same, eval_relu),
     def("sigmoid", X, infer_float_same, eval_sigmoid),
     def("silu", X, infer_float_same, eval_silu),
-    def("clip", &[req("x"), req_c("alpha"), req_c("beta")], infer_clip, eval_clip),
+    def(
+        "clip",
+        &[req("x"), req_c("alpha"), req_c("beta")],
+        infer_clip,
+        eval_clip,
+    ),
 ];

@@ -33,8 +33,11 @@ impl<'a> InferCx<'a> {
     }
     /// Tensor type of a required input.
     pub fn t(&self, name: &str) -> Result<&TensorType> {
-        let a = self.one(name).ok_or_else(|| anyhow!("missing input `{name}`"))?;
-        a.ty.as_tensor().ok_or_else(|| anyhow!("input `{name}` must be a tensor, is {}", a.ty))
+        let a = self
+            .one(name)
+            .ok_or_else(|| anyhow!("missing input `{name}`"))?;
+        a.ty.as_tensor()
+            .ok_or_else(|| anyhow!("input `{name}` must be a tensor, is {}", a.ty))
     }
     pub fn opt_t(&self, name: &str) -> Result<Option<&TensorType>> {
         if self.has(name) {
@@ -46,7 +49,8 @@ impl<'a> InferCx<'a> {
     /// Fixed shape of a required tensor input.
     pub fn shape(&self, name: &str) -> Result<Vec<usize>> {
         let t = self.t(name)?;
-        t.fixed_shape().ok_or_else(|| anyhow!("input `{name}` needs a fixed shape, has {t}"))
+        t.fixed_shape()
+            .ok_or_else(|| anyhow!("input `{name}` needs a fixed shape, has {t}"))
     }
     pub fn opt_val(&self, name: &str) -> Option<&'a Value> {
         self.one(name).and_then(|a| a.val)
@@ -71,7 +75,8 @@ impl<'a> InferCx<'a> {
         }
     }
     pub fn ints(&self, name: &str) -> Result<Vec<i64>> {
-        self.opt_ints(name)?.ok_or_else(|| anyhow!("input `{name}` must be a constant"))
+        self.opt_ints(name)?
+            .ok_or_else(|| anyhow!("input `{name}` must be a constant"))
     }
     pub fn int(&self, name: &str) -> Result<i64> {
         let v = self.ints(name)?;
@@ -90,9 +95,10 @@ impl<'a> InferCx<'a> {
     pub fn opt_str(&self, name: &str) -> Result<Option<&'a str>> {
         match self.opt_val(name) {
             None => Ok(None),
-            Some(v) => {
-                v.as_str().map(Some).ok_or_else(|| anyhow!("input `{name}` must be a string"))
-            }
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| anyhow!("input `{name}` must be a string")),
         }
     }
     /// Input dtype equal across several inputs (MIL's binary ops require it).
@@ -100,7 +106,13 @@ impl<'a> InferCx<'a> {
         let d = self.t(names[0])?.dtype;
         for n in &names[1..] {
             if let Some(t) = self.opt_t(n)? {
-                ensure!(t.dtype == d, "`{}` is {} but `{n}` is {}", names[0], d, t.dtype);
+                ensure!(
+                    t.dtype == d,
+                    "`{}` is {} but `{n}` is {}",
+                    names[0],
+                    d,
+                    t.dtype
+                );
             }
         }
         Ok(d)
@@ -112,13 +124,25 @@ pub fn broadcast(a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>> {
     let n = a.len().max(b.len());
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let da = if i + a.len() >= n { &a[i + a.len() - n] } else { &Dim::Fixed(1) };
-        let db = if i + b.len() >= n { &b[i + b.len() - n] } else { &Dim::Fixed(1) };
+        let da = if i + a.len() >= n {
+            &a[i + a.len() - n]
+        } else {
+            &Dim::Fixed(1)
+        };
+        let db = if i + b.len() >= n {
+            &b[i + b.len() - n]
+        } else {
+            &Dim::Fixed(1)
+        };
         out.push(match (da, db) {
             (Dim::Fixed(1), d) | (d, Dim::Fixed(1)) => d.clone(),
             (Dim::Fixed(x), Dim::Fixed(y)) if x == y => Dim::Fixed(*x),
             (Dim::Fixed(x), Dim::Fixed(y)) => {
-                bail!("shapes {} and {} do not broadcast ({x} vs {y})", fmt(a), fmt(b))
+                bail!(
+                    "shapes {} and {} do not broadcast ({x} vs {y})",
+                    fmt(a),
+                    fmt(b)
+                )
             }
             (Dim::Unknown, d) | (d, Dim::Unknown) => {
                 if matches!(d, Dim::Fixed(_)) {
@@ -140,7 +164,10 @@ pub fn fmt(s: &[Dim]) -> String {
 /// Normalises a possibly negative axis for a tensor of `rank`.
 pub fn axis(a: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
-    ensure!(a >= -r && a < r.max(1), "axis {a} out of range for rank {rank}");
+    ensure!(
+        a >= -r && a < r.max(1),
+        "axis {a} out of range for rank {rank}"
+    );
     Ok(if a < 0 { (a + r) as usize } else { a as usize })
 }
 
@@ -148,8 +175,11 @@ pub fn tensor(dtype: DType, shape: Vec<Dim>) -> ValueType {
     ValueType::Tensor(TensorType { dtype, shape })
 }
 
-
 pub fn float_only(t: &TensorType, what: &str) -> Result<()> {
-    ensure!(t.dtype.is_float(), "`{what}` must be fp16 or fp32, is {}", t.dtype);
+    ensure!(
+        t.dtype.is_float(),
+        "`{what}` must be fp16 or fp32, is {}",
+        t.dtype
+    );
     Ok(())
 }

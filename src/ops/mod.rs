@@ -40,23 +40,48 @@ pub struct InputSpec {
 
 /// Required parameter, any binding.
 pub const fn req(name: &'static str) -> InputSpec {
-    InputSpec { name, kind: Kind::Any, optional: false, variadic: false }
+    InputSpec {
+        name,
+        kind: Kind::Any,
+        optional: false,
+        variadic: false,
+    }
 }
 /// Optional parameter, any binding.
 pub const fn opt(name: &'static str) -> InputSpec {
-    InputSpec { name, kind: Kind::Any, optional: true, variadic: false }
+    InputSpec {
+        name,
+        kind: Kind::Any,
+        optional: true,
+        variadic: false,
+    }
 }
 /// Required compile-time constant.
 pub const fn req_c(name: &'static str) -> InputSpec {
-    InputSpec { name, kind: Kind::Const, optional: false, variadic: false }
+    InputSpec {
+        name,
+        kind: Kind::Const,
+        optional: false,
+        variadic: false,
+    }
 }
 /// Optional compile-time constant.
 pub const fn opt_c(name: &'static str) -> InputSpec {
-    InputSpec { name, kind: Kind::Const, optional: true, variadic: false }
+    InputSpec {
+        name,
+        kind: Kind::Const,
+        optional: true,
+        variadic: false,
+    }
 }
 /// Required variadic parameter.
 pub const fn var(name: &'static str) -> InputSpec {
-    InputSpec { name, kind: Kind::Any, optional: false, variadic: true }
+    InputSpec {
+        name,
+        kind: Kind::Any,
+        optional: false,
+        variadic: true,
+    }
 }
 
 /// The single definition of one MIL op (one version of it).
@@ -95,7 +120,9 @@ pub fn all() -> impl Iterator<Item = &'static OpDef> {
 
 /// The version of `op_type` that `opset` uses, if the op exists there.
 pub fn lookup(op_type: &str, opset: Opset) -> Option<&'static OpDef> {
-    all().filter(|d| d.name == op_type && d.available_in(opset)).max_by_key(|d| d.since)
+    all()
+        .filter(|d| d.name == op_type && d.available_in(opset))
+        .max_by_key(|d| d.since)
 }
 
 /// Any version of `op_type`, for error messages ("exists since iOS18").

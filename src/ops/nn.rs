@@ -14,7 +14,14 @@ const fn def(
     infer: fn(&InferCx) -> Result<Vec<ValueType>>,
     eval: EvalFn,
 ) -> OpDef {
-    OpDef { name, since: Opset::Ios15, until: None, inputs, infer, eval: Some(eval) }
+    OpDef {
+        name,
+        since: Opset::Ios15,
+        until: None,
+        inputs,
+        infer,
+        eval: Some(eval),
+    }
 }
 
 /// Output length of one convolution axis.
@@ -26,17 +33,26 @@ pub fn conv_out_len(
     pad_type: &str,
     pad: (usize, usize),
 ) -> Result<usize> {
-    ensure!(stride > 0 && dilation > 0, "conv strides and dilations must be positive");
+    ensure!(
+        stride > 0 && dilation > 0,
+        "conv strides and dilations must be positive"
+    );
     let eff = dilation * (kernel - 1) + 1;
     Ok(match pad_type {
         "valid" => {
-            ensure!(input >= eff, "conv kernel span {eff} exceeds input length {input}");
+            ensure!(
+                input >= eff,
+                "conv kernel span {eff} exceeds input length {input}"
+            );
             (input - eff) / stride + 1
         }
         "same" | "same_lower" => input.div_ceil(stride),
         "custom" => {
             let padded = input + pad.0 + pad.1;
-            ensure!(padded >= eff, "conv kernel span {eff} exceeds padded length {padded}");
+            ensure!(
+                padded >= eff,
+                "conv kernel span {eff} exceeds padded length {padded}"
+            );
             (padded - eff) / stride + 1
         }
         other => bail!("unknown conv pad_type `{other}`"),
@@ -48,8 +64,13 @@ fn infer_conv(cx: &InferCx) -> Result<Vec<ValueType>> {
     let w = cx.t("weight")?;
     float_only(x, "x")?;
     ensure!(x.rank() >= 3, "conv input must be rank 3..5, is {x}");
-    ensure!(w.rank() == x.rank(), "conv weight {w} and input {x} differ in rank");
-    let ws = w.fixed_shape().ok_or_else(|| anyhow!("conv weight needs a fixed shape"))?;
+    ensure!(
+        w.rank() == x.rank(),
+        "conv weight {w} and input {x} differ in rank"
+    );
+    let ws = w
+        .fixed_shape()
+        .ok_or_else(|| anyhow!("conv weight needs a fixed shape"))?;
     let nsp = x.rank() - 2;
     let groups = cx.opt_int("groups")?.unwrap_or(1) as usize;
     ensure!(groups >= 1, "conv groups must be ≥ 1");
@@ -61,13 +82,20 @@ fn infer_conv(cx: &InferCx) -> Result<Vec<ValueType>> {
         );
     }
     if let Some(b) = cx.opt_t("bias")? {
-        ensure!(b.fixed_shape() == Some(vec![ws[0]]), "conv bias {b} must be [{}]", ws[0]);
+        ensure!(
+            b.fixed_shape() == Some(vec![ws[0]]),
+            "conv bias {b} must be [{}]",
+            ws[0]
+        );
     }
     let strides = cx.opt_ints("strides")?.unwrap_or(vec![1; nsp]);
     let dil = cx.opt_ints("dilations")?.unwrap_or(vec![1; nsp]);
     let pad_type = cx.opt_str("pad_type")?.unwrap_or("valid");
     let pad = cx.opt_ints("pad")?.unwrap_or(vec![0; 2 * nsp]);
-    ensure!(strides.len() == nsp && dil.len() == nsp, "conv strides/dilations need {nsp} values");
+    ensure!(
+        strides.len() == nsp && dil.len() == nsp,
+        "conv strides/dilations need {nsp} values"
+    );
     ensure!(pad.len() == 2 * nsp, "conv pad needs {} values", 2 * nsp);
     let mut out = vec![x.shape[0].clone(), Dim::Fixed(ws[0])];
     for i in 0..nsp {
@@ -93,10 +121,17 @@ fn infer_linear(cx: &InferCx) -> Result<Vec<ValueType>> {
     ensure!(w.len() == 2, "linear weight must be rank 2, is {w:?}");
     ensure!(x.rank() >= 1, "linear input must have rank ≥ 1");
     if let Some(Dim::Fixed(k)) = x.shape.last() {
-        ensure!(*k == w[1], "linear weight {w:?} does not take an input of width {k}");
+        ensure!(
+            *k == w[1],
+            "linear weight {w:?} does not take an input of width {k}"
+        );
     }
     if let Some(b) = cx.opt_t("bias")? {
-        ensure!(b.fixed_shape() == Some(vec![w[0]]), "linear bias {b} must be [{}]", w[0]);
+        ensure!(
+            b.fixed_shape() == Some(vec![w[0]]),
+            "linear bias {b} must be [{}]",
+            w[0]
+        );
     }
     let mut s = x.shape.clone();
     *s.last_mut().unwrap() = Dim::Fixed(w[0]);
@@ -126,7 +161,10 @@ fn infer_matmul(cx: &InferCx) -> Result<Vec<ValueType>> {
         ys.swap(yn - 1, yn - 2);
     }
     if let (Dim::Fixed(a), Dim::Fixed(b)) = (&xs[xn - 1], &ys[yn - 2]) {
-        ensure!(a == b, "matmul inner dimensions differ: {x} × {y} (transpose {tx}/{ty})");
+        ensure!(
+            a == b,
+            "matmul inner dimensions differ: {x} × {y} (transpose {tx}/{ty})"
+        );
     }
     let mut out = broadcast(&xs[..xn - 2], &ys[..yn - 2])?;
     if !x1 {
@@ -140,17 +178,34 @@ fn infer_matmul(cx: &InferCx) -> Result<Vec<ValueType>> {
 
 /// `einsum` with single-letter subscripts, two operands: "lhs,rhs->out".
 fn infer_einsum(cx: &InferCx) -> Result<Vec<ValueType>> {
-    let eq = cx.opt_str("equation")?.ok_or_else(|| anyhow!("einsum needs `equation`"))?;
+    let eq = cx
+        .opt_str("equation")?
+        .ok_or_else(|| anyhow!("einsum needs `equation`"))?;
     let vals = cx.all("values");
-    let (lhs, out) = eq.split_once("->").ok_or_else(|| anyhow!("einsum equation `{eq}` lacks ->"))?;
+    let (lhs, out) = eq
+        .split_once("->")
+        .ok_or_else(|| anyhow!("einsum equation `{eq}` lacks ->"))?;
     let terms: Vec<&str> = lhs.split(',').collect();
-    ensure!(terms.len() == vals.len(), "einsum `{eq}` has {} operands, got {}", terms.len(), vals.len());
+    ensure!(
+        terms.len() == vals.len(),
+        "einsum `{eq}` has {} operands, got {}",
+        terms.len(),
+        vals.len()
+    );
     let mut dims = std::collections::BTreeMap::new();
     let mut dtype = None;
     for (term, a) in terms.iter().zip(vals) {
-        let t = a.ty.as_tensor().ok_or_else(|| anyhow!("einsum operand is not a tensor"))?;
-        ensure!(term.len() == t.rank(), "einsum term `{term}` vs operand {t}");
-        ensure!(dtype.is_none_or(|d| d == t.dtype), "einsum operands differ in dtype");
+        let t =
+            a.ty.as_tensor()
+                .ok_or_else(|| anyhow!("einsum operand is not a tensor"))?;
+        ensure!(
+            term.len() == t.rank(),
+            "einsum term `{term}` vs operand {t}"
+        );
+        ensure!(
+            dtype.is_none_or(|d| d == t.dtype),
+            "einsum operands differ in dtype"
+        );
         dtype = Some(t.dtype);
         for (c, d) in term.chars().zip(&t.shape) {
             match (dims.get(&c), d) {
@@ -166,14 +221,22 @@ fn infer_einsum(cx: &InferCx) -> Result<Vec<ValueType>> {
     }
     let shape = out
         .chars()
-        .map(|c| dims.get(&c).cloned().ok_or_else(|| anyhow!("einsum output subscript {c} unknown")))
+        .map(|c| {
+            dims.get(&c)
+                .cloned()
+                .ok_or_else(|| anyhow!("einsum output subscript {c} unknown"))
+        })
         .collect::<Result<Vec<_>>>()?;
     Ok(vec![tensor(dtype.unwrap(), shape)])
 }
 
 fn norm_axes(cx: &InferCx, name: &str, rank: usize) -> Result<Option<Vec<usize>>> {
     cx.opt_ints(name)?
-        .map(|v| v.into_iter().map(|a| axis(a, rank)).collect::<Result<Vec<_>>>())
+        .map(|v| {
+            v.into_iter()
+                .map(|a| axis(a, rank))
+                .collect::<Result<Vec<_>>>()
+        })
         .transpose()
 }
 
@@ -184,7 +247,11 @@ fn infer_layer_norm(cx: &InferCx) -> Result<Vec<ValueType>> {
     let want: Vec<Dim> = axes.iter().map(|&a| x.shape[a].clone()).collect();
     for p in ["gamma", "beta"] {
         if let Some(g) = cx.opt_t(p)? {
-            ensure!(g.shape == want, "layer_norm `{p}` {g} must have the normalised shape {}", super::infer::fmt(&want));
+            ensure!(
+                g.shape == want,
+                "layer_norm `{p}` {g} must have the normalised shape {}",
+                super::infer::fmt(&want)
+            );
         }
     }
     Ok(vec![ValueType::Tensor(x.clone())])
@@ -209,7 +276,10 @@ fn infer_gelu(cx: &InferCx) -> Result<Vec<ValueType>> {
     float_only(x, "x")?;
     let mode = cx.opt_str("mode")?.unwrap_or("EXACT");
     ensure!(
-        matches!(mode, "EXACT" | "TANH_APPROXIMATION" | "SIGMOID_APPROXIMATION"),
+        matches!(
+            mode,
+            "EXACT" | "TANH_APPROXIMATION" | "SIGMOID_APPROXIMATION"
+        ),
         "unknown gelu mode `{mode}`"
     );
     Ok(vec![ValueType::Tensor(x.clone())])
@@ -250,6 +320,9 @@ fn infer_argmax(cx: &InferCx) -> Result<Vec<ValueType>> {
     Ok(vec![tensor(crate::ir::DType::I32, s)])
 }
 
+const REDUCE: &[InputSpec] = &[req("x"), opt_c("axes"), opt_c("keep_dims")];
+const ARGRED: &[InputSpec] = &[req("x"), opt_c("axis"), opt_c("keep_dims")];
+
 // ---- evaluation: contractions in f32 (cached f32 copies of constant weights), results
 // rounded once to the output dtype ----
 
@@ -268,7 +341,10 @@ pub fn conv_pads(
             Ok(match pad_type {
                 "valid" => (0, 0),
                 "custom" => {
-                    let (b, a) = (custom.get(2 * i).copied().unwrap_or(0), custom.get(2 * i + 1).copied().unwrap_or(0));
+                    let (b, a) = (
+                        custom.get(2 * i).copied().unwrap_or(0),
+                        custom.get(2 * i + 1).copied().unwrap_or(0),
+                    );
                     ensure!(b >= 0 && a >= 0, "negative conv padding {custom:?}");
                     (b as usize, a as usize)
                 }
@@ -278,7 +354,11 @@ pub fn conv_pads(
                     let total = input[i].div_ceil(s).saturating_sub(1) * s + eff;
                     let total = total.saturating_sub(input[i]);
                     let small = total / 2;
-                    if pad_type == "same" { (small, total - small) } else { (total - small, small) }
+                    if pad_type == "same" {
+                        (small, total - small)
+                    } else {
+                        (total - small, small)
+                    }
                 }
                 other => bail!("unknown conv pad_type `{other}`"),
             })
@@ -287,7 +367,9 @@ pub fn conv_pads(
 }
 
 fn usizes(v: Vec<i64>, what: &str) -> Result<Vec<usize>> {
-    v.into_iter().map(|x| usize::try_from(x).map_err(|_| anyhow!("negative {what} {x}"))).collect()
+    v.into_iter()
+        .map(|x| usize::try_from(x).map_err(|_| anyhow!("negative {what} {x}")))
+        .collect()
 }
 
 fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
@@ -295,14 +377,32 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
     let w = cx.f32("weight")?;
     let nsp = x.rank().saturating_sub(2);
     let strides = usizes(cx.opt_ints("strides")?.unwrap_or(vec![1; nsp]), "stride")?;
-    let dilations = usizes(cx.opt_ints("dilations")?.unwrap_or(vec![1; nsp]), "dilation")?;
+    let dilations = usizes(
+        cx.opt_ints("dilations")?.unwrap_or(vec![1; nsp]),
+        "dilation",
+    )?;
     let custom = cx.opt_ints("pad")?.unwrap_or(vec![0; 2 * nsp]);
     let pad_type = cx.opt_str("pad_type")?.unwrap_or("valid");
-    ensure!(strides.len() == nsp && dilations.len() == nsp, "conv needs {nsp} strides and dilations");
-    let pads = conv_pads(pad_type, &x.dims()[2..], &w.dims()[2..], &strides, &dilations, &custom)?;
+    ensure!(
+        strides.len() == nsp && dilations.len() == nsp,
+        "conv needs {nsp} strides and dilations"
+    );
+    let pads = conv_pads(
+        pad_type,
+        &x.dims()[2..],
+        &w.dims()[2..],
+        &strides,
+        &dilations,
+        &custom,
+    )?;
     let groups = cx.opt_int("groups")?.unwrap_or(1);
     ensure!(groups >= 1, "conv groups must be ≥ 1");
-    let p = kernels::ConvParams { strides, dilations, pads, groups: groups as usize };
+    let p = kernels::ConvParams {
+        strides,
+        dilations,
+        pads,
+        groups: groups as usize,
+    };
     let y = kernels::conv(x, &w, cx.opt_f32("bias")?.as_ref(), &p)?;
     out0(cx, y)
 }
@@ -323,14 +423,19 @@ fn eval_matmul(cx: &EvalCx) -> Result<Vec<RValue>> {
 }
 
 fn eval_einsum(cx: &EvalCx) -> Result<Vec<RValue>> {
-    let eq = cx.opt_str("equation")?.ok_or_else(|| anyhow!("einsum needs `equation`"))?;
+    let eq = cx
+        .opt_str("equation")?
+        .ok_or_else(|| anyhow!("einsum needs `equation`"))?;
     let vals = cx.ts("values")?;
     out0(cx, kernels::einsum(eq, &vals)?)
 }
 
 fn sorted_axes(cx: &EvalCx, name: &str, rank: usize) -> Result<Vec<usize>> {
     let mut a = match cx.opt_ints(name)? {
-        Some(v) => v.into_iter().map(|a| axis(a, rank)).collect::<Result<Vec<_>>>()?,
+        Some(v) => v
+            .into_iter()
+            .map(|a| axis(a, rank))
+            .collect::<Result<Vec<_>>>()?,
         None => (0..rank).collect(),
     };
     a.sort();
@@ -341,10 +446,22 @@ fn sorted_axes(cx: &EvalCx, name: &str, rank: usize) -> Result<Vec<usize>> {
 fn eval_layer_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let axes = sorted_axes(cx, "axes", x.rank())?;
-    let g = cx.opt_f32("gamma")?.map(|t| kernels::to_vec::<f32>(&t)).transpose()?;
-    let b = cx.opt_f32("beta")?.map(|t| kernels::to_vec::<f32>(&t)).transpose()?;
+    let g = cx
+        .opt_f32("gamma")?
+        .map(|t| kernels::to_vec::<f32>(&t))
+        .transpose()?;
+    let b = cx
+        .opt_f32("beta")?
+        .map(|t| kernels::to_vec::<f32>(&t))
+        .transpose()?;
     let eps = cx.opt_f64("epsilon")?.unwrap_or(1e-5) as f32;
-    one(kernels::layer_norm(x, &axes, g.as_deref(), b.as_deref(), eps)?)
+    one(kernels::layer_norm(
+        x,
+        &axes,
+        g.as_deref(),
+        b.as_deref(),
+        eps,
+    )?)
 }
 
 fn eval_batch_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
@@ -356,9 +473,17 @@ fn eval_batch_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
             None => vec![d; c],
         })
     };
-    let (mean, var, g, b) = (get("mean", 0.0)?, get("variance", 1.0)?, get("gamma", 1.0)?, get("beta", 0.0)?);
+    let (mean, var, g, b) = (
+        get("mean", 0.0)?,
+        get("variance", 1.0)?,
+        get("gamma", 1.0)?,
+        get("beta", 0.0)?,
+    );
     let eps = cx.opt_f64("epsilon")?.unwrap_or(1e-5) as f32;
-    ensure!([&mean, &var, &g, &b].iter().all(|v| v.len() == c), "batch_norm parameters must have {c} values");
+    ensure!(
+        [&mean, &var, &g, &b].iter().all(|v| v.len() == c),
+        "batch_norm parameters must have {c} values"
+    );
     let scale: Vec<f32> = (0..c).map(|i| g[i] / (var[i] + eps).sqrt()).collect();
     let shift: Vec<f32> = (0..c).map(|i| b[i] - mean[i] * scale[i]).collect();
     one(kernels::channel_affine(x, 1, &scale, &shift)?)
@@ -366,7 +491,10 @@ fn eval_batch_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
 
 fn eval_softmax(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    one(kernels::softmax(x, axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?)?)
+    one(kernels::softmax(
+        x,
+        axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?,
+    )?)
 }
 
 fn eval_gelu(cx: &EvalCx) -> Result<Vec<RValue>> {
@@ -420,9 +548,6 @@ fn eval_reduce_argmin(cx: &EvalCx) -> Result<Vec<RValue>> {
     arg_reduce(cx, Reduce::ArgMin)
 }
 
-const REDUCE: &[InputSpec] = &[req("x"), opt_c("axes"), opt_c("keep_dims")];
-const ARGRED: &[InputSpec] = &[req("x"), opt_c("axis"), opt_c("keep_dims")];
-
 pub static DEFS: &[OpDef] = &[
     def(
         "conv",
@@ -439,22 +564,60 @@ pub static DEFS: &[OpDef] = &[
         infer_conv,
         eval_conv,
     ),
-    def("linear", &[req("x"), req("weight"), opt("bias")], infer_linear, eval_linear),
-    def("matmul", &[req("x"), req("y"), opt_c("transpose_x"), opt_c("transpose_y")], infer_matmul, eval_matmul),
-    def("einsum", &[super::var("values"), req_c("equation")], infer_einsum, eval_einsum),
+    def(
+        "linear",
+        &[req("x"), req("weight"), opt("bias")],
+        infer_linear,
+        eval_linear,
+    ),
+    def(
+        "matmul",
+        &[
+            req("x"),
+            req("y"),
+            opt_c("transpose_x"),
+            opt_c("transpose_y"),
+        ],
+        infer_matmul,
+        eval_matmul,
+    ),
+    def(
+        "einsum",
+        &[super::var("values"), req_c("equation")],
+        infer_einsum,
+        eval_einsum,
+    ),
     def(
         "layer_norm",
-        &[req("x"), opt_c("axes"), opt("gamma"), opt("beta"), opt_c("epsilon")],
+        &[
+            req("x"),
+            opt_c("axes"),
+            opt("gamma"),
+            opt("beta"),
+            opt_c("epsilon"),
+        ],
         infer_layer_norm,
         eval_layer_norm,
     ),
     def(
         "batch_norm",
-        &[req("x"), req("mean"), req("variance"), opt("gamma"), opt("beta"), opt_c("epsilon")],
+        &[
+            req("x"),
+            req("mean"),
+            req("variance"),
+            opt("gamma"),
+            opt("beta"),
+            opt_c("epsilon"),
+        ],
         infer_batch_norm,
         eval_batch_norm,
     ),
-    def("softmax", &[req("x"), opt_c("axis")], infer_softmax, eval_softmax),
+    def(
+        "softmax",
+        &[req("x"), opt_c("axis")],
+        infer_softmax,
+        eval_softmax,
+    ),
     def("gelu", &[req("x"), opt_c("mode")], infer_gelu, eval_gelu),
     def("reduce_mean", REDUCE, infer_reduce, eval_reduce_mean),
     def("reduce_sum", REDUCE, infer_reduce, eval_reduce_sum),
@@ -462,7 +625,12 @@ pub static DEFS: &[OpDef] = &[
     def("reduce_min", REDUCE, infer_reduce, eval_reduce_min),
     def("reduce_prod", REDUCE, infer_reduce, eval_reduce_prod),
     def("reduce_l2_norm", REDUCE, infer_reduce, eval_reduce_l2_norm),
-    def("reduce_log_sum_exp", REDUCE, infer_reduce, eval_reduce_log_sum_exp),
+    def(
+        "reduce_log_sum_exp",
+        REDUCE,
+        infer_reduce,
+        eval_reduce_log_sum_exp,
+    ),
     def("reduce_argmax", ARGRED, infer_argmax, eval_reduce_argmax),
     def("reduce_argmin", ARGRED, infer_argmax, eval_reduce_argmin),
 ];

@@ -1,14 +1,20 @@
 //! Core ML states (iOS18): reading, writing, and the in-place `slice_update` they pair with.
+//! `coreml_update_state` is coremltools' dialect op; its backend serializes it as the Core ML
+//! ops `write_state` (no outputs) followed by `read_state`, and its loader maps `write_state`
+//! back, so a package holds `write_state`.
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::InferCx;
-use super::{opt, opt_c, req, InputSpec, OpDef};
-use crate::ir::{Opset, ValueType};
+use super::{opt_c, req, InputSpec, OpDef};
+use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels;
 use anyhow::{anyhow, ensure, Result};
 
 fn infer_read_state(cx: &InferCx) -> Result<Vec<ValueType>> {
-    let a = cx.all("input").first().ok_or_else(|| anyhow!("read_state needs `input`"))?;
+    let a = cx
+        .all("input")
+        .first()
+        .ok_or_else(|| anyhow!("read_state needs `input`"))?;
     match a.ty.as_ref() {
         ValueType::State(t) => Ok(vec![ValueType::Tensor(t.clone())]),
         t => anyhow::bail!("read_state of a non-state {t}"),
@@ -16,23 +22,79 @@ fn infer_read_state(cx: &InferCx) -> Result<Vec<ValueType>> {
 }
 
 fn infer_update_state(cx: &InferCx) -> Result<Vec<ValueType>> {
-    let s = cx.all("state").first().ok_or_else(|| anyhow!("coreml_update_state needs `state`"))?;
+    let s = cx
+        .all("state")
+        .first()
+        .ok_or_else(|| anyhow!("coreml_update_state needs `state`"))?;
     let v = cx.t("value")?;
     match s.ty.as_ref() {
         ValueType::State(t) => {
-            ensure!(t == v, "coreml_update_state: value {v} does not match state {t}");
+            ensure!(
+                t == v,
+                "coreml_update_state: value {v} does not match state {t}"
+            );
             Ok(vec![ValueType::Tensor(v.clone())])
         }
         t => anyhow::bail!("coreml_update_state of a non-state {t}"),
     }
 }
 
+/// `write_state(input: state<T>, data: T)`: stores `data` into the state; no outputs.
+fn infer_write_state(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let s = cx
+        .all("input")
+        .first()
+        .ok_or_else(|| anyhow!("write_state needs `input`"))?;
+    let v = cx.t("data")?;
+    match s.ty.as_ref() {
+        ValueType::State(t) => {
+            ensure!(t == v, "write_state: data {v} does not match state {t}");
+            Ok(vec![])
+        }
+        t => anyhow::bail!("write_state of a non-state {t}"),
+    }
+}
+
+/// As coremltools 9 declares it: `update` must have the shape `slice_by_index` would give
+/// for the same begin/end/stride/masks (unknown dims match anything) and may not be rank 0.
 fn infer_slice_update(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
     let u = cx.t("update")?;
-    ensure!(x.dtype == u.dtype, "slice_update: update {u} and x {x} differ in dtype");
+    ensure!(
+        x.dtype == u.dtype,
+        "slice_update: update {u} and x {x} differ in dtype"
+    );
+    ensure!(
+        u.rank() > 0,
+        "slice_update: a rank-0 update is not supported"
+    );
+    let slice = super::lookup("slice_by_index", cx.opset)
+        .ok_or_else(|| anyhow!("slice_by_index is undefined"))?;
+    if let Some(ValueType::Tensor(want)) = (slice.infer)(cx)?.first() {
+        let fits = want.rank() == u.rank()
+            && want
+                .shape
+                .iter()
+                .zip(&u.shape)
+                .all(|(a, b)| a == b || *a == Dim::Unknown || *b == Dim::Unknown);
+        ensure!(
+            fits,
+            "slice_update: update {u} does not fit the slice {want} of {x}"
+        );
+    }
     Ok(vec![ValueType::Tensor(x.clone())])
 }
+
+const SLICE_UPDATE: &[InputSpec] = &[
+    req("x"),
+    req("update"),
+    req("begin"),
+    req("end"),
+    opt_c("stride"),
+    opt_c("begin_mask"),
+    opt_c("end_mask"),
+    opt_c("squeeze_mask"),
+];
 
 // ---- evaluation: a state is a cell the session owns; `slice_update` is functional (it
 // returns an updated copy, which `coreml_update_state` then stores) ----
@@ -47,22 +109,16 @@ fn eval_update_state(cx: &EvalCx) -> Result<Vec<RValue>> {
     one(v.clone())
 }
 
+fn eval_write_state(cx: &EvalCx) -> Result<Vec<RValue>> {
+    cx.state("input")?.set(cx.t("data")?.clone());
+    Ok(vec![])
+}
+
 fn eval_slice_update(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let (spans, _) = super::shape::index_spans(cx, x.dims())?;
     one(kernels::strided_assign(x, &spans, cx.t("update")?)?)
 }
-
-const SLICE_UPDATE: &[InputSpec] = &[
-    req("x"),
-    req("update"),
-    req("begin"),
-    req("end"),
-    opt("stride"),
-    opt_c("begin_mask"),
-    opt_c("end_mask"),
-    opt_c("squeeze_mask"),
-];
 
 pub static DEFS: &[OpDef] = &[
     OpDef {
@@ -80,6 +136,14 @@ pub static DEFS: &[OpDef] = &[
         inputs: &[req("state"), req("value")],
         infer: infer_update_state,
         eval: Some(eval_update_state),
+    },
+    OpDef {
+        name: "write_state",
+        since: Opset::Ios18,
+        until: None,
+        inputs: &[req("input"), req("data")],
+        infer: infer_write_state,
+        eval: Some(eval_write_state),
     },
     OpDef {
         name: "slice_update",

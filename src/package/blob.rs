@@ -207,7 +207,10 @@ pub fn unpack_sub_byte(dtype: BlobDType, packed: &[u8], n: usize) -> Result<Vec<
 pub fn pack_i4(values: &[i8]) -> Result<Vec<u8>> {
     let mut codes = Vec::with_capacity(values.len());
     for (i, &v) in values.iter().enumerate() {
-        ensure!((-8..=7).contains(&v), "int4 value {v} at index {i} is outside -8..=7");
+        ensure!(
+            (-8..=7).contains(&v),
+            "int4 value {v} at index {i} is outside -8..=7"
+        );
         codes.push(v as u8 & 0xF);
     }
     pack_sub_byte(BlobDType::I4, &codes)
@@ -253,7 +256,12 @@ impl BlobWriter<std::io::Cursor<Vec<u8>>> {
     pub fn new() -> Self {
         let mut cursor = std::io::Cursor::new(header_bytes(0).to_vec());
         cursor.set_position(ALIGNMENT);
-        BlobWriter { out: cursor, pos: ALIGNMENT, count: 0, name: "<memory>".into() }
+        BlobWriter {
+            out: cursor,
+            pos: ALIGNMENT,
+            count: 0,
+            name: "<memory>".into(),
+        }
     }
 }
 
@@ -269,7 +277,12 @@ impl<W: Write + Seek> BlobWriter<W> {
         let name = name.to_string();
         out.write_all(&header_bytes(0))
             .with_context(|| format!("{name}: cannot write the blob storage header"))?;
-        Ok(BlobWriter { out, pos: ALIGNMENT, count: 0, name })
+        Ok(BlobWriter {
+            out,
+            pos: ALIGNMENT,
+            count: 0,
+            name,
+        })
     }
 
     /// Number of blobs appended so far.
@@ -298,7 +311,11 @@ impl<W: Write + Seek> BlobWriter<W> {
     /// Appends `n` bit-packed elements of a sub-byte dtype (see [`pack_sub_byte`]);
     /// `packed.len()` must be exactly `ceil(n * bits / 8)`.
     pub fn append_sub_byte(&mut self, dtype: BlobDType, n: u64, packed: &[u8]) -> Result<u64> {
-        ensure!(dtype.is_sub_byte(), "{}: {dtype:?} is not a sub-byte dtype", self.name);
+        ensure!(
+            dtype.is_sub_byte(),
+            "{}: {dtype:?} is not a sub-byte dtype",
+            self.name
+        );
         ensure!(
             dtype.byte_len(n) == Some(packed.len() as u64),
             "{}: {n} elements of {dtype:?} occupy {:?} bytes, got {}",
@@ -311,7 +328,10 @@ impl<W: Write + Seek> BlobWriter<W> {
 
     fn append_raw(&mut self, dtype: BlobDType, data: &[u8], padding_bits: u64) -> Result<u64> {
         let ctx = || format!("{}: cannot append blob {}", self.name, self.count);
-        let count = self.count.checked_add(1).context("more than u32::MAX blobs")?;
+        let count = self
+            .count
+            .checked_add(1)
+            .context("more than u32::MAX blobs")?;
         let meta_offset = self.pos.next_multiple_of(ALIGNMENT);
         let gap = (meta_offset - self.pos) as usize;
         let data_offset = meta_offset + ALIGNMENT;
@@ -334,7 +354,9 @@ impl<W: Write + Seek> BlobWriter<W> {
     pub fn finish(mut self) -> Result<(W, u64)> {
         let ctx = || format!("{}: cannot finish blob storage", self.name);
         self.out.seek(SeekFrom::Start(0)).with_context(ctx)?;
-        self.out.write_all(&header_bytes(self.count)).with_context(ctx)?;
+        self.out
+            .write_all(&header_bytes(self.count))
+            .with_context(ctx)?;
         self.out.seek(SeekFrom::Start(self.pos)).with_context(ctx)?;
         self.out.flush().with_context(ctx)?;
         Ok((self.out, self.pos))
@@ -389,7 +411,11 @@ impl BlobReader {
             path.display()
         );
         let count = read_u32(&map, 0);
-        Ok(BlobReader { path: path.to_path_buf(), map: Arc::new(map), count })
+        Ok(BlobReader {
+            path: path.to_path_buf(),
+            map: Arc::new(map),
+            count,
+        })
     }
 
     /// The file this reader maps.
@@ -420,8 +446,13 @@ impl BlobReader {
         if offset % ALIGNMENT != 0 {
             return Err(fail("offset is not a multiple of 64".into()));
         }
-        if offset.checked_add(ALIGNMENT).map_or(true, |end| end > file_len) {
-            return Err(fail(format!("metadata record runs past the end of the file ({file_len} bytes)")));
+        if offset
+            .checked_add(ALIGNMENT)
+            .is_none_or(|end| end > file_len)
+        {
+            return Err(fail(format!(
+                "metadata record runs past the end of the file ({file_len} bytes)"
+            )));
         }
         let o = offset as usize;
         let sentinel = read_u32(&self.map, o);
@@ -467,7 +498,11 @@ impl BlobReader {
         };
         let data = Bytes::from_mmap(self.map.clone(), data_offset as usize..end as usize)
             .map_err(|e| fail(e.to_string()))?;
-        Ok(Blob { dtype, data, padding_bits })
+        Ok(Blob {
+            dtype,
+            data,
+            padding_bits,
+        })
     }
 
     /// Offsets of all blobs, found by walking the records from the header on (as Core ML

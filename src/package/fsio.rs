@@ -30,7 +30,10 @@ pub fn write_package_atomically(
 ) -> Result<()> {
     let exists = fs::symlink_metadata(target).is_ok();
     if exists && !force {
-        bail!("{} already exists; pass --force to replace it", target.display());
+        bail!(
+            "{} already exists; pass --force to replace it",
+            target.display()
+        );
     }
     let name = target
         .file_name()
@@ -51,7 +54,10 @@ pub fn write_package_atomically(
     if exists {
         let old = unique_path(&parent, &name, "old");
         fs::rename(target, &old).with_context(|| {
-            format!("cannot move the existing {} aside to replace it", target.display())
+            format!(
+                "cannot move the existing {} aside to replace it",
+                target.display()
+            )
         })?;
         if let Err(e) = fs::rename(&tmp.path, target) {
             // Put the old output back so a failed replace changes nothing.
@@ -60,13 +66,22 @@ pub fn write_package_atomically(
                 format!(
                     "cannot move the new output into {}{}",
                     target.display(),
-                    if restored.is_err() { " (the previous output is at a hidden .old path)" } else { "" }
+                    if restored.is_err() {
+                        " (the previous output is at a hidden .old path)"
+                    } else {
+                        ""
+                    }
                 )
             });
         }
         tmp.disarm();
-        remove_any(&old)
-            .with_context(|| format!("replaced {}, but cannot remove {}", target.display(), old.display()))?;
+        remove_any(&old).with_context(|| {
+            format!(
+                "replaced {}, but cannot remove {}",
+                target.display(),
+                old.display()
+            )
+        })?;
     } else {
         fs::rename(&tmp.path, target)
             .with_context(|| format!("cannot move the new output into {}", target.display()))?;

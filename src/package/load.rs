@@ -7,7 +7,8 @@ use super::blob::{BlobDType, BlobReader};
 use super::convert::{value_from_proto, value_type_from_proto, BlobSource};
 use super::manifest::read_package;
 use crate::ir::{
-    Arg, ArrayDType, Block, Description, Feature, Function, Model, Operation, Opset, Program, Value, ValueType, Var,
+    Arg, ArrayDType, Block, Description, Feature, Function, Model, Operation, Opset, Program,
+    Value, ValueType, Var,
 };
 use crate::ops::builder::infer_op;
 use crate::proto::{mil, specification as spec};
@@ -22,7 +23,10 @@ impl BlobSource for Blobs {
     fn get(&self, offset: u64) -> Result<(BlobDType, crate::ir::Bytes)> {
         match &self.0 {
             Some(r) => r.read(offset),
-            None => bail!("the program references a weight blob but {} does not exist", self.1.display()),
+            None => bail!(
+                "the program references a weight blob but {} does not exist",
+                self.1.display()
+            ),
         }
     }
 }
@@ -32,22 +36,42 @@ type Scope = HashMap<String, (ValueType, Option<Value>)>;
 fn var(n: &mil::NamedValueType) -> Result<Var> {
     Ok(Var {
         name: n.name.clone(),
-        ty: value_type_from_proto(n.r#type.as_ref().ok_or_else(|| anyhow!("`{}` has no type", n.name))?)?,
+        ty: value_type_from_proto(
+            n.r#type
+                .as_ref()
+                .ok_or_else(|| anyhow!("`{}` has no type", n.name))?,
+        )?,
     })
 }
 
-fn load_op(p: &mil::Operation, opset: Opset, scope: &mut Scope, blobs: &dyn BlobSource) -> Result<Operation> {
+fn load_op(
+    p: &mil::Operation,
+    opset: Opset,
+    scope: &mut Scope,
+    blobs: &dyn BlobSource,
+) -> Result<Operation> {
     let mut name = String::new();
     let mut attributes = BTreeMap::new();
     for (k, v) in &p.attributes {
-        let val = value_from_proto(v, blobs).with_context(|| format!("`{}` op attribute `{k}`", p.r#type))?;
+        let val = value_from_proto(v, blobs)
+            .with_context(|| format!("`{}` op attribute `{k}`", p.r#type))?;
         if k == "name" {
-            name = val.as_str().ok_or_else(|| anyhow!("op name is not a string"))?.to_string();
+            name = val
+                .as_str()
+                .ok_or_else(|| anyhow!("op name is not a string"))?
+                .to_string();
         } else {
             attributes.insert(k.clone(), val);
         }
     }
-    let label = if name.is_empty() { p.outputs.first().map(|o| o.name.clone()).unwrap_or_default() } else { name.clone() };
+    let label = if name.is_empty() {
+        p.outputs
+            .first()
+            .map(|o| o.name.clone())
+            .unwrap_or_default()
+    } else {
+        name.clone()
+    };
     let ctx = || format!("op `{label}` ({})", p.r#type);
     let mut inputs = BTreeMap::new();
     for (k, a) in &p.inputs {
@@ -55,23 +79,64 @@ fn load_op(p: &mil::Operation, opset: Opset, scope: &mut Scope, blobs: &dyn Blob
             .arguments
             .iter()
             .map(|b| {
-                Ok(match b.binding.as_ref().ok_or_else(|| anyhow!("input `{k}` has an empty binding"))? {
-                    mil::argument::binding::Binding::Name(n) => Arg::Var(n.clone()),
-                    mil::argument::binding::Binding::Value(v) => Arg::Value(value_from_proto(v, blobs)?),
-                })
+                Ok(
+                    match b
+                        .binding
+                        .as_ref()
+                        .ok_or_else(|| anyhow!("input `{k}` has an empty binding"))?
+                    {
+                        mil::argument::binding::Binding::Name(n) => Arg::Var(n.clone()),
+                        mil::argument::binding::Binding::Value(v) => {
+                            Arg::Value(value_from_proto(v, blobs)?)
+                        }
+                    },
+                )
             })
             .collect::<Result<Vec<_>>>()
             .with_context(ctx)?;
         inputs.insert(k.clone(), binds);
     }
-    let outputs = p.outputs.iter().map(var).collect::<Result<Vec<_>>>().with_context(ctx)?;
-    ensure!(p.blocks.is_empty(), "{}: nested blocks (control flow) are not supported", ctx());
-    let op = Operation { op_type: p.r#type.clone(), name, inputs, outputs, blocks: vec![], attributes };
+    let outputs = p
+        .outputs
+        .iter()
+        .map(var)
+        .collect::<Result<Vec<_>>>()
+        .with_context(ctx)?;
+    ensure!(
+        p.blocks.is_empty(),
+        "{}: nested blocks (control flow) are not supported",
+        ctx()
+    );
+    let op = Operation {
+        op_type: p.r#type.clone(),
+        name,
+        inputs,
+        outputs,
+        blocks: vec![],
+        attributes,
+    };
     let inferred = infer_op(&op, opset, scope).with_context(ctx)?;
-    ensure!(inferred.len() == op.outputs.len(), "{}: declares {} outputs, its definition has {}", ctx(), op.outputs.len(), inferred.len());
+    ensure!(
+        inferred.len() == op.outputs.len(),
+        "{}: declares {} outputs, its definition has {}",
+        ctx(),
+        op.outputs.len(),
+        inferred.len()
+    );
     for (o, t) in op.outputs.iter().zip(&inferred) {
-        ensure!(o.ty == *t, "{}: output `{}` is declared {} but infers to {t}", ctx(), o.name, o.ty);
-        ensure!(!scope.contains_key(&o.name), "{}: redefines `{}`", ctx(), o.name);
+        ensure!(
+            o.ty == *t,
+            "{}: output `{}` is declared {} but infers to {t}",
+            ctx(),
+            o.name,
+            o.ty
+        );
+        ensure!(
+            !scope.contains_key(&o.name),
+            "{}: redefines `{}`",
+            ctx(),
+            o.name
+        );
     }
     let cval = op.const_val().cloned();
     for o in &op.outputs {
@@ -80,22 +145,40 @@ fn load_op(p: &mil::Operation, opset: Opset, scope: &mut Scope, blobs: &dyn Blob
     Ok(op)
 }
 
-fn load_block(p: &mil::Block, opset: Opset, scope: &mut Scope, blobs: &dyn BlobSource) -> Result<Block> {
+fn load_block(
+    p: &mil::Block,
+    opset: Opset,
+    scope: &mut Scope,
+    blobs: &dyn BlobSource,
+) -> Result<Block> {
     let inputs = p.inputs.iter().map(var).collect::<Result<Vec<_>>>()?;
-    let operations = p.operations.iter().map(|o| load_op(o, opset, scope, blobs)).collect::<Result<Vec<_>>>()?;
+    let operations = p
+        .operations
+        .iter()
+        .map(|o| load_op(o, opset, scope, blobs))
+        .collect::<Result<Vec<_>>>()?;
     for o in &p.outputs {
         ensure!(scope.contains_key(o), "block output `{o}` is never defined");
     }
-    Ok(Block { inputs, operations, outputs: p.outputs.clone() })
+    Ok(Block {
+        inputs,
+        operations,
+        outputs: p.outputs.clone(),
+    })
 }
 
 /// Converts a program message; the opset of each function must be a known one and at most
 /// `max_opset` (the package's specification version).
-pub fn program_from_proto(p: &mil::Program, max_opset: Opset, blobs: &dyn BlobSource) -> Result<Program> {
+pub fn program_from_proto(
+    p: &mil::Program,
+    max_opset: Opset,
+    blobs: &dyn BlobSource,
+) -> Result<Program> {
     let mut functions = BTreeMap::new();
     for (fname, f) in &p.functions {
         let ctx = || format!("function `{fname}`");
-        let opset = Opset::from_opset_name(&f.opset).ok_or_else(|| anyhow!("{}: unknown opset `{}`", ctx(), f.opset))?;
+        let opset = Opset::from_opset_name(&f.opset)
+            .ok_or_else(|| anyhow!("{}: unknown opset `{}`", ctx(), f.opset))?;
         ensure!(
             opset <= max_opset,
             "{}: opset {} needs specification version {}, the package declares {}",
@@ -108,16 +191,35 @@ pub fn program_from_proto(p: &mil::Program, max_opset: Opset, blobs: &dyn BlobSo
             .block_specializations
             .get(&f.opset)
             .ok_or_else(|| anyhow!("{}: no block for its opset {}", ctx(), f.opset))?;
-        let inputs = f.inputs.iter().map(var).collect::<Result<Vec<_>>>().with_context(ctx)?;
-        let mut scope: Scope = inputs.iter().map(|v| (v.name.clone(), (v.ty.clone(), None))).collect();
+        let inputs = f
+            .inputs
+            .iter()
+            .map(var)
+            .collect::<Result<Vec<_>>>()
+            .with_context(ctx)?;
+        let mut scope: Scope = inputs
+            .iter()
+            .map(|v| (v.name.clone(), (v.ty.clone(), None)))
+            .collect();
         let block = load_block(block, opset, &mut scope, blobs).with_context(ctx)?;
-        functions.insert(fname.clone(), Function { inputs, opset, block });
+        functions.insert(
+            fname.clone(),
+            Function {
+                inputs,
+                opset,
+                block,
+            },
+        );
     }
     let mut attributes = BTreeMap::new();
     for (k, v) in &p.attributes {
         attributes.insert(k.clone(), value_from_proto(v, blobs)?);
     }
-    Ok(Program { functions, attributes, doc: p.doc_string.clone() })
+    Ok(Program {
+        functions,
+        attributes,
+        doc: p.doc_string.clone(),
+    })
 }
 
 fn array_dtype(code: i32) -> Result<ArrayDType> {
@@ -133,18 +235,36 @@ fn array_dtype(code: i32) -> Result<ArrayDType> {
 
 fn feature(f: &spec::FeatureDescription) -> Result<(Feature, bool)> {
     use spec::feature_type::Type;
-    let ty = f.r#type.as_ref().and_then(|t| t.r#type.as_ref()).ok_or_else(|| anyhow!("feature `{}` has no type", f.name))?;
+    let ty = f
+        .r#type
+        .as_ref()
+        .and_then(|t| t.r#type.as_ref())
+        .ok_or_else(|| anyhow!("feature `{}` has no type", f.name))?;
     let (a, state) = match ty {
         Type::MultiArrayType(a) => (a.clone(), false),
         Type::StateType(s) => match &s.r#type {
             Some(spec::state_feature_type::Type::ArrayType(a)) => (a.clone(), true),
             None => bail!("state `{}` has no array type", f.name),
         },
-        _ => bail!("feature `{}`: only multi-array and state features are supported", f.name),
+        _ => bail!(
+            "feature `{}`: only multi-array and state features are supported",
+            f.name
+        ),
     };
-    let shape = a.shape.iter().map(|&d| usize::try_from(d).map_err(|_| anyhow!("feature `{}` has a negative dimension", f.name))).collect::<Result<Vec<_>>>()?;
+    let shape = a
+        .shape
+        .iter()
+        .map(|&d| {
+            usize::try_from(d).map_err(|_| anyhow!("feature `{}` has a negative dimension", f.name))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok((
-        Feature { name: f.name.clone(), dtype: array_dtype(a.data_type).with_context(|| format!("feature `{}`", f.name))?, shape, doc: f.short_description.clone() },
+        Feature {
+            name: f.name.clone(),
+            dtype: array_dtype(a.data_type).with_context(|| format!("feature `{}`", f.name))?,
+            shape,
+            doc: f.short_description.clone(),
+        },
         state,
     ))
 }
@@ -152,25 +272,41 @@ fn feature(f: &spec::FeatureDescription) -> Result<(Feature, bool)> {
 /// Reads and checks a whole `.mlpackage`.
 pub fn load_package(path: &Path) -> Result<Model> {
     let layout = read_package(path)?;
-    let bytes = std::fs::read(&layout.model).with_context(|| format!("cannot read {}", layout.model.display()))?;
-    let m = spec::Model::decode(bytes.as_slice()).with_context(|| format!("{}: not a Core ML model specification", layout.model.display()))?;
+    let bytes = std::fs::read(&layout.model)
+        .with_context(|| format!("cannot read {}", layout.model.display()))?;
+    let m = spec::Model::decode(bytes.as_slice()).with_context(|| {
+        format!(
+            "{}: not a Core ML model specification",
+            layout.model.display()
+        )
+    })?;
     let weights = layout.weights_dir.as_ref().map(|d| d.join("weight.bin"));
     let reader = match &weights {
         Some(w) if w.exists() => Some(BlobReader::open(w)?),
         _ => None,
     };
-    let blobs = Blobs(reader, weights.unwrap_or_else(|| path.join("Data/com.apple.CoreML/weights/weight.bin")));
+    let blobs = Blobs(
+        reader,
+        weights.unwrap_or_else(|| path.join("Data/com.apple.CoreML/weights/weight.bin")),
+    );
     model_from_proto(&m, &blobs).with_context(|| format!("{}", layout.model.display()))
 }
 
 pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model> {
-    let opset = Opset::from_spec_version(m.specification_version)
-        .ok_or_else(|| anyhow!("specification version {} is not an ML program version milkit reads (6..9)", m.specification_version))?;
+    let opset = Opset::from_spec_version(m.specification_version).ok_or_else(|| {
+        anyhow!(
+            "specification version {} is not an ML program version milkit reads (6..9)",
+            m.specification_version
+        )
+    })?;
     let program = match &m.r#type {
         Some(spec::model::Type::MlProgram(p)) => program_from_proto(p, opset, blobs)?,
         None => bail!("the model is not an ML program"),
     };
-    let d = m.description.as_ref().ok_or_else(|| anyhow!("model has no description"))?;
+    let d = m
+        .description
+        .as_ref()
+        .ok_or_else(|| anyhow!("model has no description"))?;
     let mut description = Description::default();
     for f in &d.input {
         description.inputs.push(feature(f)?.0);
@@ -188,24 +324,62 @@ pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model
         description.user_defined = md.user_defined.clone();
     }
     check_abi(&description, &program)?;
-    Ok(Model { spec_version: m.specification_version, description, program })
+    Ok(Model {
+        spec_version: m.specification_version,
+        description,
+        program,
+    })
 }
 
 /// The description's inputs/outputs must be the main function's, with equal types.
 fn check_abi(d: &Description, p: &Program) -> Result<()> {
-    let f = p.main().ok_or_else(|| anyhow!("the program has no functions"))?;
+    let f = p
+        .main()
+        .ok_or_else(|| anyhow!("the program has no functions"))?;
     for fe in &d.inputs {
-        let v = f.inputs.iter().find(|v| v.name == fe.name).ok_or_else(|| anyhow!("description input `{}` is not a function input", fe.name))?;
-        ensure!(v.ty == ValueType::Tensor(fe.tensor_type()), "input `{}`: description says {}, program says {}", fe.name, fe.tensor_type(), v.ty);
+        let v =
+            f.inputs.iter().find(|v| v.name == fe.name).ok_or_else(|| {
+                anyhow!("description input `{}` is not a function input", fe.name)
+            })?;
+        ensure!(
+            v.ty == ValueType::Tensor(fe.tensor_type()),
+            "input `{}`: description says {}, program says {}",
+            fe.name,
+            fe.tensor_type(),
+            v.ty
+        );
     }
     for fe in &d.states {
-        let v = f.inputs.iter().find(|v| v.name == fe.name).ok_or_else(|| anyhow!("description state `{}` is not a function input", fe.name))?;
-        ensure!(v.ty == ValueType::State(fe.tensor_type()), "state `{}`: description says {}, program says {}", fe.name, fe.tensor_type(), v.ty);
+        let v =
+            f.inputs.iter().find(|v| v.name == fe.name).ok_or_else(|| {
+                anyhow!("description state `{}` is not a function input", fe.name)
+            })?;
+        ensure!(
+            v.ty == ValueType::State(fe.tensor_type()),
+            "state `{}`: description says {}, program says {}",
+            fe.name,
+            fe.tensor_type(),
+            v.ty
+        );
     }
-    ensure!(d.inputs.len() + d.states.len() == f.inputs.len(), "description lists {} inputs and states, the main function takes {}", d.inputs.len() + d.states.len(), f.inputs.len());
-    ensure!(d.outputs.len() == f.block.outputs.len(), "description lists {} outputs, the main block has {}", d.outputs.len(), f.block.outputs.len());
+    ensure!(
+        d.inputs.len() + d.states.len() == f.inputs.len(),
+        "description lists {} inputs and states, the main function takes {}",
+        d.inputs.len() + d.states.len(),
+        f.inputs.len()
+    );
+    ensure!(
+        d.outputs.len() == f.block.outputs.len(),
+        "description lists {} outputs, the main block has {}",
+        d.outputs.len(),
+        f.block.outputs.len()
+    );
     for (fe, o) in d.outputs.iter().zip(&f.block.outputs) {
-        ensure!(fe.name == *o, "output `{}` of the description is `{o}` in the program", fe.name);
+        ensure!(
+            fe.name == *o,
+            "output `{}` of the description is `{o}` in the program",
+            fe.name
+        );
     }
     Ok(())
 }

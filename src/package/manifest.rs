@@ -128,7 +128,8 @@ impl Manifest {
         let mut out = Vec::new();
         let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
         let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
-        self.serialize(&mut ser).context("cannot serialize Manifest.json")?;
+        self.serialize(&mut ser)
+            .context("cannot serialize Manifest.json")?;
         out.push(b'\n');
         String::from_utf8(out).context("Manifest.json is not UTF-8")
     }
@@ -171,7 +172,9 @@ impl Manifest {
 
     /// The first item with this author and name (that is how Core ML finds the weights).
     pub fn find_item(&self, author: &str, name: &str) -> Option<&ItemInfo> {
-        self.item_info_entries.values().find(|i| i.author == author && i.name == name)
+        self.item_info_entries
+            .values()
+            .find(|i| i.author == author && i.name == name)
     }
 }
 
@@ -179,7 +182,10 @@ impl Manifest {
 /// with `..`, or with backslashes (which other platforms would treat as separators).
 pub fn check_item_path(path: &str) -> Result<()> {
     ensure!(!path.is_empty(), "empty item path");
-    ensure!(!path.contains('\\'), "item path {path:?} contains a backslash");
+    ensure!(
+        !path.contains('\\'),
+        "item path {path:?} contains a backslash"
+    );
     ensure!(!path.starts_with('/'), "item path {path:?} is absolute");
     for c in Path::new(path).components() {
         match c {
@@ -251,5 +257,9 @@ pub fn read_package(package: &Path) -> Result<PackageLayout> {
         }
         None => None,
     };
-    Ok(PackageLayout { root: package.to_path_buf(), model, weights_dir })
+    Ok(PackageLayout {
+        root: package.to_path_buf(),
+        model,
+        weights_dir,
+    })
 }

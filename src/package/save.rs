@@ -25,9 +25,11 @@ struct Sink<'a, W: Write + Seek> {
 
 impl<W: Write + Seek> BlobSink for Sink<'_, W> {
     fn put(&mut self, t: &Tensor) -> Result<u64> {
-        let bd = blob_dtype(t.dtype).ok_or_else(|| anyhow!("{} cannot be stored in a blob", t.dtype))?;
+        let bd =
+            blob_dtype(t.dtype).ok_or_else(|| anyhow!("{} cannot be stored in a blob", t.dtype))?;
         let off = if bd.is_sub_byte() {
-            self.w.append_sub_byte(bd, t.num_elements() as u64, &t.data)?
+            self.w
+                .append_sub_byte(bd, t.num_elements() as u64, &t.data)?
         } else {
             self.w.append(bd, &t.data)?
         };
@@ -37,7 +39,10 @@ impl<W: Write + Seek> BlobSink for Sink<'_, W> {
 }
 
 fn named(v: &Var) -> mil::NamedValueType {
-    mil::NamedValueType { name: v.name.clone(), r#type: Some(value_type_to_proto(&v.ty)) }
+    mil::NamedValueType {
+        name: v.name.clone(),
+        r#type: Some(value_type_to_proto(&v.ty)),
+    }
 }
 
 fn op_to_proto(op: &Operation, blobs: &mut dyn BlobSink) -> Result<mil::Operation> {
@@ -49,7 +54,9 @@ fn op_to_proto(op: &Operation, blobs: &mut dyn BlobSink) -> Result<mil::Operatio
                 Ok(mil::argument::Binding {
                     binding: Some(match a {
                         Arg::Var(n) => mil::argument::binding::Binding::Name(n.clone()),
-                        Arg::Value(v) => mil::argument::binding::Binding::Value(value_to_proto(v, blobs)?),
+                        Arg::Value(v) => {
+                            mil::argument::binding::Binding::Value(value_to_proto(v, blobs)?)
+                        }
                     }),
                 })
             })
@@ -57,15 +64,25 @@ fn op_to_proto(op: &Operation, blobs: &mut dyn BlobSink) -> Result<mil::Operatio
         inputs.insert(k.clone(), mil::Argument { arguments });
     }
     let mut attributes = BTreeMap::new();
-    attributes.insert("name".to_string(), value_to_proto(&Value::str(&op.name), blobs)?);
+    attributes.insert(
+        "name".to_string(),
+        value_to_proto(&Value::str(&op.name), blobs)?,
+    );
     for (k, v) in &op.attributes {
-        attributes.insert(k.clone(), value_to_proto(v, blobs).with_context(|| format!("op {} attribute {k}", op.name))?);
+        attributes.insert(
+            k.clone(),
+            value_to_proto(v, blobs).with_context(|| format!("op {} attribute {k}", op.name))?,
+        );
     }
     Ok(mil::Operation {
         r#type: op.op_type.clone(),
         inputs,
         outputs: op.outputs.iter().map(named).collect(),
-        blocks: op.blocks.iter().map(|b| block_to_proto(b, blobs)).collect::<Result<_>>()?,
+        blocks: op
+            .blocks
+            .iter()
+            .map(|b| block_to_proto(b, blobs))
+            .collect::<Result<_>>()?,
         attributes,
     })
 }
@@ -74,7 +91,11 @@ fn block_to_proto(b: &Block, blobs: &mut dyn BlobSink) -> Result<mil::Block> {
     Ok(mil::Block {
         inputs: b.inputs.iter().map(named).collect(),
         outputs: b.outputs.clone(),
-        operations: b.operations.iter().map(|o| op_to_proto(o, blobs)).collect::<Result<_>>()?,
+        operations: b
+            .operations
+            .iter()
+            .map(|o| op_to_proto(o, blobs))
+            .collect::<Result<_>>()?,
         attributes: Default::default(),
     })
 }
@@ -83,7 +104,10 @@ pub fn program_to_proto(p: &Program, blobs: &mut dyn BlobSink) -> Result<mil::Pr
     let mut functions = BTreeMap::new();
     for (name, f) in &p.functions {
         let mut specs = BTreeMap::new();
-        specs.insert(f.opset.opset_name().to_string(), block_to_proto(&f.block, blobs)?);
+        specs.insert(
+            f.opset.opset_name().to_string(),
+            block_to_proto(&f.block, blobs)?,
+        );
         functions.insert(
             name.clone(),
             mil::Function {
@@ -98,7 +122,12 @@ pub fn program_to_proto(p: &Program, blobs: &mut dyn BlobSink) -> Result<mil::Pr
     for (k, v) in &p.attributes {
         attributes.insert(k.clone(), value_to_proto(v, blobs)?);
     }
-    Ok(mil::Program { version: 1, functions, doc_string: p.doc.clone(), attributes })
+    Ok(mil::Program {
+        version: 1,
+        functions,
+        doc_string: p.doc.clone(),
+        attributes,
+    })
 }
 
 pub fn array_dtype_code(d: ArrayDType) -> i32 {
@@ -122,14 +151,19 @@ fn array_type(f: &Feature) -> spec::ArrayFeatureType {
 fn feature(f: &Feature, state: bool) -> spec::FeatureDescription {
     use spec::feature_type::Type;
     let ty = if state {
-        Type::StateType(spec::StateFeatureType { r#type: Some(spec::state_feature_type::Type::ArrayType(array_type(f))) })
+        Type::StateType(spec::StateFeatureType {
+            r#type: Some(spec::state_feature_type::Type::ArrayType(array_type(f))),
+        })
     } else {
         Type::MultiArrayType(array_type(f))
     };
     spec::FeatureDescription {
         name: f.name.clone(),
         short_description: f.doc.clone(),
-        r#type: Some(spec::FeatureType { r#type: Some(ty), is_optional: false }),
+        r#type: Some(spec::FeatureType {
+            r#type: Some(ty),
+            is_optional: false,
+        }),
     }
 }
 
@@ -153,7 +187,9 @@ pub fn model_to_proto(m: &Model, blobs: &mut dyn BlobSink) -> Result<spec::Model
         specification_version: m.spec_version,
         description: Some(description),
         is_updatable: false,
-        r#type: Some(spec::model::Type::MlProgram(program_to_proto(&m.program, blobs)?)),
+        r#type: Some(spec::model::Type::MlProgram(program_to_proto(
+            &m.program, blobs,
+        )?)),
     })
 }
 
@@ -166,23 +202,49 @@ pub struct SaveSummary {
 }
 
 /// Writes the package contents into an existing empty directory.
-pub fn write_package_dir(m: &Model, dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<SaveSummary> {
+pub fn write_package_dir(
+    m: &Model,
+    dir: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SaveSummary> {
     let wdir = dir.join("Data/com.apple.CoreML/weights");
     std::fs::create_dir_all(&wdir).with_context(|| format!("cannot create {}", wdir.display()))?;
     let mut bw = BlobWriter::create(&dir.join(WEIGHTS_PATH))?;
-    let proto = model_to_proto(m, &mut Sink { w: &mut bw, progress })?;
+    let proto = model_to_proto(
+        m,
+        &mut Sink {
+            w: &mut bw,
+            progress,
+        },
+    )?;
     let blobs = bw.count();
     let (_, weight_bytes) = bw.finish()?;
     let bytes = proto.encode_to_vec();
     let mp = dir.join(MODEL_PATH);
     std::fs::write(&mp, &bytes).with_context(|| format!("cannot write {}", mp.display()))?;
     Manifest::mlprogram(true).write(dir)?;
-    Ok(SaveSummary { model_bytes: bytes.len() as u64, weight_bytes, blobs })
+    Ok(SaveSummary {
+        model_bytes: bytes.len() as u64,
+        weight_bytes,
+        blobs,
+    })
+}
+
+/// Creates the directory `dir` (which must not exist) and writes the package into it; for
+/// packages inside a directory that is itself written atomically.
+pub fn write_package_dir_new(m: &Model, dir: &Path) -> Result<SaveSummary> {
+    std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    write_package_dir(m, dir, &mut |_| {})
 }
 
 /// Writes `m` as an `.mlpackage` at `target`, atomically; refuses to replace an existing
 /// target unless `force`.
-pub fn save_package(m: &Model, target: &Path, force: bool, progress: &mut dyn FnMut(u64)) -> Result<SaveSummary> {
+pub fn save_package(
+    m: &Model,
+    target: &Path,
+    force: bool,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SaveSummary> {
     let mut summary = None;
     write_package_atomically(target, force, |dir| {
         summary = Some(write_package_dir(m, dir, progress)?);

@@ -3,10 +3,13 @@
 //! are 1x1 `conv`s, and a final layer norm. Two I/O ABIs: whisper.cpp's and WhisperKit's.
 
 use super::graph::{
-    add, attention, conv1x1, gelu, ints, int, layer_norm_c, query_scale, reshape, scaled, weight,
+    add, attention, conv1x1, gelu, int, ints, layer_norm_c, query_scale, reshape, scaled, weight,
     WeightSource,
 };
-use crate::ir::{ArrayDType, DType, Description, Feature, Function, Model, Opset, Program, Tensor, Value, ValueType};
+use crate::ir::{
+    ArrayDType, DType, Description, Feature, Function, Model, Opset, Program, Tensor, Value,
+    ValueType,
+};
 use crate::ops::{Builder, In};
 use anyhow::{bail, Result};
 use half::f16;
@@ -45,8 +48,16 @@ impl EncoderAbi {
                 Feature::new("output", ArrayDType::F32, &[1, d.n_ctx, d.d_model]),
             ),
             EncoderAbi::WhisperKit => (
-                Feature::new("melspectrogram_features", ArrayDType::F16, &[1, d.n_mels, 1, frames]),
-                Feature::new("encoder_output_embeds", ArrayDType::F16, &[1, d.d_model, 1, d.n_ctx]),
+                Feature::new(
+                    "melspectrogram_features",
+                    ArrayDType::F16,
+                    &[1, d.n_mels, 1, frames],
+                ),
+                Feature::new(
+                    "encoder_output_embeds",
+                    ArrayDType::F16,
+                    &[1, d.d_model, 1, d.n_ctx],
+                ),
             ),
         }
     }
@@ -87,15 +98,30 @@ pub fn build_encoder(
                 "logmel_fp16",
                 vec![("x", (&x_in).into()), ("dtype", In::C(Value::str("fp16")))],
             )?;
-            b.op1("expand_dims", "logmel_bc1s", vec![("x", In::V(h)), ("axes", ints(&[2]))])?
+            b.op1(
+                "expand_dims",
+                "logmel_bc1s",
+                vec![("x", In::V(h)), ("axes", ints(&[2]))],
+            )?
         }
         EncoderAbi::WhisperKit => x_in,
     };
 
     // Stem: conv(k=3, pad 1) → GELU → conv(k=3, stride 2, pad 1) → GELU, as 2-D convs on BC1S.
-    let stem = |b: &mut Builder, name: &str, x: &crate::ops::V, cin: usize, stride: i32| -> Result<crate::ops::V> {
-        let wv = b.konst(&format!("{name}_weight"), weight(w, &format!("{p}.{name}.weight"), &[d, cin, 1, 3])?);
-        let bv = b.konst(&format!("{name}_bias"), weight(w, &format!("{p}.{name}.bias"), &[d])?);
+    let stem = |b: &mut Builder,
+                name: &str,
+                x: &crate::ops::V,
+                cin: usize,
+                stride: i32|
+     -> Result<crate::ops::V> {
+        let wv = b.konst(
+            &format!("{name}_weight"),
+            weight(w, &format!("{p}.{name}.weight"), &[d, cin, 1, 3])?,
+        );
+        let bv = b.konst(
+            &format!("{name}_bias"),
+            weight(w, &format!("{p}.{name}.bias"), &[d])?,
+        );
         let y = b.op1(
             "conv",
             name,
@@ -117,7 +143,11 @@ pub fn build_encoder(
 
     // Positional embedding [n_ctx, d] → [1, d, 1, n_ctx]: an fp16 constant added once.
     let (ps, pdata) = w.f16(&format!("{p}.embed_positions.weight"))?;
-    anyhow::ensure!(ps == [dims.n_ctx, d], "{p}.embed_positions.weight has shape {ps:?}, expected [{}, {d}]", dims.n_ctx);
+    anyhow::ensure!(
+        ps == [dims.n_ctx, d],
+        "{p}.embed_positions.weight has shape {ps:?}, expected [{}, {d}]",
+        dims.n_ctx
+    );
     let pv = pdata.to_f16_vec();
     let mut pt = vec![f16::ZERO; pv.len()];
     for s in 0..dims.n_ctx {
@@ -125,7 +155,10 @@ pub fn build_encoder(
             pt[c * dims.n_ctx + s] = pv[s * d + c];
         }
     }
-    let pos = b.konst("embed_positions", Value::Tensor(Tensor::f16(&[1, d, 1, dims.n_ctx], &pt)));
+    let pos = b.konst(
+        "embed_positions",
+        Value::Tensor(Tensor::f16(&[1, d, 1, dims.n_ctx], &pt)),
+    );
     let mut h = add(&mut b, "add_positions", &h, &pos)?;
 
     let (qs, exact) = query_scale(dh);
@@ -142,17 +175,33 @@ pub fn build_encoder(
         )?;
         let a = format!("{lp}.self_attn");
         let (qw, qb) = if exact {
-            (scaled(w, &format!("{a}.q_proj.weight"), &[d, d, 1, 1], qs)?, scaled(w, &format!("{a}.q_proj.bias"), &[d], qs)?)
+            (
+                scaled(w, &format!("{a}.q_proj.weight"), &[d, d, 1, 1], qs)?,
+                scaled(w, &format!("{a}.q_proj.bias"), &[d], qs)?,
+            )
         } else {
-            (weight(w, &format!("{a}.q_proj.weight"), &[d, d, 1, 1])?, weight(w, &format!("{a}.q_proj.bias"), &[d])?)
+            (
+                weight(w, &format!("{a}.q_proj.weight"), &[d, d, 1, 1])?,
+                weight(w, &format!("{a}.q_proj.bias"), &[d])?,
+            )
         };
         let mut q = conv1x1(&mut b, &format!("{n}_self_attn_q_proj"), &ln, qw, Some(qb))?;
         if !exact {
             let s = b.konst(&format!("{n}_q_scale"), Value::f16_scalar(qs));
-            q = b.op1("mul", &format!("{n}_q_scaled"), vec![("x", In::V(q)), ("y", In::V(s))])?;
+            q = b.op1(
+                "mul",
+                &format!("{n}_q_scaled"),
+                vec![("x", In::V(q)), ("y", In::V(s))],
+            )?;
         }
         // No key bias: a constant added to every key shifts all logits of a query equally.
-        let k = conv1x1(&mut b, &format!("{n}_self_attn_k_proj"), &ln, weight(w, &format!("{a}.k_proj.weight"), &[d, d, 1, 1])?, None)?;
+        let k = conv1x1(
+            &mut b,
+            &format!("{n}_self_attn_k_proj"),
+            &ln,
+            weight(w, &format!("{a}.k_proj.weight"), &[d, d, 1, 1])?,
+            None,
+        )?;
         let v = conv1x1(
             &mut b,
             &format!("{n}_self_attn_v_proj"),
@@ -160,7 +209,16 @@ pub fn build_encoder(
             weight(w, &format!("{a}.v_proj.weight"), &[d, d, 1, 1])?,
             Some(weight(w, &format!("{a}.v_proj.bias"), &[d])?),
         )?;
-        let (ctx, _) = attention(&mut b, &format!("{n}_self_attn"), &q, &k, &v, dims.heads, d, None)?;
+        let (ctx, _) = attention(
+            &mut b,
+            &format!("{n}_self_attn"),
+            &q,
+            &k,
+            &v,
+            dims.heads,
+            d,
+            None,
+        )?;
         let o = conv1x1(
             &mut b,
             &format!("{n}_self_attn_out_proj"),
@@ -206,19 +264,51 @@ pub fn build_encoder(
     let out = match abi {
         EncoderAbi::WhisperCpp => {
             let s = reshape(&mut b, "output_bcs", &h, &[1, d as i32, dims.n_ctx as i32])?;
-            let t = b.op1("transpose", "output_bsc", vec![("x", In::V(s)), ("perm", ints(&[0, 2, 1]))])?;
-            b.op1("cast", "output_fp32", vec![("x", In::V(t)), ("dtype", In::C(Value::str("fp32")))])?
+            let t = b.op1(
+                "transpose",
+                "output_bsc",
+                vec![("x", In::V(s)), ("perm", ints(&[0, 2, 1]))],
+            )?;
+            b.op1(
+                "cast",
+                "output_fp32",
+                vec![("x", In::V(t)), ("dtype", In::C(Value::str("fp32")))],
+            )?
         }
         EncoderAbi::WhisperKit => h,
     };
     let (inputs, block) = b.finish(&[(out, fout.name.as_str())])?;
     let mut program = Program::default();
-    program.functions.insert("main".into(), Function { inputs, opset, block });
-    let mut description = Description { inputs: vec![fin], outputs: vec![fout], ..Default::default() };
-    description.short_description = format!("Whisper audio encoder ({} ABI), fp16, BC1S layout", abi.name());
-    description.user_defined.insert("milkit.component".into(), "encoder".into());
-    description.user_defined.insert("milkit.abi".into(), abi.name().into());
-    description.user_defined.insert("milkit.version".into(), env!("CARGO_PKG_VERSION").into());
+    program.functions.insert(
+        "main".into(),
+        Function {
+            inputs,
+            opset,
+            block,
+        },
+    );
+    let mut description = Description {
+        inputs: vec![fin],
+        outputs: vec![fout],
+        ..Default::default()
+    };
+    description.short_description = format!(
+        "Whisper audio encoder ({} ABI), fp16, BC1S layout",
+        abi.name()
+    );
+    description
+        .user_defined
+        .insert("milkit.component".into(), "encoder".into());
+    description
+        .user_defined
+        .insert("milkit.abi".into(), abi.name().into());
+    description
+        .user_defined
+        .insert("milkit.version".into(), env!("CARGO_PKG_VERSION").into());
     let _ = DType::F16;
-    Ok(Model { spec_version: opset.spec_version(), description, program })
+    Ok(Model {
+        spec_version: opset.spec_version(),
+        description,
+        program,
+    })
 }

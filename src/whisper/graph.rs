@@ -21,14 +21,23 @@ pub fn weight(w: &dyn WeightSource, name: &str, shape: &[usize]) -> Result<Value
         "tensor {name} has shape {s:?}, expected {} elements ({shape:?})",
         shape.iter().product::<usize>()
     );
-    Ok(Value::Tensor(Tensor::new(DType::F16, shape.to_vec(), data).with_context(|| name.to_string())?))
+    Ok(Value::Tensor(
+        Tensor::new(DType::F16, shape.to_vec(), data).with_context(|| name.to_string())?,
+    ))
 }
 
 /// Multiplies an fp16 weight by `s`, for folding a power-of-two scale exactly.
 pub fn scaled(w: &dyn WeightSource, name: &str, shape: &[usize], s: f32) -> Result<Value> {
     let (_, data) = w.f16(name)?;
-    let v: Vec<f16> = data.to_f16_vec().into_iter().map(|x| f16::from_f32(x.to_f32() * s)).collect();
-    ensure!(v.len() == shape.iter().product::<usize>(), "tensor {name}: wrong element count");
+    let v: Vec<f16> = data
+        .to_f16_vec()
+        .into_iter()
+        .map(|x| f16::from_f32(x.to_f32() * s))
+        .collect();
+    ensure!(
+        v.len() == shape.iter().product::<usize>(),
+        "tensor {name}: wrong element count"
+    );
     Ok(Value::Tensor(Tensor::f16(shape, &v)))
 }
 
@@ -41,13 +50,7 @@ pub fn int(v: i32) -> In {
 }
 
 /// A 1x1 convolution (a linear layer in BC1S) with weight `[out, in]` → `[out, in, 1, 1]`.
-pub fn conv1x1(
-    b: &mut Builder,
-    name: &str,
-    x: &V,
-    w: Value,
-    bias: Option<Value>,
-) -> Result<V> {
+pub fn conv1x1(b: &mut Builder, name: &str, x: &V, w: Value, bias: Option<Value>) -> Result<V> {
     let wv = b.konst(&format!("{name}_weight"), w);
     let mut inputs = vec![("x", In::from(x)), ("weight", In::V(wv))];
     if let Some(bv) = bias {
@@ -88,7 +91,11 @@ pub fn layer_norm_c(
 }
 
 pub fn gelu(b: &mut Builder, name: &str, x: &V) -> Result<V> {
-    b.op1("gelu", name, vec![("x", x.into()), ("mode", In::C(Value::str("EXACT")))])
+    b.op1(
+        "gelu",
+        name,
+        vec![("x", x.into()), ("mode", In::C(Value::str("EXACT")))],
+    )
 }
 
 pub fn add(b: &mut Builder, name: &str, x: &V, y: &V) -> Result<V> {
@@ -96,12 +103,17 @@ pub fn add(b: &mut Builder, name: &str, x: &V, y: &V) -> Result<V> {
 }
 
 pub fn reshape(b: &mut Builder, name: &str, x: &V, shape: &[i32]) -> Result<V> {
-    b.op1("reshape", name, vec![("x", x.into()), ("shape", ints(shape))])
+    b.op1(
+        "reshape",
+        name,
+        vec![("x", x.into()), ("shape", ints(shape))],
+    )
 }
 
 /// Multi-head attention core in BC1S: `q` [1, d, 1, Sq], `k`/`v` [1, d, 1, Sk] → [1, d, 1, Sq].
 /// One `softmax` for all heads; the 1/sqrt(head_dim) scale must already be applied to `q`.
 /// `mask`, if given, is added to the [1, H, Sq, Sk] scores before the softmax.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     b: &mut Builder,
     name: &str,

@@ -2,8 +2,15 @@
 //! for each component, audio front end, tokenizer, decoding loop.
 pub mod audio;
 pub mod config;
+pub mod decoder;
+pub mod decoder_parts;
+pub mod decoder_prefill;
 pub mod encoder;
+pub mod export;
+pub mod generate;
 pub mod graph;
+pub mod recipe;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;
+pub mod wer;

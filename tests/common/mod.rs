@@ -15,14 +15,22 @@ pub fn fixtures() -> Option<PathBuf> {
         return Some(dir);
     }
     if require() {
-        panic!("fixtures not found at {} and MILKIT_REQUIRE_FIXTURES=1", dir.display());
+        panic!(
+            "fixtures not found at {} and MILKIT_REQUIRE_FIXTURES=1",
+            dir.display()
+        );
     }
-    eprintln!("SKIP: fixtures not found at {} (set MILKIT_FIXTURES)", dir.display());
+    eprintln!(
+        "SKIP: fixtures not found at {} (set MILKIT_FIXTURES)",
+        dir.display()
+    );
     None
 }
 
 pub fn require() -> bool {
-    std::env::var("MILKIT_REQUIRE_FIXTURES").map(|v| v == "1").unwrap_or(false)
+    std::env::var("MILKIT_REQUIRE_FIXTURES")
+        .map(|v| v == "1")
+        .unwrap_or(false)
 }
 
 /// A python with coremltools 9: MILKIT_PYTHON, else .venv/bin/python, else /work/venv.

@@ -1,0 +1,134 @@
+//! `milkit bench`: timing tables (never timed tests).
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+use std::process::Command;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Suite {
+    /// Export of the encoder of a synthetic checkpoint (default large-v3-turbo): wall time and
+    /// peak RSS of the `milkit export` process.
+    Export,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(long, value_enum, default_value = "export")]
+    pub suite: Suite,
+    /// Preset of the synthetic checkpoint (export suite).
+    #[arg(long, default_value = "large-v3-turbo")]
+    pub preset: String,
+    /// Use this checkpoint instead of synthesizing one.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Repetitions (the table shows each and the median).
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: &BenchArgs) -> Result<u8> {
+    match a.suite {
+        Suite::Export => bench_export(a),
+    }
+}
+
+fn bench_export(a: &BenchArgs) -> Result<u8> {
+    let exe = std::env::current_exe()?;
+    let tmp = tempdir()?;
+    let model = match &a.model {
+        Some(m) => m.clone(),
+        None => {
+            let dir = tmp.join("ckpt");
+            eprintln!(
+                "synthesizing a {} checkpoint in {} ...",
+                a.preset,
+                dir.display()
+            );
+            let st = Command::new(&exe)
+                .args(["synth", "--preset", &a.preset, "--quiet", "--out"])
+                .arg(&dir)
+                .status()?;
+            if !st.success() {
+                bail!("milkit synth failed");
+            }
+            dir
+        }
+    };
+    let mut rows = vec![];
+    for i in 0..a.runs.max(1) {
+        let out = tmp.join(format!("enc{i}.mlpackage"));
+        let o = Command::new(&exe)
+            .args([
+                "export",
+                "--component",
+                "encoder",
+                "--abi",
+                "whisperkit",
+                "--quiet",
+                "--stats",
+                "--model",
+            ])
+            .arg(&model)
+            .arg("--out")
+            .arg(&out)
+            .output()?;
+        if !o.status.success() {
+            bail!(
+                "milkit export failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        let text = String::from_utf8_lossy(&o.stderr);
+        let line = text
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .context("export printed no stats")?;
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let bytes = std::fs::metadata(out.join("Data/com.apple.CoreML/weights/weight.bin"))?.len();
+        rows.push((
+            v["wall_ms"].as_f64().unwrap_or(f64::NAN),
+            v["peak_rss_bytes"].as_u64().unwrap_or(0),
+            bytes,
+        ));
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    let mut walls: Vec<f64> = rows.iter().map(|r| r.0).collect();
+    walls.sort_by(|x, y| x.total_cmp(y));
+    let median = walls[walls.len() / 2];
+    let rss = rows.iter().map(|r| r.1).max().unwrap_or(0);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"suite": "export", "preset": a.preset, "runs": rows.len(), "wall_ms_median": median,
+                "peak_rss_bytes": rss, "weight_bytes": rows[0].2})
+        );
+    } else {
+        println!("| suite  | model | runs | wall (median) | peak RSS | weight.bin |");
+        println!("|--------|-------|------|---------------|----------|------------|");
+        println!(
+            "| export encoder | {} | {} | {:.2} s | {:.2} GB | {:.2} GB |",
+            a.model
+                .as_ref()
+                .map(|m| m.display().to_string())
+                .unwrap_or(format!("synth {}", a.preset)),
+            rows.len(),
+            median / 1e3,
+            rss as f64 / 1e9,
+            rows[0].2 as f64 / 1e9
+        );
+    }
+    Ok(0)
+}
+
+fn tempdir() -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("milkit-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}

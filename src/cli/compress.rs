@@ -1,0 +1,198 @@
+//! `milkit compress` and the compression flags shared with `milkit export`.
+
+use super::progress;
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use milkit::ir::Model;
+use milkit::package::{load_package, save_package};
+use milkit::passes::compress::{compress, Method, Outcome, Selection};
+use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
+use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum PalettizeMode {
+    /// Optimal 1-D k-means per group (exact dynamic programming).
+    Kmeans,
+    /// Evenly spaced entries over each group's [min, max].
+    Uniform,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum QuantizeDtype {
+    Int4,
+    Uint4,
+    Int8,
+    Uint8,
+}
+
+#[allow(clippy::enum_variant_names)] // the names are the CLI vocabulary (per-tensor, per-block, ...)
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Granularity {
+    /// One table / scale for the whole weight.
+    PerTensor,
+    /// Palettization: one table per --group-size output channels.
+    PerGroupedChannel,
+    /// Quantization: one scale per output channel.
+    PerChannel,
+    /// Quantization: one scale per --block-size input channels of each output channel.
+    PerBlock,
+}
+
+/// Weight compression (vocabulary of coremltools.optimize.coreml). Emits iOS18 ops.
+#[derive(Args, Clone, Debug, Default)]
+pub struct CompressFlags {
+    /// LUT palettization: k-means or uniform tables of 2^nbits fp16 entries.
+    #[arg(long, value_enum, conflicts_with = "quantize")]
+    pub palettize: Option<PalettizeMode>,
+    /// Bits per palettized index: 1, 2, 3, 4, 6 or 8.
+    #[arg(long, default_value_t = 4)]
+    pub nbits: u32,
+    /// Linear quantization to int4/uint4/int8/uint8 with fp16 scales.
+    #[arg(long, value_enum)]
+    pub quantize: Option<QuantizeDtype>,
+    /// Granularity; default per-grouped-channel for palettization, per-channel for quantization.
+    #[arg(long, value_enum)]
+    pub granularity: Option<Granularity>,
+    /// Output channels (axis 0) sharing one table with per-grouped-channel.
+    #[arg(long, default_value_t = 16)]
+    pub group_size: usize,
+    /// Input channels (axis 1) sharing one scale with per-block.
+    #[arg(long, default_value_t = 32)]
+    pub block_size: usize,
+    /// Quantization with an offset (zero point) instead of symmetric.
+    #[arg(long)]
+    pub asymmetric: bool,
+    /// Consumer op types whose weights are compressed.
+    #[arg(long, value_delimiter = ',', default_value = "conv,linear")]
+    pub op_types: Vec<String>,
+    /// Only these ops (exact names as `milkit inspect --mil` shows them; a consumer or its
+    /// weight constant).
+    #[arg(long, value_delimiter = ',')]
+    pub op_names: Vec<String>,
+    /// Constants with at most this many elements are left as they are.
+    #[arg(long, default_value_t = 2048)]
+    pub weight_threshold: usize,
+    /// Leave weights whose shape the group/block size does not divide uncompressed (each is
+    /// listed) instead of refusing.
+    #[arg(long)]
+    pub skip_indivisible: bool,
+}
+
+impl CompressFlags {
+    /// The requested method, if any compression was asked for.
+    pub fn method(&self) -> Result<Option<Method>> {
+        if let Some(m) = self.palettize {
+            let granularity = match self.granularity.unwrap_or(Granularity::PerGroupedChannel) {
+                Granularity::PerTensor => LutGranularity::PerTensor,
+                Granularity::PerGroupedChannel => LutGranularity::PerGroupedChannel(self.group_size),
+                g => bail!("--granularity {g:?} is for --quantize; palettization takes per-tensor or per-grouped-channel"),
+            };
+            if ![1, 2, 3, 4, 6, 8].contains(&self.nbits) {
+                bail!("--nbits {} is not one of 1, 2, 3, 4, 6, 8", self.nbits);
+            }
+            let mode = if m == PalettizeMode::Kmeans {
+                LutMode::Kmeans
+            } else {
+                LutMode::Uniform
+            };
+            return Ok(Some(Method::Palettize(LutConfig {
+                mode,
+                nbits: self.nbits,
+                granularity,
+            })));
+        }
+        if let Some(d) = self.quantize {
+            let granularity = match self.granularity.unwrap_or(Granularity::PerChannel) {
+                Granularity::PerTensor => QuantGranularity::PerTensor,
+                Granularity::PerChannel => QuantGranularity::PerChannel,
+                Granularity::PerBlock => QuantGranularity::PerBlock(self.block_size),
+                g => bail!("--granularity {g:?} is for --palettize; quantization takes per-tensor, per-channel or per-block"),
+            };
+            let dtype = match d {
+                QuantizeDtype::Int4 => QuantDtype::Int4,
+                QuantizeDtype::Uint4 => QuantDtype::Uint4,
+                QuantizeDtype::Int8 => QuantDtype::Int8,
+                QuantizeDtype::Uint8 => QuantDtype::Uint8,
+            };
+            return Ok(Some(Method::Quantize(QuantConfig {
+                dtype,
+                granularity,
+                symmetric: !self.asymmetric,
+            })));
+        }
+        Ok(None)
+    }
+
+    pub fn selection(&self) -> Selection {
+        Selection {
+            op_types: self.op_types.clone(),
+            op_names: self.op_names.clone(),
+            weight_threshold: self.weight_threshold,
+            skip_indivisible: self.skip_indivisible,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct CompressArgs {
+    /// Input .mlpackage (iOS18 target).
+    pub input: PathBuf,
+    /// Output .mlpackage.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace an existing output.
+    #[arg(long)]
+    pub force: bool,
+    /// Print the report as JSON (schema: schemas/compress.schema.json).
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub flags: CompressFlags,
+}
+
+/// Applies the flags to a model; prints the report. Errors leave nothing written.
+pub fn apply(
+    model: &mut Model,
+    flags: &CompressFlags,
+    json: bool,
+    quiet: bool,
+) -> Result<Option<Outcome>> {
+    let Some(method) = flags.method()? else {
+        return Ok(None);
+    };
+    let sp = progress::spinner("compressing", quiet);
+    let out = compress(model, &method, &flags.selection())?;
+    sp.finish_and_clear();
+    let report = milkit::report::CompressReport::from_outcome(
+        &out,
+        &milkit::passes::compress::mode_name(&method),
+    );
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if !quiet {
+        eprint!("{}", report.to_text());
+    }
+    Ok(Some(out))
+}
+
+pub fn run(a: &CompressArgs) -> Result<u8> {
+    if a.out.exists() && !a.force {
+        bail!(
+            "{} already exists; pass --force to replace it",
+            a.out.display()
+        );
+    }
+    if a.flags.method()?.is_none() {
+        bail!("nothing to do: pass --palettize kmeans|uniform or --quantize int4|uint4|int8|uint8");
+    }
+    let mut m = load_package(&a.input)?;
+    apply(&mut m, &a.flags, a.json, a.quiet)?;
+    let pb = progress::bytes_bar(0, "writing", a.quiet);
+    save_package(&m, &a.out, a.force, &mut |n| pb.inc(n))?;
+    pb.finish_and_clear();
+    Ok(0)
+}

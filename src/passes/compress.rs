@@ -1,0 +1,378 @@
+//! The compression pass: swaps selected weight constants for iOS18 `constexpr_*` ops
+//! (`constexpr_lut_to_dense` for palettization, `constexpr_blockwise_shift_scale` for linear
+//! quantization) whose data are bound inline, as coremltools 9 writes them. Never compresses
+//! outside the selection, never touches the positional embedding, never skips silently.
+
+use super::lut::{palettize, LutConfig, LutGranularity, LutMode};
+use super::quant::{quantize, relative_rms_error, QuantConfig, QuantGranularity};
+use crate::ir::{Arg, DType, Model, Operation, Opset, Tensor, Value, ValueType, Var};
+use anyhow::{bail, Context, Result};
+use half::f16;
+use rayon::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+
+/// What to do with each selected weight.
+#[derive(Clone, Copy, Debug)]
+pub enum Method {
+    Palettize(LutConfig),
+    Quantize(QuantConfig),
+}
+
+/// Which weights to compress.
+#[derive(Clone, Debug)]
+pub struct Selection {
+    /// Consumer op types whose weight input is compressed (default conv, linear).
+    pub op_types: Vec<String>,
+    /// If non-empty, only consumers (or weight constants) with these exact names.
+    pub op_names: Vec<String>,
+    /// Constants with at most this many elements are left as they are.
+    pub weight_threshold: usize,
+    /// Skip (and list) weights whose shape the granularity does not divide, instead of
+    /// refusing the whole run.
+    pub skip_indivisible: bool,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Selection {
+            op_types: vec!["conv".into(), "linear".into()],
+            op_names: vec![],
+            weight_threshold: 2048,
+            skip_indivisible: false,
+        }
+    }
+}
+
+/// One compressed weight.
+#[derive(Clone, Debug)]
+pub struct Compressed {
+    /// The consuming op's name and type.
+    pub op: String,
+    pub op_type: String,
+    /// The weight constant's name (also the constexpr output's name).
+    pub weight: String,
+    pub shape: Vec<usize>,
+    pub mode: String,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    pub rel_rms_error: f64,
+}
+
+/// A weight left alone because its shape does not fit the granularity.
+#[derive(Clone, Debug)]
+pub struct Skipped {
+    pub op: String,
+    pub weight: String,
+    pub shape: Vec<usize>,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub compressed: Vec<Compressed>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// Names that identify a positional embedding, which is never compressed (its error shifts
+/// every frame).
+pub fn is_positional(name: &str) -> bool {
+    name.contains("embed_positions") || name.contains("positional")
+}
+
+/// Which input of a consumer holds its weight, and whether output channels are on axis 0.
+fn weight_input(op: &Operation) -> Option<&'static str> {
+    match op.op_type.as_str() {
+        "conv" | "linear" | "conv_transpose" => Some("weight"),
+        "matmul" => Some("y"),
+        _ => None,
+    }
+}
+
+pub fn mode_name(m: &Method) -> String {
+    match m {
+        Method::Palettize(c) => {
+            let mode = match c.mode {
+                LutMode::Kmeans => "kmeans",
+                LutMode::Uniform => "uniform",
+            };
+            match c.granularity {
+                LutGranularity::PerTensor => format!("lut{}-{mode}-per-tensor", c.nbits),
+                LutGranularity::PerGroupedChannel(g) => format!("lut{}-{mode}-g{g}", c.nbits),
+            }
+        }
+        Method::Quantize(c) => {
+            let g = match c.granularity {
+                QuantGranularity::PerTensor => "per-tensor".to_string(),
+                QuantGranularity::PerChannel => "per-channel".to_string(),
+                QuantGranularity::PerBlock(b) => format!("block{b}"),
+            };
+            format!(
+                "{}-{}{}",
+                c.dtype.mil_name(),
+                g,
+                if c.symmetric { "" } else { "-asym" }
+            )
+        }
+    }
+}
+
+/// Why `shape` can't take `method`, if it can't.
+fn indivisible(method: &Method, shape: &[usize]) -> Option<String> {
+    match method {
+        Method::Palettize(c) => match c.granularity {
+            LutGranularity::PerGroupedChannel(g) if g == 0 || shape[0] % g != 0 => Some(format!(
+                "group size {g} does not divide the {} output channels (axis 0); use a group size that divides {} (e.g. {}) or --granularity per-tensor",
+                shape[0],
+                shape[0],
+                largest_divisor(shape[0], g)
+            )),
+            _ => None,
+        },
+        Method::Quantize(c) => match c.granularity {
+            QuantGranularity::PerBlock(b) if shape.len() < 2 || b == 0 || shape[1] % b != 0 => Some(format!(
+                "block size {b} does not divide the {} input channels (axis 1); use a block size that divides {} (e.g. {}) or --granularity per-channel",
+                shape.get(1).copied().unwrap_or(0),
+                shape.get(1).copied().unwrap_or(0),
+                largest_divisor(shape.get(1).copied().unwrap_or(1), b)
+            )),
+            _ => None,
+        },
+    }
+}
+
+fn largest_divisor(n: usize, at_most: usize) -> usize {
+    (1..=at_most.min(n).max(1))
+        .rev()
+        .find(|d| n % d == 0)
+        .unwrap_or(1)
+}
+
+/// A planned replacement: (function, index of the const op, consumer name, consumer type).
+struct Job {
+    func: String,
+    const_idx: usize,
+    op: String,
+    op_type: String,
+}
+
+/// Compresses the selected weights of every function of `model` in place. The model must
+/// target iOS18 (the constexpr ops used here exist from iOS18 on).
+pub fn compress(model: &mut Model, method: &Method, sel: &Selection) -> Result<Outcome> {
+    let mut jobs = Vec::new();
+    let mut outcome = Outcome::default();
+    for (fname, f) in &model.program.functions {
+        if f.opset < Opset::Ios18 {
+            bail!(
+                "compression emits iOS18 constexpr ops, but function `{fname}` targets {}; export with --target ios18",
+                f.opset
+            );
+        }
+        let producers: HashMap<&str, usize> = f
+            .block
+            .operations
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.op_type == "const")
+            .map(|(i, o)| (o.outputs[0].name.as_str(), i))
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for op in &f.block.operations {
+            let Some(param) = weight_input(op) else {
+                continue;
+            };
+            if !sel.op_types.contains(&op.op_type) {
+                continue;
+            }
+            let Some(Arg::Var(w)) = op.arg(param) else {
+                continue;
+            };
+            let Some(&ci) = producers.get(w.as_str()) else {
+                continue;
+            };
+            let c = &f.block.operations[ci];
+            if !sel.op_names.is_empty()
+                && !sel.op_names.iter().any(|n| *n == op.name || *n == c.name)
+            {
+                continue;
+            }
+            let Some(Value::Tensor(t)) = c.const_val() else {
+                continue;
+            };
+            if t.dtype != DType::F16 || t.num_elements() <= sel.weight_threshold {
+                continue;
+            }
+            if is_positional(&c.name) {
+                continue;
+            }
+            if op.op_type == "matmul" {
+                bail!("op `{}`: compressing a matmul operand is not supported (weights of conv/linear are)", op.name);
+            }
+            if let Some(why) = indivisible(method, &t.shape) {
+                if sel.skip_indivisible {
+                    outcome.skipped.push(Skipped {
+                        op: op.name.clone(),
+                        weight: c.name.clone(),
+                        shape: t.shape.clone(),
+                        reason: why,
+                    });
+                    continue;
+                }
+                bail!(
+                    "cannot compress the weight `{}` {:?} of op `{}` ({}): {why}; or pass --skip-indivisible to leave such weights uncompressed (they are listed)",
+                    c.name,
+                    t.shape,
+                    op.name,
+                    op.op_type
+                );
+            }
+            if seen.insert(ci) {
+                jobs.push(Job {
+                    func: fname.clone(),
+                    const_idx: ci,
+                    op: op.name.clone(),
+                    op_type: op.op_type.clone(),
+                });
+            }
+        }
+    }
+    for name in &sel.op_names {
+        let found = model
+            .program
+            .functions
+            .values()
+            .any(|f| f.block.operations.iter().any(|o| o.name == *name));
+        if !found {
+            bail!("--op-names: no op named `{name}` in the program (see `milkit inspect --mil`)");
+        }
+    }
+    // Compute replacements in parallel (k-means dominates), then splice them in.
+    let results: Vec<Result<(usize, Operation, Compressed)>> = jobs
+        .par_iter()
+        .map(|j| {
+            let f = &model.program.functions[&j.func];
+            let c = &f.block.operations[j.const_idx];
+            let Some(Value::Tensor(t)) = c.const_val() else {
+                unreachable!("selected consts are tensors")
+            };
+            let (op, rec) = replace(c, t, method)
+                .with_context(|| format!("compressing `{}` of op `{}`", c.name, j.op))?;
+            Ok((
+                j.const_idx,
+                op,
+                Compressed {
+                    op: j.op.clone(),
+                    op_type: j.op_type.clone(),
+                    ..rec
+                },
+            ))
+        })
+        .collect();
+    let mut by_func: BTreeMap<String, Vec<(usize, Operation)>> = BTreeMap::new();
+    for (j, r) in jobs.iter().zip(results) {
+        let (i, op, rec) = r?;
+        by_func.entry(j.func.clone()).or_default().push((i, op));
+        outcome.compressed.push(rec);
+    }
+    for (fname, reps) in by_func {
+        let f = model
+            .program
+            .functions
+            .get_mut(&fname)
+            .expect("function exists");
+        for (i, op) in reps {
+            f.block.operations[i] = op;
+        }
+    }
+    Ok(outcome)
+}
+
+/// The constexpr op that replaces const `c` (same output variable), and its record.
+fn replace(c: &Operation, t: &Tensor, method: &Method) -> Result<(Operation, Compressed)> {
+    let w: Vec<f16> = t.data.to_f16_vec();
+    let before = t.data.len() as u64;
+    let out = Var {
+        name: c.outputs[0].name.clone(),
+        ty: ValueType::Tensor(t.tensor_type()),
+    };
+    let mut inputs = BTreeMap::new();
+    let (op_type, decoded, after) = match method {
+        Method::Palettize(cfg) => {
+            let p = palettize(&w, &t.shape, cfg, None)?;
+            let idx_dtype = match p.nbits {
+                1 => DType::U1,
+                2 => DType::U2,
+                3 => DType::U3,
+                4 => DType::U4,
+                6 => DType::U6,
+                8 => DType::U8,
+                n => bail!("unsupported nbits {n}"),
+            };
+            let packed = p.packed_indices()?;
+            let idx = Tensor::new(
+                idx_dtype,
+                t.shape.clone(),
+                crate::ir::Bytes::from_vec(packed),
+            )?;
+            let lut = Tensor::f16(&p.lut_shape, &p.lut);
+            let after = (idx.data.len() + lut.data.len()) as u64;
+            inputs.insert("indices".to_string(), vec![Arg::Value(Value::Tensor(idx))]);
+            inputs.insert("lut".to_string(), vec![Arg::Value(Value::Tensor(lut))]);
+            ("constexpr_lut_to_dense", p.decode()?, after)
+        }
+        Method::Quantize(cfg) => {
+            let q = quantize(&w, &t.shape, cfg)?;
+            let dd = match q.dtype.mil_name() {
+                "int4" => DType::I4,
+                "uint4" => DType::U4,
+                "int8" => DType::I8,
+                _ => DType::U8,
+            };
+            let data = Tensor::new(
+                dd,
+                t.shape.clone(),
+                crate::ir::Bytes::from_vec(q.data.to_storage_bytes(q.dtype)?),
+            )?;
+            let scale = Tensor::f16(&q.scale_shape, &q.scale);
+            let mut after = (data.data.len() + scale.data.len()) as u64;
+            inputs.insert("data".to_string(), vec![Arg::Value(Value::Tensor(data))]);
+            inputs.insert("scale".to_string(), vec![Arg::Value(Value::Tensor(scale))]);
+            if let Some(o) = &q.offset {
+                let off = Tensor::new(
+                    dd,
+                    q.scale_shape.clone(),
+                    crate::ir::Bytes::from_vec(o.to_storage_bytes(q.dtype)?),
+                )?;
+                after += off.data.len() as u64;
+                inputs.insert("offset".to_string(), vec![Arg::Value(Value::Tensor(off))]);
+            }
+            ("constexpr_blockwise_shift_scale", q.decode()?, after)
+        }
+    };
+    let err = relative_rms_error(&w, &decoded)?;
+    let suffix = if op_type == "constexpr_lut_to_dense" {
+        "palettized"
+    } else {
+        "quantized"
+    };
+    let op = Operation {
+        op_type: op_type.to_string(),
+        name: format!("{}_{suffix}", c.name),
+        inputs,
+        outputs: vec![out],
+        blocks: vec![],
+        attributes: BTreeMap::new(),
+    };
+    Ok((
+        op,
+        Compressed {
+            op: String::new(),
+            op_type: String::new(),
+            weight: c.name.clone(),
+            shape: t.shape.clone(),
+            mode: mode_name(method),
+            bytes_before: before,
+            bytes_after: after,
+            rel_rms_error: err,
+        },
+    ))
+}

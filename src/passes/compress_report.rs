@@ -1,0 +1,70 @@
+//! Conversion of a compression pass outcome into its report.
+
+use crate::passes::compress::Outcome;
+use crate::report::{CompressReport, CompressedOp, SkippedOp};
+
+impl CompressReport {
+    pub fn from_outcome(o: &Outcome, mode: &str) -> CompressReport {
+        let before: u64 = o.compressed.iter().map(|c| c.bytes_before).sum();
+        let after: u64 = o.compressed.iter().map(|c| c.bytes_after).sum();
+        let n = o.compressed.len().max(1) as f64;
+        CompressReport {
+            mode: mode.to_string(),
+            ops: o
+                .compressed
+                .iter()
+                .map(|c| CompressedOp {
+                    op: c.op.clone(),
+                    op_type: c.op_type.clone(),
+                    weight: c.weight.clone(),
+                    shape: c.shape.clone(),
+                    mode: c.mode.clone(),
+                    bytes_before: c.bytes_before,
+                    bytes_after: c.bytes_after,
+                    rel_rms_error: c.rel_rms_error,
+                })
+                .collect(),
+            skipped: o
+                .skipped
+                .iter()
+                .map(|s| SkippedOp {
+                    op: s.op.clone(),
+                    weight: s.weight.clone(),
+                    shape: s.shape.clone(),
+                    reason: s.reason.clone(),
+                })
+                .collect(),
+            bytes_before: before,
+            bytes_after: after,
+            ratio: if after > 0 {
+                before as f64 / after as f64
+            } else {
+                0.0
+            },
+            mean_rel_rms_error: o.compressed.iter().map(|c| c.rel_rms_error).sum::<f64>() / n,
+        }
+    }
+
+    /// A human-readable table.
+    pub fn to_text(&self) -> String {
+        let mut s = format!("compressed {} weights ({}):\n", self.ops.len(), self.mode);
+        for c in &self.ops {
+            s += &format!(
+                "  {:<40} {:>16} {:>10} → {:>9} B  rel.rms {:.4}\n",
+                c.weight,
+                format!("{:?}", c.shape),
+                c.bytes_before,
+                c.bytes_after,
+                c.rel_rms_error
+            );
+        }
+        for k in &self.skipped {
+            s += &format!("  skipped {} {:?}: {}\n", k.weight, k.shape, k.reason);
+        }
+        s += &format!(
+            "total {} → {} bytes ({:.2}x), mean relative RMS error {:.4}\n",
+            self.bytes_before, self.bytes_after, self.ratio, self.mean_rel_rms_error
+        );
+        s
+    }
+}

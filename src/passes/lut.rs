@@ -1,0 +1,369 @@
+//! Palettization of fp16 weights into the inputs of the iOS18 `constexpr_lut_to_dense` op
+//! (a look-up table plus one index per element), and that op's decode.
+//!
+//! Layout, as coremltools 9 builds it (`palettize_weights.grouped_channelwise_compress`):
+//! output channels are axis 0; `group_size` consecutive output channels share one table.
+//! `indices` has the weight's shape (dtype `uint<nbits>`); `lut` has rank = weight rank + 2:
+//! `[num_groups, 1, …, 1, 2^nbits, 1]` (per-tensor: `num_groups` = 1). Within a group the
+//! entries are the group's rows flattened in row-major order.
+//! - k-means: exact 1-D k-means ([`super::kmeans`]); entries ascending, each the weighted mean
+//!   of its cluster rounded once from f64 to fp16; unused entries (fewer distinct values than
+//!   entries) are 0, as coremltools pads them.
+//! - uniform (coremltools' `compress_uniform`, in numpy fp16 arithmetic): with `lo`/`hi` the
+//!   group's min/max and `L = 2^nbits − 1`, `index = round_half_even(fp16(fp16(fp16(w − lo) /
+//!   fp16(hi − lo)) · L))` and `entry[i] = fp16(i · fp16(fp16(hi − lo) / L) + lo)` (the entry is
+//!   computed in f64 and rounded once). Note the index is not always the nearest entry.
+//!
+//! Decode is a plain table look-up, so it is exact by construction.
+
+use super::kmeans::kmeans_1d_f16;
+use anyhow::{bail, ensure, Result};
+use half::f16;
+use rayon::prelude::*;
+
+/// How table entries are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LutMode {
+    /// Least (optionally importance-weighted) squared error: exact k-means.
+    Kmeans,
+    /// Evenly spaced over each group's [min, max], as coremltools' `uniform` mode.
+    Uniform,
+}
+
+/// Which elements share one table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LutGranularity {
+    PerTensor,
+    /// `group_size` consecutive output channels (axis 0) per table.
+    PerGroupedChannel(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LutConfig {
+    pub mode: LutMode,
+    /// 1, 2, 3, 4, 6 or 8.
+    pub nbits: u32,
+    pub granularity: LutGranularity,
+}
+
+/// Bit widths `constexpr_lut_to_dense` accepts for its indices.
+pub const LUT_NBITS: [u32; 6] = [1, 2, 3, 4, 6, 8];
+
+/// Inputs of one iOS18 `constexpr_lut_to_dense` (scalar palettization, no `vector_axis`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Palettized {
+    pub nbits: u32,
+    /// The weight's shape, which is also the shape of `indices`.
+    pub shape: Vec<usize>,
+    /// fp16 entries, row-major in `lut_shape`.
+    pub lut: Vec<f16>,
+    pub lut_shape: Vec<usize>,
+    /// One index (< 2^nbits) per element, row-major.
+    pub indices: Vec<u8>,
+}
+
+impl Palettized {
+    /// The fp16 weight Core ML materializes from this op.
+    pub fn decode(&self) -> Result<Vec<f16>> {
+        decode_lut(&self.indices, &self.shape, &self.lut, &self.lut_shape)
+    }
+    /// Indices packed as `uint<nbits>` storage (LSB-first; raw bytes for 8 bits).
+    pub fn packed_indices(&self) -> Result<Vec<u8>> {
+        super::subbyte::pack_bits(&self.indices, self.nbits)
+    }
+}
+
+/// Rounds an f64 to the nearest fp16 (ties to even) in one step, as numpy's `astype`
+/// does. (`f16::from_f64` may round via f32 or truncate low bits first.)
+pub fn f64_to_f16_nearest(x: f64) -> f16 {
+    if x.is_nan() {
+        return f16::NAN;
+    }
+    // 65520 is the midpoint between fp16 MAX and the next power of two: ties go to infinity.
+    if x.abs() >= 65520.0 {
+        return if x > 0.0 {
+            f16::INFINITY
+        } else {
+            f16::NEG_INFINITY
+        };
+    }
+    let mut h = f16::from_f32(x as f32);
+    if h.is_infinite() {
+        h = if x > 0.0 { f16::MAX } else { f16::MIN };
+    }
+    // The candidate is within one step of the answer; compare its neighbours exactly
+    // (fp16 values and their differences from x are exact in f64 at this distance).
+    let step = |b: u16, up: bool| -> u16 {
+        // Walk the fp16 number line by bit patterns (sign-magnitude).
+        match (b & 0x8000 != 0, up) {
+            (false, true) => b + 1,
+            (false, false) if b == 0 => 0x8001,
+            (false, false) => b - 1,
+            (true, true) if b == 0x8000 => 0x0001,
+            (true, true) => b - 1,
+            (true, false) => b + 1,
+        }
+    };
+    let bits = h.to_bits();
+    let mut best = h;
+    let mut best_d = (x - h.to_f64()).abs();
+    for cand_bits in [step(bits, false), step(bits, true)] {
+        let c = f16::from_bits(cand_bits);
+        if !c.is_finite() {
+            continue;
+        }
+        let d = (x - c.to_f64()).abs();
+        if d < best_d || (d == best_d && cand_bits & 1 == 0 && best.to_bits() & 1 == 1) {
+            best = c;
+            best_d = d;
+        }
+    }
+    best
+}
+
+#[inline(always)]
+fn r16(x: f32) -> f32 {
+    // One fp16 rounding of an f32 result of fp16 operands = numpy's fp16 arithmetic.
+    f16::from_f32(x).to_f32()
+}
+
+/// coremltools' uniform palettization of one group.
+fn uniform_group(w: &[f16], nbits: u32, lut: &mut [f16], idx: &mut [u8]) {
+    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+    for x in w {
+        lo = lo.min(x.to_f32());
+        hi = hi.max(x.to_f32());
+    }
+    let levels = ((1u32 << nbits) - 1) as f32;
+    let width = r16(hi - lo);
+    let scale = r16(width / levels);
+    for (i, e) in lut.iter_mut().enumerate() {
+        *e = f64_to_f16_nearest(i as f64 * f64::from(scale) + f64::from(lo));
+    }
+    for (x, o) in w.iter().zip(idx.iter_mut()) {
+        let t = r16(r16(r16(x.to_f32() - lo) / width) * levels).round_ties_even();
+        // A constant group gives 0/0 = NaN, which numpy casts to 0.
+        *o = t as u8;
+    }
+}
+
+/// Largest divisor of `dim` not above `want` (for error messages suggesting a fix).
+fn divisor_at_most(dim: usize, want: usize) -> usize {
+    (1..=want.min(dim))
+        .rev()
+        .find(|d| dim % d == 0)
+        .unwrap_or(1)
+}
+
+/// Palettizes an fp16 weight whose output channels are axis 0.
+///
+/// `importance` (k-means only) weights each element's squared error by a per-input-position
+/// factor: its length is the product of all dims but axis 0, and it is broadcast over the
+/// output channels. Factors must be finite and ≥ 0.
+pub fn palettize(
+    weight: &[f16],
+    shape: &[usize],
+    cfg: &LutConfig,
+    importance: Option<&[f32]>,
+) -> Result<Palettized> {
+    let numel: usize = shape.iter().product();
+    ensure!(
+        !shape.is_empty() && numel == weight.len() && numel > 0,
+        "palettize: weight has {} elements but shape {shape:?} holds {numel}",
+        weight.len()
+    );
+    ensure!(
+        LUT_NBITS.contains(&cfg.nbits),
+        "palettize: nbits {} is not one of {LUT_NBITS:?}",
+        cfg.nbits
+    );
+    if let Some((i, v)) = weight.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        bail!("palettize: weight of shape {shape:?} has non-finite element {i} ({v})");
+    }
+    let rest = numel / shape[0];
+    if let Some(imp) = importance {
+        ensure!(
+            cfg.mode == LutMode::Kmeans,
+            "palettize: importance weighting only applies to k-means mode, not uniform"
+        );
+        ensure!(
+            imp.len() == rest,
+            "palettize: importance has {} entries, but the weight of shape {shape:?} has {rest} \
+             per output channel",
+            imp.len()
+        );
+    }
+    let groups = match cfg.granularity {
+        LutGranularity::PerTensor => 1,
+        LutGranularity::PerGroupedChannel(gs) => {
+            let out = shape[0];
+            if gs == 0 || out % gs != 0 {
+                bail!(
+                    "palettize: group_size {gs} does not divide the output channels (axis 0 = \
+                     {out}) of the weight with shape {shape:?}; use a group size that divides \
+                     {out} (e.g. {}) or per-tensor granularity for this weight",
+                    divisor_at_most(out, gs.max(1))
+                );
+            }
+            out / gs
+        }
+    };
+    let chunk = numel / groups;
+    let entries = 1usize << cfg.nbits;
+    let mut lut = vec![f16::ZERO; groups * entries];
+    let mut indices = vec![0u8; numel];
+    // Per-element weights of a group: the importance row repeated for each output channel.
+    let group_weights: Option<Vec<f32>> =
+        importance.map(|imp| imp.iter().copied().cycle().take(chunk).collect());
+
+    lut.par_chunks_mut(entries)
+        .zip(indices.par_chunks_mut(chunk))
+        .zip(weight.par_chunks(chunk))
+        .try_for_each(|((lut, idx), w)| -> Result<()> {
+            match cfg.mode {
+                LutMode::Uniform => uniform_group(w, cfg.nbits, lut, idx),
+                LutMode::Kmeans => {
+                    let km = kmeans_1d_f16(w, group_weights.as_deref(), entries)?;
+                    for (e, &c) in lut.iter_mut().zip(&km.centroids) {
+                        *e = f64_to_f16_nearest(c);
+                    }
+                    idx.copy_from_slice(&km.assign);
+                }
+            }
+            Ok(())
+        })?;
+
+    let mut lut_shape = vec![1usize; shape.len() + 2];
+    lut_shape[0] = groups;
+    lut_shape[shape.len()] = entries;
+    Ok(Palettized {
+        nbits: cfg.nbits,
+        shape: shape.to_vec(),
+        lut,
+        lut_shape,
+        indices,
+    })
+}
+
+/// Core ML's materialization of `constexpr_lut_to_dense` for scalar palettization
+/// (`lut` of shape `[b_0, …, b_{K-1}, 2^nbits, 1]`, each `b_a` dividing `shape[a]`).
+pub fn decode_lut(
+    indices: &[u8],
+    shape: &[usize],
+    lut: &[f16],
+    lut_shape: &[usize],
+) -> Result<Vec<f16>> {
+    let rank = shape.len();
+    let numel: usize = shape.iter().product();
+    ensure!(
+        rank >= 1 && indices.len() == numel,
+        "decode_lut: {} indices for shape {shape:?}",
+        indices.len()
+    );
+    ensure!(
+        lut_shape.len() == rank + 2,
+        "decode_lut: lut shape {lut_shape:?} must have rank {} (indices rank + 2)",
+        rank + 2
+    );
+    ensure!(
+        lut_shape[rank + 1] == 1,
+        "decode_lut: vector palettization (lut last dim {}) is not supported",
+        lut_shape[rank + 1]
+    );
+    let entries = lut_shape[rank];
+    ensure!(
+        entries.is_power_of_two() && entries <= 256,
+        "decode_lut: palette size {entries} is not 2^nbits with nbits ≤ 8"
+    );
+    ensure!(
+        lut.len() == lut_shape.iter().product::<usize>(),
+        "decode_lut: lut has {} values for shape {lut_shape:?}",
+        lut.len()
+    );
+    let mut blocks = Vec::with_capacity(rank);
+    for a in 0..rank {
+        ensure!(
+            lut_shape[a] > 0 && shape[a] % lut_shape[a] == 0,
+            "decode_lut: axis {a}: indices dim {} is not a multiple of lut dim {}",
+            shape[a],
+            lut_shape[a]
+        );
+        blocks.push(shape[a] / lut_shape[a]);
+    }
+    if let Some((i, &bad)) = indices
+        .iter()
+        .enumerate()
+        .find(|(_, &v)| v as usize >= entries)
+    {
+        bail!("decode_lut: index {i} is {bad}, but the palette has {entries} entries");
+    }
+    if numel == 0 {
+        return Ok(Vec::new());
+    }
+    // Row-major strides of the table grid (the first `rank` dims of lut).
+    let mut gstride = vec![entries; rank];
+    for a in (0..rank - 1).rev() {
+        gstride[a] = gstride[a + 1] * lut_shape[a + 1];
+    }
+    let last = shape[rank - 1];
+    let last_map: Vec<usize> = (0..last)
+        .map(|i| (i / blocks[rank - 1]) * gstride[rank - 1])
+        .collect();
+    let outer = &shape[..rank - 1];
+    let mut out = vec![f16::ZERO; numel];
+    out.par_chunks_mut(last)
+        .zip(indices.par_chunks(last))
+        .enumerate()
+        .for_each(|(row, (dst, idx))| {
+            let (mut rem, mut base) = (row, 0usize);
+            for a in (0..outer.len()).rev() {
+                let i = rem % outer[a];
+                rem /= outer[a];
+                base += (i / blocks[a]) * gstride[a];
+            }
+            for ((o, &ix), &m) in dst.iter_mut().zip(idx).zip(&last_map) {
+                *o = lut[base + m + ix as usize];
+            }
+        });
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rounding_is_exact() {
+        // 1 + 2^-11 is the tie between 1 and 1 + 2^-10: even (1.0) wins; a hair above goes up.
+        let tie = 1.0 + 2f64.powi(-11);
+        assert_eq!(f64_to_f16_nearest(tie), f16::ONE);
+        let above = tie + 2f64.powi(-40); // lost if rounded through f32 first
+        assert_eq!(f64_to_f16_nearest(above).to_f64(), 1.0 + 2f64.powi(-10));
+        assert_eq!(f64_to_f16_nearest(65519.99), f16::MAX);
+        assert_eq!(f64_to_f16_nearest(65520.0), f16::INFINITY);
+        assert_eq!(f64_to_f16_nearest(-3e-8).to_bits(), 0x8001); // past the tie at -2^-25
+    }
+
+    #[test]
+    fn grouped_layout_and_refusal() {
+        let w: Vec<f16> = (0..32 * 6)
+            .map(|i| f16::from_f32(((i * 37) % 101) as f32 / 50.0 - 1.0))
+            .collect();
+        let cfg = LutConfig {
+            mode: LutMode::Kmeans,
+            nbits: 2,
+            granularity: LutGranularity::PerGroupedChannel(16),
+        };
+        let p = palettize(&w, &[32, 2, 3], &cfg, None).unwrap();
+        assert_eq!(p.lut_shape, vec![2, 1, 1, 4, 1]);
+        assert_eq!(p.decode().unwrap().len(), w.len());
+        let cfg12 = LutConfig {
+            granularity: LutGranularity::PerGroupedChannel(12),
+            ..cfg
+        };
+        let msg = palettize(&w, &[32, 6], &cfg12, None)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("[32, 6]") && msg.contains("e.g. 8"), "{msg}");
+    }
+}

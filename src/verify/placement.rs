@@ -1,0 +1,579 @@
+//! Predicted compute-unit placement. Core ML decides placement itself when it compiles a model
+//! on the device and documents few rules, so this is a *prediction* from the facts below; every
+//! row says so and lists the rules that fired. `--measured` (macOS 14.4+) compares it with
+//! what MLComputePlan reports.
+//!
+//! Resolution: `const`/`constexpr_*` ops are load-time (no unit). Otherwise each fired rule
+//! names a unit or none (informational); the op goes to the most restrictive named unit, in
+//! the order ANE < GPU < CPU (an op that needs both the GPU and the CPU gets the CPU).
+//! Costs (FLOPs and bytes moved) are estimates for weighting the totals, not timings.
+
+use super::analysis::{index, is_constexpr, FnIndex};
+use crate::ir::{Arg, DType, Dim, Model, Operation, TensorType, Value};
+use crate::report::{ComputeUnit, PlacementReport, PlacementRow, RuleInfo, UnitTotal};
+
+/// What a rule sees of one op.
+pub struct OpView<'a> {
+    pub op: &'a Operation,
+    pub fx: &'a FnIndex<'a>,
+    /// Tensor inputs produced at run time (function inputs and non-constant op outputs).
+    pub runtime_inputs: Vec<TensorType>,
+    /// Tensor inputs known when the model loads (inline, `const` or `constexpr_*` outputs).
+    pub const_inputs: Vec<(String, TensorType)>,
+    pub outputs: Vec<TensorType>,
+}
+
+impl OpView<'_> {
+    fn runtime_tensors(&self) -> impl Iterator<Item = &TensorType> {
+        self.runtime_inputs.iter().chain(&self.outputs)
+    }
+    fn all_tensors(&self) -> impl Iterator<Item = &TensorType> {
+        self.runtime_tensors()
+            .chain(self.const_inputs.iter().map(|(_, t)| t))
+    }
+    /// Ops producing any input variable.
+    fn input_producers(&self) -> impl Iterator<Item = &Operation> {
+        self.op.inputs.values().flatten().filter_map(|a| match a {
+            Arg::Var(n) => self.fx.producer_of(n),
+            Arg::Value(_) => None,
+        })
+    }
+}
+
+/// One placement rule.
+pub struct Rule {
+    pub id: &'static str,
+    /// The unit a firing sends the op to; `None` for rules that only inform.
+    pub effect: Option<ComputeUnit>,
+    pub statement: &'static str,
+    pub source: &'static str,
+    pub fires: fn(&OpView) -> bool,
+}
+
+/// The rule table, in the order rows list fired rules.
+pub static RULES: &[Rule] = &[
+    Rule {
+        id: "load_time_constant",
+        effect: Some(ComputeUnit::LoadTime),
+        statement: "const and constexpr_* ops are materialised when the model loads; they run on no unit",
+        source: "coremltools docs, Optimization / What's New (iOS16: 'ahead-of-runtime weight decompression to float16'); constexpr op docs in coremltools mil/ops/defs/iOS16/constexpr_ops.py",
+        fires: load_time_constant,
+    },
+    Rule {
+        id: "fp32_compute",
+        effect: Some(ComputeUnit::Gpu),
+        statement: "fp32 computation is scheduled on the GPU (or CPU), not the ANE",
+        source: "coremltools docs, Typed Execution Workflow Example: a float 32 typed model executes on a combination of the GPU and CPU",
+        fires: fp32_compute,
+    },
+    Rule {
+        id: "dynamic_shape",
+        effect: Some(ComputeUnit::Gpu),
+        statement: "tensors of unknown (dynamic) shape leave the ANE",
+        source: "Apple Developer Forums thread 724930 (Apple engineer): with range flexibility only the default shape runs on the Neural Engine, others on GPU or CPU",
+        fires: dynamic_shape,
+    },
+    Rule {
+        id: "dim_over_16384",
+        effect: Some(ComputeUnit::Gpu),
+        statement: "a tensor dimension over 16,384 leaves the ANE",
+        source: "ANE hardware maximum tensor dimension 16,384 (ane-guide.readthedocs.io, Model-design rules; coremltools issue #1260 on the 16384 limit)",
+        fires: dim_over_16384,
+    },
+    Rule {
+        id: "ane_output_channels",
+        effect: Some(ComputeUnit::Gpu),
+        statement: "a conv/linear/matmul with more than 32,768 fp16 output channels (over the ANE's 64 KB output-channel budget, e.g. an unsplit 51,866-wide vocab head) cannot be one ANE op",
+        source: "milkit design budget of 64 KB = 32,768 fp16 channels; ANE ports split LM heads into chunks (maderix/ANE PR #26; Apple, Deploying Transformers on the Apple Neural Engine: chunk large tensors)",
+        fires: ane_output_channels,
+    },
+    Rule {
+        id: "int4_per_block",
+        effect: Some(ComputeUnit::Cpu),
+        statement: "an op reading a per-block int4 linear-quantized weight risks CPU fallback",
+        source: "observed on a sibling graph (per-block int4 fell back to the CPU); coremltools docs, Quantization / Performance: per-block int4 gains are on the GPU",
+        fires: int4_per_block,
+    },
+    Rule {
+        id: "lut_keeps_ane",
+        effect: None,
+        statement: "grouped-channel LUT palettized weights kept ANE placement",
+        source: "observed on a sibling graph (grouped-channel LUT4 stayed on the ANE); coremltools docs, Palettization / Performance: just-in-time decompression is most likely on the Neural Engine",
+        fires: lut_keeps_ane,
+    },
+    Rule {
+        id: "state_machinery",
+        effect: Some(ComputeUnit::Cpu),
+        statement: "state read/update machinery (read_state, coreml_update_state, slice_update) runs on the CPU",
+        source: "observed placement of stateful KV-cache graphs (MLComputePlan); not an Apple-documented guarantee",
+        fires: state_machinery,
+    },
+    Rule {
+        id: "int32_arithmetic",
+        effect: Some(ComputeUnit::Cpu),
+        statement: "ops on int32 tensors at run time (token ids, cache positions) run on the CPU",
+        source: "the ANE datapath is fp16 (ane-guide.readthedocs.io, Model-design rules); WhisperKit TextDecoder compute plans place the int32-indexed gather on the CPU",
+        fires: int32_arithmetic,
+    },
+    Rule {
+        id: "fp16_static",
+        effect: Some(ComputeUnit::Ane),
+        statement: "fp16 computation on static shapes is ANE-eligible",
+        source: "coremltools docs, Typed Execution: float 16 typed models are eligible for the Neural Engine",
+        fires: fp16_static,
+    },
+];
+
+fn load_time_constant(v: &OpView) -> bool {
+    v.op.op_type == "const" || is_constexpr(&v.op.op_type)
+}
+
+fn fp32_compute(v: &OpView) -> bool {
+    v.runtime_tensors().any(|t| t.dtype == DType::F32)
+}
+
+fn dynamic_shape(v: &OpView) -> bool {
+    v.runtime_tensors().any(|t| t.shape.contains(&Dim::Unknown))
+}
+
+/// Largest dimension the ANE takes (see the rule's source).
+pub const ANE_MAX_DIM: usize = 16_384;
+/// 64 KB of fp16 output channels.
+pub const ANE_MAX_OUTPUT_CHANNELS: usize = 32_768;
+
+fn dim_over_16384(v: &OpView) -> bool {
+    v.all_tensors().any(|t| {
+        t.shape
+            .iter()
+            .any(|d| matches!(d, Dim::Fixed(n) if *n > ANE_MAX_DIM))
+    })
+}
+
+/// Output channels of a conv (axis 1), linear or matmul (last axis).
+pub fn output_channels(v: &OpView) -> Option<usize> {
+    let out = v.outputs.first()?;
+    let axis = match v.op.op_type.as_str() {
+        "conv" => 1,
+        "linear" | "matmul" => out.rank().checked_sub(1)?,
+        _ => return None,
+    };
+    match out.shape.get(axis)? {
+        Dim::Fixed(n) => Some(*n),
+        Dim::Unknown => None,
+    }
+}
+
+fn ane_output_channels(v: &OpView) -> bool {
+    output_channels(v).is_some_and(|c| c > ANE_MAX_OUTPUT_CHANNELS)
+}
+
+/// A `constexpr_blockwise_shift_scale` with 4-bit data and more than one scale along an axis
+/// other than the output-channel axis 0 (per-channel scales are [C_out, 1, ...]).
+fn is_int4_per_block(fx: &FnIndex, p: &Operation) -> bool {
+    if p.op_type != "constexpr_blockwise_shift_scale" {
+        return false;
+    }
+    let tensor = |name: &str| -> Option<&crate::ir::Tensor> {
+        match p.attributes.get(name) {
+            Some(Value::Tensor(t)) => Some(t),
+            _ => match fx.const_value(p.arg(name)?)? {
+                Value::Tensor(t) => Some(t),
+                _ => None,
+            },
+        }
+    };
+    let four_bit = tensor("data").is_some_and(|t| matches!(t.dtype, DType::I4 | DType::U4));
+    let per_block = tensor("scale").is_some_and(|s| s.shape.iter().skip(1).any(|&d| d > 1));
+    four_bit && per_block
+}
+
+fn int4_per_block(v: &OpView) -> bool {
+    v.input_producers().any(|p| is_int4_per_block(v.fx, p))
+}
+
+fn lut_keeps_ane(v: &OpView) -> bool {
+    v.input_producers()
+        .any(|p| p.op_type == "constexpr_lut_to_dense")
+}
+
+fn state_machinery(v: &OpView) -> bool {
+    matches!(
+        v.op.op_type.as_str(),
+        "read_state" | "coreml_update_state" | "slice_update"
+    )
+}
+
+fn int32_arithmetic(v: &OpView) -> bool {
+    v.runtime_tensors().any(|t| t.dtype == DType::I32)
+}
+
+fn fp16_static(v: &OpView) -> bool {
+    let mut any_f16 = false;
+    for t in v.runtime_tensors() {
+        if t.shape.contains(&Dim::Unknown) || (t.dtype.is_float() && t.dtype != DType::F16) {
+            return false;
+        }
+        any_f16 |= t.dtype == DType::F16;
+    }
+    any_f16
+}
+
+/// The rule table as report data.
+pub fn rule_table() -> Vec<RuleInfo> {
+    RULES
+        .iter()
+        .map(|r| RuleInfo {
+            id: r.id.to_string(),
+            effect: r
+                .effect
+                .map(|u| u.label().to_string())
+                .unwrap_or_else(|| "none".into()),
+            statement: r.statement.to_string(),
+            source: r.source.to_string(),
+        })
+        .collect()
+}
+
+fn view<'a>(fx: &'a FnIndex<'a>, op: &'a Operation) -> OpView<'a> {
+    let mut runtime_inputs = Vec::new();
+    let mut const_inputs = Vec::new();
+    for (param, binds) in &op.inputs {
+        for b in binds {
+            let (ty, constant) = match b {
+                Arg::Value(v) => (v.value_type(), true),
+                Arg::Var(n) => {
+                    let Some(ty) = fx.types.get(n.as_str()) else {
+                        continue;
+                    };
+                    let constant = fx
+                        .producer_of(n)
+                        .is_some_and(|p| p.op_type == "const" || is_constexpr(&p.op_type));
+                    ((*ty).clone(), constant)
+                }
+            };
+            if let Some(t) = ty.as_tensor() {
+                if constant {
+                    const_inputs.push((param.clone(), t.clone()));
+                } else {
+                    runtime_inputs.push(t.clone());
+                }
+            }
+        }
+    }
+    let outputs = op
+        .outputs
+        .iter()
+        .filter_map(|o| o.ty.as_tensor().cloned())
+        .collect();
+    OpView {
+        op,
+        fx,
+        runtime_inputs,
+        const_inputs,
+        outputs,
+    }
+}
+
+fn elems(t: &TensorType) -> u64 {
+    t.num_elements().unwrap_or(0) as u64
+}
+
+fn bytes(t: &TensorType) -> u64 {
+    t.dtype.storage_bytes(t.num_elements().unwrap_or(0)) as u64
+}
+
+fn const_bool(v: &OpView, name: &str) -> bool {
+    v.op.arg(name)
+        .and_then(|a| v.fx.const_value(a))
+        .and_then(|c| c.as_tensor())
+        .and_then(|t| t.to_i64_vec().ok())
+        .is_some_and(|b| b.first() == Some(&1))
+}
+
+/// 2 · the product of the sizes of every distinct subscript (one multiply-add per point of
+/// the iteration space).
+fn einsum_flops(v: &OpView) -> u64 {
+    let Some(eq) =
+        v.op.arg("equation")
+            .and_then(|a| v.fx.const_value(a))
+            .and_then(|c| c.as_str())
+    else {
+        return 0;
+    };
+    let lhs = eq.split("->").next().unwrap_or("");
+    let mut sizes: std::collections::BTreeMap<char, usize> = Default::default();
+    for (term, arg) in lhs.split(',').zip(
+        v.op.inputs
+            .get("values")
+            .map(|b| b.as_slice())
+            .unwrap_or(&[]),
+    ) {
+        let ty = match arg {
+            Arg::Var(n) => {
+                v.fx.types
+                    .get(n.as_str())
+                    .and_then(|t| t.as_tensor())
+                    .cloned()
+            }
+            Arg::Value(val) => val.value_type().as_tensor().cloned(),
+        };
+        let Some(shape) = ty.and_then(|t| t.fixed_shape()) else {
+            return 0;
+        };
+        for (c, d) in term.chars().zip(shape) {
+            let e = sizes.entry(c).or_insert(d);
+            *e = (*e).max(d);
+        }
+    }
+    2 * sizes.values().map(|&d| d as u64).product::<u64>()
+}
+
+/// Estimated (FLOPs, bytes moved) of one run of the op.
+pub fn cost(v: &OpView) -> (u64, u64) {
+    if load_time_constant(v) {
+        return (0, 0);
+    }
+    let moved: u64 = v.all_tensors().map(bytes).sum();
+    let out = v.outputs.first();
+    let out_elems = out.map(elems).unwrap_or(0);
+    let weight = |name: &str| {
+        v.const_inputs
+            .iter()
+            .find(|(p, _)| p == name)
+            .map(|(_, t)| t)
+    };
+    let flops = match v.op.op_type.as_str() {
+        "conv" => {
+            // 2 · outputs · (C_in / groups) · kernel area; the weight is [C_out, C_in/groups, k...].
+            let per_out: u64 = weight("weight")
+                .or_else(|| v.runtime_inputs.get(1))
+                .and_then(|w| w.fixed_shape())
+                .map(|s| s.iter().skip(1).product::<usize>() as u64)
+                .unwrap_or(0);
+            2 * out_elems * per_out
+        }
+        "linear" => {
+            let k = weight("weight")
+                .and_then(|w| w.fixed_shape())
+                .and_then(|s| s.get(1).copied())
+                .unwrap_or(0);
+            2 * out_elems * k as u64
+        }
+        "matmul" => {
+            let x = v.op.arg("x").and_then(|a| match a {
+                Arg::Var(n) => {
+                    v.fx.types
+                        .get(n.as_str())
+                        .and_then(|t| t.as_tensor())
+                        .cloned()
+                }
+                Arg::Value(val) => val.value_type().as_tensor().cloned(),
+            });
+            let tx = const_bool(v, "transpose_x");
+            let k = x.and_then(|x| x.fixed_shape()).and_then(|s| {
+                let n = s.len();
+                if n == 1 {
+                    Some(s[0])
+                } else if tx {
+                    s.get(n - 2).copied()
+                } else {
+                    s.last().copied()
+                }
+            });
+            2 * out_elems * k.unwrap_or(0) as u64
+        }
+        "einsum" => einsum_flops(v),
+        "softmax" => 5 * out_elems,
+        "layer_norm" | "batch_norm" => 8 * out_elems,
+        "gelu" | "silu" | "erf" | "tanh" | "sigmoid" | "exp" | "log" | "sqrt" | "rsqrt" | "pow"
+        | "sin" | "cos" => 8 * out_elems,
+        t if t.starts_with("reduce_") => v.runtime_inputs.first().map(elems).unwrap_or(0),
+        "reshape"
+        | "transpose"
+        | "expand_dims"
+        | "squeeze"
+        | "concat"
+        | "split"
+        | "stack"
+        | "slice_by_index"
+        | "slice_by_size"
+        | "gather"
+        | "gather_along_axis"
+        | "tile"
+        | "pad"
+        | "identity"
+        | "read_state"
+        | "coreml_update_state"
+        | "slice_update"
+        | "shape"
+        | "fill"
+        | "cast" => 0,
+        _ => out_elems,
+    };
+    (flops, moved)
+}
+
+/// Predicts the unit of every op (nested blocks included) in every function.
+pub fn predict(model: &Model) -> PlacementReport {
+    let mut ops = Vec::new();
+    for fx in index(model) {
+        for op in &fx.ops {
+            let v = view(&fx, op);
+            let mut fired: Vec<&Rule> = RULES.iter().filter(|r| (r.fires)(&v)).collect();
+            // A load-time constant runs on no unit, so no other rule applies to it.
+            if fired
+                .iter()
+                .any(|r| r.effect == Some(ComputeUnit::LoadTime))
+            {
+                fired.retain(|r| r.effect == Some(ComputeUnit::LoadTime));
+            }
+            let unit = if fired
+                .iter()
+                .any(|r| r.effect == Some(ComputeUnit::LoadTime))
+            {
+                ComputeUnit::LoadTime
+            } else {
+                fired
+                    .iter()
+                    .filter_map(|r| r.effect)
+                    .max()
+                    .unwrap_or(ComputeUnit::Ane)
+            };
+            let (flops, bytes) = cost(&v);
+            ops.push(PlacementRow {
+                function: fx.name.to_string(),
+                op_type: op.op_type.clone(),
+                name: op.name.clone(),
+                output: op
+                    .outputs
+                    .first()
+                    .map(|o| o.name.clone())
+                    .unwrap_or_default(),
+                unit,
+                basis: "predicted".into(),
+                rules: fired.iter().map(|r| r.id.to_string()).collect(),
+                flops,
+                bytes,
+                measured: None,
+            });
+        }
+    }
+    let totals = totals(&ops);
+    PlacementReport {
+        basis: "predicted".into(),
+        rules: rule_table(),
+        ops,
+        totals,
+        measured: None,
+    }
+}
+
+/// Ops, FLOPs and bytes per unit, with shares of the run-time totals.
+pub fn totals(rows: &[PlacementRow]) -> Vec<UnitTotal> {
+    let run = |r: &&PlacementRow| r.unit != ComputeUnit::LoadTime;
+    let all_flops: u64 = rows.iter().filter(run).map(|r| r.flops).sum();
+    let all_bytes: u64 = rows.iter().filter(run).map(|r| r.bytes).sum();
+    let share = |x: u64, all: u64| if all == 0 { 0.0 } else { x as f64 / all as f64 };
+    [
+        ComputeUnit::Ane,
+        ComputeUnit::Gpu,
+        ComputeUnit::Cpu,
+        ComputeUnit::LoadTime,
+    ]
+    .into_iter()
+    .map(|unit| {
+        let mine: Vec<&PlacementRow> = rows.iter().filter(|r| r.unit == unit).collect();
+        let flops = mine.iter().map(|r| r.flops).sum();
+        let bytes = mine.iter().map(|r| r.bytes).sum();
+        let (fs, bs) = if unit == ComputeUnit::LoadTime {
+            (0.0, 0.0)
+        } else {
+            (share(flops, all_flops), share(bytes, all_bytes))
+        };
+        UnitTotal {
+            unit,
+            ops: mine.len() as u64,
+            flops,
+            bytes,
+            flops_share: fs,
+            bytes_share: bs,
+        }
+    })
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Function, Opset, Program, Tensor, ValueType};
+    use crate::ops::{Builder, In};
+
+    /// x [1, cin, 1, len] fp16 → 1x1 conv with `cout` channels.
+    fn conv(cin: usize, cout: usize, len: usize) -> Model {
+        let mut b = Builder::new(Opset::Ios18);
+        let x = b.input("x", ValueType::tensor(DType::F16, &[1, cin, 1, len]));
+        let w = b.konst(
+            "w",
+            Value::Tensor(Tensor::f16(
+                &[cout, cin, 1, 1],
+                &vec![half::f16::ZERO; cout * cin],
+            )),
+        );
+        let y = b
+            .op1("conv", "c", vec![("x", (&x).into()), ("weight", In::V(w))])
+            .unwrap();
+        let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
+        let mut program = Program::default();
+        program.functions.insert(
+            "main".into(),
+            Function {
+                inputs,
+                opset: Opset::Ios18,
+                block,
+            },
+        );
+        Model {
+            spec_version: 9,
+            description: Default::default(),
+            program,
+        }
+    }
+
+    fn fired(m: &Model, id: &str) -> bool {
+        let fx = &index(m)[0];
+        let op = fx.ops.iter().find(|o| o.op_type == "conv").unwrap();
+        let rule = RULES.iter().find(|r| r.id == id).unwrap();
+        (rule.fires)(&view(fx, op))
+    }
+
+    #[test]
+    fn thresholds_are_exclusive() {
+        assert!(!fired(
+            &conv(1, ANE_MAX_OUTPUT_CHANNELS, 4),
+            "ane_output_channels"
+        ));
+        assert!(fired(
+            &conv(1, ANE_MAX_OUTPUT_CHANNELS + 1, 4),
+            "ane_output_channels"
+        ));
+        assert!(!fired(&conv(2, 8, ANE_MAX_DIM), "dim_over_16384"));
+        assert!(fired(&conv(2, 8, ANE_MAX_DIM + 1), "dim_over_16384"));
+        let ok = predict(&conv(2, 8, ANE_MAX_DIM));
+        assert_eq!(
+            ok.ops.iter().find(|r| r.op_type == "conv").unwrap().unit,
+            ComputeUnit::Ane
+        );
+    }
+
+    #[test]
+    fn every_rule_has_a_source_and_unique_id() {
+        for (i, r) in RULES.iter().enumerate() {
+            assert!(!r.source.is_empty() && !r.statement.is_empty(), "{}", r.id);
+            assert!(
+                RULES[..i].iter().all(|o| o.id != r.id),
+                "duplicate {}",
+                r.id
+            );
+        }
+    }
+}
