@@ -199,25 +199,6 @@ fn every_op_definition_can_be_evaluated() {
 
 // ---------- milkit's own BC1S encoder graph ----------
 
-/// fp16 weights straight from the checkpoint's safetensors.
-struct Checkpoint(Vec<u8>);
-
-impl milkit::whisper::graph::WeightSource for Checkpoint {
-    fn f16(&self, name: &str) -> anyhow::Result<(Vec<usize>, milkit::ir::Bytes)> {
-        let st = safetensors::SafeTensors::deserialize(&self.0)?;
-        let t = st.tensor(name)?;
-        anyhow::ensure!(
-            t.dtype() == safetensors::Dtype::F16,
-            "{name} is {:?}",
-            t.dtype()
-        );
-        Ok((
-            t.shape().to_vec(),
-            milkit::ir::Bytes::from_vec(t.data().to_vec()),
-        ))
-    }
-}
-
 #[test]
 fn milkit_bc1s_encoder_matches_pytorch_in_both_abis() {
     use milkit::whisper::encoder::{build_encoder, EncoderAbi, EncoderDims};

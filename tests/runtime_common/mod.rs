@@ -105,3 +105,22 @@ pub fn f16_tensor(shape: &[usize], v: &[f32]) -> Value {
         &v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(),
     ))
 }
+
+/// fp16 weights straight from the checkpoint's safetensors.
+pub struct Checkpoint(pub Vec<u8>);
+
+impl milkit::whisper::graph::WeightSource for Checkpoint {
+    fn f16(&self, name: &str) -> anyhow::Result<(Vec<usize>, milkit::ir::Bytes)> {
+        let st = safetensors::SafeTensors::deserialize(&self.0)?;
+        let t = st.tensor(name)?;
+        anyhow::ensure!(
+            t.dtype() == safetensors::Dtype::F16,
+            "{name} is {:?}",
+            t.dtype()
+        );
+        Ok((
+            t.shape().to_vec(),
+            milkit::ir::Bytes::from_vec(t.data().to_vec()),
+        ))
+    }
+}

@@ -1,0 +1,162 @@
+//! The interpreter on milkit's Whisper text decoder with the real tiny.en weights, driven
+//! as WhisperKit drives it (one token a step, host-side or state-held KV cache) and
+//! teacher-forced through the jfk reference tokens: logits against PyTorch's, argmax at
+//! every position, and the stateful variant (through a saved package) against the cache-I/O
+//! one.
+
+mod common;
+mod runtime_common;
+
+use milkit::ir::Opset;
+use milkit::runtime::{io, Session, Tensor};
+use milkit::whisper::decoder::{
+    alignment_heads_from_json, build_decoder, min_head_chunks, CrossKv, DecoderDims,
+    DecoderOptions, KvCache, MASK_HIDDEN,
+};
+use runtime_common::*;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+fn json(p: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+fn dims(fx: &Path) -> DecoderDims {
+    let c = json(&fx.join("models/whisper-tiny.en/config.json"));
+    let u = |k: &str| c[k].as_u64().unwrap() as usize;
+    DecoderDims {
+        d_model: u("d_model"),
+        layers: u("decoder_layers"),
+        heads: u("decoder_attention_heads"),
+        ffn: u("decoder_ffn_dim"),
+        vocab: u("vocab_size"),
+        n_text_ctx: u("max_target_positions"),
+        n_audio_ctx: u("max_source_positions"),
+    }
+}
+
+fn f16_host(v: Vec<f32>, shape: &[usize]) -> Tensor {
+    host(&v, shape).to_dtype(candle_core::DType::F16).unwrap()
+}
+
+fn i32_host(v: i32) -> Tensor {
+    Tensor::from_vec(vec![v], 1, &candle_core::Device::Cpu).unwrap()
+}
+
+/// Runs every reference token through a decoder session; returns the logits per position.
+fn teacher_force(s: &mut Session, d: &DecoderDims, tokens: &[i32], enc: &Tensor) -> Vec<Vec<f32>> {
+    let (n, dl) = (d.n_text_ctx, d.d_model * d.layers);
+    let fed: Vec<String> = s
+        .inputs(None)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let (mut key, mut value) = (vec![0f32; dl * n], vec![0f32; dl * n]);
+    let mut all = Vec::new();
+    for (t, &tok) in tokens.iter().enumerate() {
+        let mut ins: HashMap<&str, Tensor> = HashMap::new();
+        ins.insert("input_ids", i32_host(tok));
+        ins.insert("cache_length", i32_host(t as i32));
+        let pad = (0..n)
+            .map(|j| if j <= t { 0.0 } else { MASK_HIDDEN })
+            .collect();
+        ins.insert("decoder_key_padding_mask", f16_host(pad, &[1, n]));
+        ins.insert("encoder_output_embeds", enc.clone());
+        let upd = (0..n).map(|j| (j == t) as u8 as f32).collect();
+        ins.insert("kv_cache_update_mask", f16_host(upd, &[1, n]));
+        ins.insert("key_cache", f16_host(key.clone(), &[1, dl, 1, n]));
+        ins.insert("value_cache", f16_host(value.clone(), &[1, dl, 1, n]));
+        let inputs: Vec<(&str, Tensor)> = fed
+            .iter()
+            .map(|k| (k.as_str(), ins[k.as_str()].clone()))
+            .collect();
+        let out: HashMap<String, Tensor> = s.predict(&inputs).unwrap().into_iter().collect();
+        for (cache, name) in [
+            (&mut key, "key_cache_updates"),
+            (&mut value, "value_cache_updates"),
+        ] {
+            if let Some(u) = out.get(name) {
+                for (c, v) in f32s(u).into_iter().enumerate() {
+                    cache[c * n + t] = v;
+                }
+            }
+        }
+        all.push(f32s(&out["logits"]));
+    }
+    all
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+#[test]
+fn tiny_en_decoder_matches_pytorch_cache_io_and_stateful() {
+    let Some(fx) = common::fixtures() else { return };
+    let d = dims(&fx);
+    let gen = json(&fx.join("models/whisper-tiny.en/generation_config.json"));
+    let heads = alignment_heads_from_json(&gen["alignment_heads"]).unwrap();
+    let ck =
+        Checkpoint(std::fs::read(fx.join("models/whisper-tiny.en/model.safetensors")).unwrap());
+    let refs = fx.join("reference/tiny.en-jfk.safetensors");
+    let tokens = io::read_safetensors(&refs, "tokens")
+        .unwrap()
+        .to_vec1::<i32>()
+        .unwrap();
+    let want8 = f32s(&io::read_safetensors(&refs, "logits_first8").unwrap());
+    let want_argmax = io::read_safetensors(&refs, "argmax_all")
+        .unwrap()
+        .to_vec1::<i32>()
+        .unwrap();
+    // encoder_output [1, 1500, d] → WhisperKit's [1, d, 1, 1500].
+    let enc = io::read_safetensors(&refs, "encoder_output").unwrap();
+    let enc = enc
+        .transpose(1, 2)
+        .unwrap()
+        .unsqueeze(2)
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    let opts = |kv| DecoderOptions {
+        alignment_heads: heads.clone(),
+        head_chunks: min_head_chunks(d.vocab),
+        kv_cache: kv,
+        cross_kv: CrossKv::InGraph,
+    };
+
+    let m = build_decoder(&d, &ck, &opts(KvCache::Io), Opset::Ios17).unwrap();
+    let mut s = Session::from_model(m).unwrap();
+    let t0 = Instant::now();
+    let io_logits = teacher_force(&mut s, &d, &tokens, &enc);
+    let per_token = t0.elapsed() / tokens.len() as u32;
+    for t in 0..8 {
+        let p = psnr(&want8[t * d.vocab..(t + 1) * d.vocab], &io_logits[t]);
+        println!("decoder (cache I/O) position {t}: logits PSNR {p:.1} dB");
+        assert!(p >= 35.0, "position {t}: {p:.1} dB");
+    }
+    let ours: Vec<i32> = io_logits.iter().map(|l| argmax(l) as i32).collect();
+    assert_eq!(ours, want_argmax, "argmax at every position");
+    println!(
+        "decoder (cache I/O): {} positions, {per_token:.1?} per token",
+        tokens.len()
+    );
+
+    // Stateful variant, saved and loaded as a package: same logits as the cache-I/O graph.
+    let m = build_decoder(&d, &ck, &opts(KvCache::State), Opset::Ios18).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("decoder-stateful.mlpackage");
+    milkit::package::save_package(&m, &pkg, false, &mut |_| {}).unwrap();
+    let mut s = Session::load(&pkg).unwrap();
+    let t0 = Instant::now();
+    let st_logits = teacher_force(&mut s, &d, &tokens, &enc);
+    let per_token = t0.elapsed() / tokens.len() as u32;
+    for (t, (a, b)) in io_logits.iter().zip(&st_logits).enumerate() {
+        let p = psnr(a, b);
+        assert!(p >= 60.0, "position {t}: stateful vs cache I/O {p:.1} dB");
+    }
+    let ours: Vec<i32> = st_logits.iter().map(|l| argmax(l) as i32).collect();
+    assert_eq!(ours, want_argmax);
+    println!("decoder (stateful package): {per_token:.1?} per token");
+}
