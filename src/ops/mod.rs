@@ -7,8 +7,10 @@ pub mod builder;
 mod compression;
 mod elementwise;
 pub mod eval;
+mod index;
 mod infer;
 mod nn;
+mod reduce;
 mod shape;
 mod state;
 
@@ -113,7 +115,9 @@ pub fn all() -> impl Iterator<Item = &'static OpDef> {
     elementwise::DEFS
         .iter()
         .chain(nn::DEFS)
+        .chain(reduce::DEFS)
         .chain(shape::DEFS)
+        .chain(index::DEFS)
         .chain(compression::DEFS)
         .chain(state::DEFS)
 }

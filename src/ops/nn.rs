@@ -5,7 +5,7 @@ use super::eval::{one, out0, EvalCx, EvalFn, RValue};
 use super::infer::{axis, broadcast, float_only, tensor, InferCx};
 use super::{opt, opt_c, req, req_c, InputSpec, OpDef};
 use crate::ir::{Dim, Opset, ValueType};
-use crate::kernels::{self, fastmath, Reduce};
+use crate::kernels::{self, fastmath};
 use anyhow::{anyhow, bail, ensure, Result};
 
 const fn def(
@@ -230,7 +230,7 @@ fn infer_einsum(cx: &InferCx) -> Result<Vec<ValueType>> {
     Ok(vec![tensor(dtype.unwrap(), shape)])
 }
 
-fn norm_axes(cx: &InferCx, name: &str, rank: usize) -> Result<Option<Vec<usize>>> {
+pub(super) fn norm_axes(cx: &InferCx, name: &str, rank: usize) -> Result<Option<Vec<usize>>> {
     cx.opt_ints(name)?
         .map(|v| {
             v.into_iter()
@@ -284,44 +284,6 @@ fn infer_gelu(cx: &InferCx) -> Result<Vec<ValueType>> {
     );
     Ok(vec![ValueType::Tensor(x.clone())])
 }
-
-fn infer_reduce(cx: &InferCx) -> Result<Vec<ValueType>> {
-    let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
-    let axes = norm_axes(cx, "axes", x.rank())?.unwrap_or((0..x.rank()).collect());
-    let mut s = Vec::new();
-    for (i, d) in x.shape.iter().enumerate() {
-        if axes.contains(&i) {
-            if keep {
-                s.push(Dim::Fixed(1));
-            }
-        } else {
-            s.push(d.clone());
-        }
-    }
-    let dt = if cx.op_type == "reduce_argmax" || cx.op_type == "reduce_argmin" {
-        crate::ir::DType::I32
-    } else {
-        x.dtype
-    };
-    Ok(vec![tensor(dt, s)])
-}
-
-fn infer_argmax(cx: &InferCx) -> Result<Vec<ValueType>> {
-    let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
-    let mut s = x.shape.clone();
-    if keep {
-        s[a] = Dim::Fixed(1);
-    } else {
-        s.remove(a);
-    }
-    Ok(vec![tensor(crate::ir::DType::I32, s)])
-}
-
-const REDUCE: &[InputSpec] = &[req("x"), opt_c("axes"), opt_c("keep_dims")];
-const ARGRED: &[InputSpec] = &[req("x"), opt_c("axis"), opt_c("keep_dims")];
 
 // ---- evaluation: contractions in f32 (cached f32 copies of constant weights), results
 // rounded once to the output dtype ----
@@ -430,7 +392,7 @@ fn eval_einsum(cx: &EvalCx) -> Result<Vec<RValue>> {
     out0(cx, kernels::einsum(eq, &vals)?)
 }
 
-fn sorted_axes(cx: &EvalCx, name: &str, rank: usize) -> Result<Vec<usize>> {
+pub(super) fn sorted_axes(cx: &EvalCx, name: &str, rank: usize) -> Result<Vec<usize>> {
     let mut a = match cx.opt_ints(name)? {
         Some(v) => v
             .into_iter()
@@ -508,46 +470,6 @@ fn eval_gelu(cx: &EvalCx) -> Result<Vec<RValue>> {
     one(y)
 }
 
-fn reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
-    let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
-    let axes = sorted_axes(cx, "axes", x.rank())?;
-    one(kernels::reduce(x, &axes, keep, how)?)
-}
-fn eval_reduce_mean(cx: &EvalCx) -> Result<Vec<RValue>> {
-    reduce(cx, Reduce::Mean)
-}
-fn eval_reduce_sum(cx: &EvalCx) -> Result<Vec<RValue>> {
-    reduce(cx, Reduce::Sum)
-}
-fn eval_reduce_max(cx: &EvalCx) -> Result<Vec<RValue>> {
-    reduce(cx, Reduce::Max)
-}
-fn eval_reduce_min(cx: &EvalCx) -> Result<Vec<RValue>> {
-    reduce(cx, Reduce::Min)
-}
-fn eval_reduce_prod(cx: &EvalCx) -> Result<Vec<RValue>> {
-    reduce(cx, Reduce::Prod)
-}
-fn eval_reduce_l2_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
-    reduce(cx, Reduce::L2)
-}
-fn eval_reduce_log_sum_exp(cx: &EvalCx) -> Result<Vec<RValue>> {
-    reduce(cx, Reduce::LogSumExp)
-}
-fn arg_reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
-    let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
-    one(kernels::reduce(x, &[a], keep, how)?)
-}
-fn eval_reduce_argmax(cx: &EvalCx) -> Result<Vec<RValue>> {
-    arg_reduce(cx, Reduce::ArgMax)
-}
-fn eval_reduce_argmin(cx: &EvalCx) -> Result<Vec<RValue>> {
-    arg_reduce(cx, Reduce::ArgMin)
-}
-
 pub static DEFS: &[OpDef] = &[
     def(
         "conv",
@@ -619,18 +541,4 @@ pub static DEFS: &[OpDef] = &[
         eval_softmax,
     ),
     def("gelu", &[req("x"), opt_c("mode")], infer_gelu, eval_gelu),
-    def("reduce_mean", REDUCE, infer_reduce, eval_reduce_mean),
-    def("reduce_sum", REDUCE, infer_reduce, eval_reduce_sum),
-    def("reduce_max", REDUCE, infer_reduce, eval_reduce_max),
-    def("reduce_min", REDUCE, infer_reduce, eval_reduce_min),
-    def("reduce_prod", REDUCE, infer_reduce, eval_reduce_prod),
-    def("reduce_l2_norm", REDUCE, infer_reduce, eval_reduce_l2_norm),
-    def(
-        "reduce_log_sum_exp",
-        REDUCE,
-        infer_reduce,
-        eval_reduce_log_sum_exp,
-    ),
-    def("reduce_argmax", ARGRED, infer_argmax, eval_reduce_argmax),
-    def("reduce_argmin", ARGRED, infer_argmax, eval_reduce_argmin),
 ];

@@ -116,7 +116,7 @@ fn eval_write_state(cx: &EvalCx) -> Result<Vec<RValue>> {
 
 fn eval_slice_update(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let (spans, _) = super::shape::index_spans(cx, x.dims())?;
+    let (spans, _) = super::index::index_spans(cx, x.dims())?;
     one(kernels::strided_assign(x, &spans, cx.t("update")?)?)
 }
 
