@@ -9,6 +9,7 @@ pub mod ops;
 pub mod package;
 pub mod passes;
 pub mod proto;
+pub mod quality;
 pub mod report;
 pub mod runtime;
 pub mod verify;

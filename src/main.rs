@@ -32,6 +32,8 @@ enum Command {
     Compile(milkit::verify::cli::CompileArgs),
     /// Write a random-weight Whisper checkpoint with real dimensions (tests, benchmarks).
     Synth(cli::synth::SynthArgs),
+    /// Measure per-channel input statistics on real audio for data-aware compression.
+    Calibrate(cli::calibrate::CalibrateArgs),
     /// Time an export (large models, no download needed).
     Bench(cli::bench::BenchArgs),
 }
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         Command::Compile(a) => Ok(code(milkit::verify::cli::run_compile(&a))),
         Command::Synth(a) => cli::synth::run(&a),
         Command::Bench(a) => cli::bench::run(&a),
+        Command::Calibrate(a) => cli::calibrate::run(&a),
     };
     match r {
         Ok(code) => ExitCode::from(code),

@@ -5,8 +5,10 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use milkit::ir::Model;
 use milkit::package::{load_package, save_package};
-use milkit::passes::compress::{compress, Method, Outcome, Selection};
+use milkit::passes::calibrate::Calibration;
+use milkit::passes::compress::{compress_mixed, Method, Outcome, Selection};
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
+use milkit::passes::mixed::{plan_bits, DEFAULT_CANDIDATES};
 use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
 use std::path::PathBuf;
 
@@ -77,6 +79,17 @@ pub struct CompressFlags {
     /// listed) instead of refusing.
     #[arg(long)]
     pub skip_indivisible: bool,
+    /// Data-aware k-means: statistics from `milkit calibrate` (safetensors). Each weight's
+    /// squared error is weighted by its input channel's mean square on real audio, so
+    /// channels that carry signal keep more precision. Without it, plain k-means.
+    #[arg(long, value_name = "STATS")]
+    pub calibration: Option<PathBuf>,
+    /// Mixed precision (needs --calibration and --palettize kmeans): measure each weight's
+    /// output error at 2/3/4/6/8 bits on the calibration statistics and give more bits where
+    /// they buy the most accuracy, keeping the average stored bits per compressed weight
+    /// (tables included) within this budget, e.g. 4.25. The report lists the bits chosen.
+    #[arg(long, value_name = "BITS", requires = "calibration")]
+    pub target_bits: Option<f64>,
 }
 
 impl CompressFlags {
@@ -164,8 +177,41 @@ pub fn apply(
     let Some(method) = flags.method()? else {
         return Ok(None);
     };
+    let calibration = match &flags.calibration {
+        Some(p) => Some(Calibration::load(p)?),
+        None => None,
+    };
+    let mut nbits = std::collections::BTreeMap::new();
+    if let Some(target) = flags.target_bits {
+        let (Method::Palettize(cfg), Some(cal)) = (&method, &calibration) else {
+            bail!("--target-bits needs --palettize kmeans and --calibration");
+        };
+        let sp = progress::spinner("measuring sensitivity at 2/3/4/6/8 bits", quiet);
+        let plan = plan_bits(
+            model,
+            cfg,
+            &flags.selection(),
+            cal,
+            target,
+            &DEFAULT_CANDIDATES,
+        )?;
+        sp.finish_and_clear();
+        if !quiet {
+            eprintln!(
+                "mixed precision: {:.3} average bits per weight (target {target})",
+                plan.avg_bits
+            );
+        }
+        nbits = plan.nbits();
+    }
     let sp = progress::spinner("compressing", quiet);
-    let out = compress(model, &method, &flags.selection())?;
+    let out = compress_mixed(
+        model,
+        &method,
+        &flags.selection(),
+        calibration.as_ref(),
+        &nbits,
+    )?;
     sp.finish_and_clear();
     let report = milkit::report::CompressReport::from_outcome(
         &out,

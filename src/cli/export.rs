@@ -198,9 +198,10 @@ fn recipe_flags(
             .op_types
             .clone()
             .unwrap_or_else(|| vec!["conv".into(), "linear".into()]),
-        op_names: c.op_names.clone().unwrap_or(d.op_names),
+        op_names: c.op_names.clone().unwrap_or_default(),
         weight_threshold: c.weight_threshold.unwrap_or(2048),
         skip_indivisible: c.skip_indivisible,
+        ..d
     })
 }
 

@@ -163,3 +163,38 @@ fn sync_dir(dir: &Path) {
         }
     }
 }
+
+/// Writes one file atomically: into a hidden temporary file beside `target`, synced, then
+/// renamed into place. Refuses an existing `target` unless `force`.
+pub fn write_file_atomically(target: &Path, data: &[u8], force: bool) -> Result<()> {
+    use std::io::Write;
+    if fs::symlink_metadata(target).is_ok() && !force {
+        bail!(
+            "{} already exists; pass --force to replace it",
+            target.display()
+        );
+    }
+    let name = target
+        .file_name()
+        .with_context(|| format!("{}: output path has no file name", target.display()))?
+        .to_string_lossy()
+        .into_owned();
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&parent)
+        .with_context(|| format!("cannot create output directory {}", parent.display()))?;
+    let tmp = unique_path(&parent, &name, "tmp");
+    let r = (|| -> Result<()> {
+        let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        fs::rename(&tmp, target)
+            .with_context(|| format!("cannot move the new file into {}", target.display()))
+    })();
+    if r.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    r
+}

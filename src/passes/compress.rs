@@ -3,6 +3,7 @@
 //! quantization) whose data are bound inline, as coremltools 9 writes them. Never compresses
 //! outside the selection, never touches the positional embedding, never skips silently.
 
+use super::calibrate::Calibration;
 use super::lut::{palettize, LutConfig, LutGranularity, LutMode};
 use super::quant::{quantize, relative_rms_error, QuantConfig, QuantGranularity};
 use crate::ir::{Arg, DType, Model, Operation, Opset, Tensor, Value, ValueType, Var};
@@ -158,8 +159,105 @@ struct Job {
 /// Compresses the selected weights of every function of `model` in place. The model must
 /// target iOS18 (the constexpr ops used here exist from iOS18 on).
 pub fn compress(model: &mut Model, method: &Method, sel: &Selection) -> Result<Outcome> {
+    compress_calibrated(model, method, sel, None)
+}
+
+/// [`compress`], data-aware: with `calibration`, k-means weighs each element's squared error
+/// by its input channel's second moment (see [`super::calibrate`]). Every selected weight
+/// must then have statistics; linear quantization does not take them.
+pub fn compress_calibrated(
+    model: &mut Model,
+    method: &Method,
+    sel: &Selection,
+    calibration: Option<&Calibration>,
+) -> Result<Outcome> {
+    compress_mixed(model, method, sel, calibration, &BTreeMap::new())
+}
+
+/// [`compress_calibrated`] with per-weight palettization bit widths (weight constant name →
+/// nbits) overriding `method`'s, as chosen by [`super::mixed::plan_bits`].
+pub fn compress_mixed(
+    model: &mut Model,
+    method: &Method,
+    sel: &Selection,
+    calibration: Option<&Calibration>,
+    nbits: &BTreeMap<String, u32>,
+) -> Result<Outcome> {
+    if !nbits.is_empty() && !matches!(method, Method::Palettize(_)) {
+        bail!("per-weight bit widths apply to palettization only");
+    }
+    if calibration.is_some() {
+        match method {
+            Method::Palettize(c) if c.mode == LutMode::Kmeans => {}
+            _ => bail!(
+                "calibration statistics apply to k-means palettization only (--palettize kmeans)"
+            ),
+        }
+    }
+    let (jobs, skipped) = plan_jobs(model, method, sel)?;
+    let mut outcome = Outcome {
+        skipped,
+        ..Outcome::default()
+    };
+    // Compute replacements in parallel (k-means dominates), then splice them in.
+    let results: Vec<Result<(usize, Operation, Compressed)>> = jobs
+        .par_iter()
+        .map(|j| {
+            let f = &model.program.functions[&j.func];
+            let c = &f.block.operations[j.const_idx];
+            let Some(Value::Tensor(t)) = c.const_val() else {
+                unreachable!("selected consts are tensors")
+            };
+            let importance = match calibration {
+                Some(cal) => Some(cal.importance(&c.name, &t.shape)?.with_context(|| {
+                    format!(
+                        "no calibration statistics for weight `{}` (op `{}`); run `milkit calibrate` on this model",
+                        c.name, j.op
+                    )
+                })?),
+                None => None,
+            };
+            let method = match (method, nbits.get(&c.name)) {
+                (Method::Palettize(cfg), Some(&b)) => Method::Palettize(LutConfig { nbits: b, ..*cfg }),
+                _ => *method,
+            };
+            let (op, rec) = replace(c, t, &method, importance.as_deref())
+                .with_context(|| format!("compressing `{}` of op `{}`", c.name, j.op))?;
+            Ok((
+                j.const_idx,
+                op,
+                Compressed {
+                    op: j.op.clone(),
+                    op_type: j.op_type.clone(),
+                    ..rec
+                },
+            ))
+        })
+        .collect();
+    let mut by_func: BTreeMap<String, Vec<(usize, Operation)>> = BTreeMap::new();
+    for (j, r) in jobs.iter().zip(results) {
+        let (i, op, rec) = r?;
+        by_func.entry(j.func.clone()).or_default().push((i, op));
+        outcome.compressed.push(rec);
+    }
+    for (fname, reps) in by_func {
+        let f = model
+            .program
+            .functions
+            .get_mut(&fname)
+            .expect("function exists");
+        for (i, op) in reps {
+            f.block.operations[i] = op;
+        }
+    }
+    Ok(outcome)
+}
+
+/// The weights `sel` picks for `method`: (const op index, consumer) per function, plus the
+/// ones skipped as indivisible. Refuses what the pass refuses.
+fn plan_jobs(model: &Model, method: &Method, sel: &Selection) -> Result<(Vec<Job>, Vec<Skipped>)> {
     let mut jobs = Vec::new();
-    let mut outcome = Outcome::default();
+    let mut skipped = Vec::new();
     for (fname, f) in &model.program.functions {
         if f.opset < Opset::Ios18 {
             bail!(
@@ -209,7 +307,7 @@ pub fn compress(model: &mut Model, method: &Method, sel: &Selection) -> Result<O
             }
             if let Some(why) = indivisible(method, &t.shape) {
                 if sel.skip_indivisible {
-                    outcome.skipped.push(Skipped {
+                    skipped.push(Skipped {
                         op: op.name.clone(),
                         weight: c.name.clone(),
                         shape: t.shape.clone(),
@@ -245,49 +343,46 @@ pub fn compress(model: &mut Model, method: &Method, sel: &Selection) -> Result<O
             bail!("--op-names: no op named `{name}` in the program (see `milkit inspect --mil`)");
         }
     }
-    // Compute replacements in parallel (k-means dominates), then splice them in.
-    let results: Vec<Result<(usize, Operation, Compressed)>> = jobs
-        .par_iter()
-        .map(|j| {
-            let f = &model.program.functions[&j.func];
-            let c = &f.block.operations[j.const_idx];
-            let Some(Value::Tensor(t)) = c.const_val() else {
-                unreachable!("selected consts are tensors")
-            };
-            let (op, rec) = replace(c, t, method)
-                .with_context(|| format!("compressing `{}` of op `{}`", c.name, j.op))?;
-            Ok((
-                j.const_idx,
-                op,
-                Compressed {
+    Ok((jobs, skipped))
+}
+
+/// A weight the pass would compress: its constant's name, its consumer op, and its value.
+pub struct SelectedWeight {
+    pub weight: String,
+    pub op: String,
+    pub tensor: Tensor,
+}
+
+/// The weights [`compress`] would compress with these arguments, without compressing.
+pub fn selected_weights(
+    model: &Model,
+    method: &Method,
+    sel: &Selection,
+) -> Result<Vec<SelectedWeight>> {
+    let (jobs, _) = plan_jobs(model, method, sel)?;
+    Ok(jobs
+        .iter()
+        .filter_map(|j| {
+            let c = &model.program.functions[&j.func].block.operations[j.const_idx];
+            match c.const_val() {
+                Some(Value::Tensor(t)) => Some(SelectedWeight {
+                    weight: c.name.clone(),
                     op: j.op.clone(),
-                    op_type: j.op_type.clone(),
-                    ..rec
-                },
-            ))
+                    tensor: t.clone(),
+                }),
+                _ => None,
+            }
         })
-        .collect();
-    let mut by_func: BTreeMap<String, Vec<(usize, Operation)>> = BTreeMap::new();
-    for (j, r) in jobs.iter().zip(results) {
-        let (i, op, rec) = r?;
-        by_func.entry(j.func.clone()).or_default().push((i, op));
-        outcome.compressed.push(rec);
-    }
-    for (fname, reps) in by_func {
-        let f = model
-            .program
-            .functions
-            .get_mut(&fname)
-            .expect("function exists");
-        for (i, op) in reps {
-            f.block.operations[i] = op;
-        }
-    }
-    Ok(outcome)
+        .collect())
 }
 
 /// The constexpr op that replaces const `c` (same output variable), and its record.
-fn replace(c: &Operation, t: &Tensor, method: &Method) -> Result<(Operation, Compressed)> {
+fn replace(
+    c: &Operation,
+    t: &Tensor,
+    method: &Method,
+    importance: Option<&[f32]>,
+) -> Result<(Operation, Compressed)> {
     let w: Vec<f16> = t.data.to_f16_vec();
     let before = t.data.len() as u64;
     let out = Var {
@@ -297,7 +392,7 @@ fn replace(c: &Operation, t: &Tensor, method: &Method) -> Result<(Operation, Com
     let mut inputs = BTreeMap::new();
     let (op_type, decoded, after) = match method {
         Method::Palettize(cfg) => {
-            let p = palettize(&w, &t.shape, cfg, None)?;
+            let p = palettize(&w, &t.shape, cfg, importance)?;
             let idx_dtype = match p.nbits {
                 1 => DType::U1,
                 2 => DType::U2,

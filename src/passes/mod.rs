@@ -1,7 +1,9 @@
-//! Compression passes over the IR. Never runs the model. Uses `ir` and `ops`.
+//! Compression passes over the IR (and the instrumentation that calibration runs). Never runs the model. Uses `ir` and `ops`.
+pub mod calibrate;
 pub mod compress;
 mod compress_report;
 pub mod kmeans;
 pub mod lut;
+pub mod mixed;
 pub mod quant;
 pub mod subbyte;

@@ -1,0 +1,67 @@
+//! `milkit calibrate`: statistics for data-aware compression.
+
+use super::progress;
+use anyhow::Result;
+use clap::Args;
+use milkit::passes::compress::Selection;
+use milkit::quality::calibrate::{calibrate_encoder, expand_audio_list};
+use std::path::PathBuf;
+
+/// Runs the fp16 encoder of a checkpoint on real audio and records, for every compressible
+/// op, the mean square of its input per input channel (the diagonal of XᵀX / n): the weight
+/// each weight column carries in the output error. Feed the file to `--calibration` of
+/// `milkit compress` / `milkit export` (k-means palettization).
+#[derive(Args)]
+pub struct CalibrateArgs {
+    /// Hugging Face Whisper checkpoint directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// WAV files, or .jsonl manifests with an `audio` path per line (relative to the manifest).
+    #[arg(long, num_args = 1.., required = true)]
+    pub audio: Vec<PathBuf>,
+    /// Output statistics (.safetensors: one fp32 vector per weight constant name).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace an existing output.
+    #[arg(long)]
+    pub force: bool,
+    /// Consumer op types to measure (as for compression).
+    #[arg(long, value_delimiter = ',', default_value = "conv,linear")]
+    pub op_types: Vec<String>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+pub fn run(a: &CalibrateArgs) -> Result<u8> {
+    if a.out.exists() && !a.force {
+        anyhow::bail!(
+            "{} already exists; pass --force to replace it",
+            a.out.display()
+        );
+    }
+    let files = expand_audio_list(&a.audio)?;
+    let sel = Selection {
+        op_types: a.op_types.clone(),
+        ..Selection::default()
+    };
+    let pb = progress::bar(files.len() as u64, "calibrating", a.quiet);
+    let cal = calibrate_encoder(&a.model, &files, &sel, &mut |d, _| {
+        pb.set_position(d as u64)
+    })?;
+    pb.finish_and_clear();
+    cal.save(&a.out, a.force)?;
+    if !a.quiet {
+        eprintln!(
+            "{}: {} weights, {} encoder windows from {} files",
+            a.out.display(),
+            cal.moments.len(),
+            cal.meta
+                .get("milkit.calibration.runs")
+                .map(String::as_str)
+                .unwrap_or("?"),
+            files.len()
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,349 @@
+//! Calibration, the IR half: [`instrument`] adds to a program, for every weight the
+//! compression pass would select, ops that reduce the weight's consumer input to its sum of
+//! squares per input channel, exposed as extra outputs; [`Moments`] accumulates those sums
+//! over many runs; [`Calibration`] is the saved result (mean of x² per input channel, the
+//! diagonal of XᵀX / n) and expands it to the per-element importance that weighted k-means
+//! takes. Running the instrumented program on audio is the caller's job (`crate::quality`).
+//!
+//! Why the diagonal of XᵀX: for an output y = W·x, the error a weight change ΔW causes is
+//! E‖ΔW·x‖² = Σᵢⱼₖ ΔWᵢⱼ ΔWᵢₖ E[xⱼxₖ]; keeping only the diagonal gives Σᵢⱼ ΔWᵢⱼ² E[xⱼ²], a
+//! squared error weighted per input channel — exactly what weighted 1-D k-means minimises.
+
+use super::compress::{is_positional, Selection};
+use crate::ir::{Arg, DType, Model, Operation, Value, ValueType, Var};
+use crate::ir::{ArrayDType, Feature};
+use crate::ops::builder::infer_op;
+use anyhow::{bail, ensure, Context, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// Prefix of the outputs [`instrument`] adds.
+pub const PROBE_PREFIX: &str = "calib__";
+
+/// One instrumented weight.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// The weight constant's name (the key of its statistics).
+    pub weight: String,
+    /// The consuming op.
+    pub op: String,
+    /// The extra output holding Σ x² per input channel (fp32 [channels]).
+    pub output: String,
+    /// Input channels of the consumer.
+    pub channels: usize,
+    /// Input positions summed per run (all axes but the channel axis).
+    pub positions: u64,
+}
+
+/// The consumer's weight parameter and its input's channel axis (`None` = last).
+fn consumer(op: &Operation) -> Option<(&'static str, Option<usize>)> {
+    match op.op_type.as_str() {
+        "conv" => Some(("weight", Some(1))),
+        "linear" => Some(("weight", None)),
+        _ => None,
+    }
+}
+
+/// Returns a copy of `model` whose main function also outputs, for every selected weight
+/// (same rules as the compression pass: op type, op names, threshold, fp16, never the
+/// positional embedding), its consumer input's per-channel sum of squares (in fp32).
+pub fn instrument(model: &Model, sel: &Selection) -> Result<(Model, Vec<Probe>)> {
+    let mut m = model.clone();
+    let fname = if m.program.functions.contains_key("main") {
+        "main".to_string()
+    } else {
+        match m.program.functions.keys().next() {
+            Some(k) => k.clone(),
+            None => bail!("the program has no function to instrument"),
+        }
+    };
+    let f = m
+        .program
+        .functions
+        .get_mut(&fname)
+        .expect("function exists");
+    let mut scope: HashMap<String, (ValueType, Option<Value>)> = f
+        .inputs
+        .iter()
+        .map(|v| (v.name.clone(), (v.ty.clone(), None)))
+        .collect();
+    let mut consts: HashMap<String, (String, Value)> = HashMap::new();
+    for op in &f.block.operations {
+        for o in &op.outputs {
+            scope.insert(o.name.clone(), (o.ty.clone(), op.const_val().cloned()));
+        }
+        if let Some(v) = op.const_val() {
+            consts.insert(op.outputs[0].name.clone(), (op.name.clone(), v.clone()));
+        }
+    }
+    let mut added = Vec::new();
+    let mut probes = Vec::new();
+    for op in &f.block.operations {
+        let Some((param, axis)) = consumer(op) else {
+            continue;
+        };
+        if !sel.op_types.contains(&op.op_type) {
+            continue;
+        }
+        let Some(Arg::Var(w)) = op.arg(param) else {
+            continue;
+        };
+        let Some((cname, Value::Tensor(t))) = consts.get(w.as_str()) else {
+            continue;
+        };
+        if !sel.op_names.is_empty() && !sel.op_names.iter().any(|n| *n == op.name || n == cname) {
+            continue;
+        }
+        if t.dtype != DType::F16 || t.num_elements() <= sel.weight_threshold || is_positional(cname)
+        {
+            continue;
+        }
+        if probes.iter().any(|p: &Probe| p.weight == *cname) {
+            continue; // a weight shared by two consumers is measured at its first
+        }
+        let Some(Arg::Var(x)) = op.arg("x") else {
+            continue;
+        };
+        let Some((ValueType::Tensor(xt), _)) = scope.get(x.as_str()) else {
+            continue;
+        };
+        let Some(shape) = xt.fixed_shape() else {
+            bail!(
+                "op `{}`: its input `{x}` has a dynamic shape; calibration needs fixed shapes",
+                op.name
+            );
+        };
+        let ax = axis.unwrap_or(shape.len().saturating_sub(1));
+        ensure!(
+            ax < shape.len(),
+            "op `{}`: input `{x}` has rank {}",
+            op.name,
+            shape.len()
+        );
+        let channels = shape[ax];
+        let positions: u64 = shape
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != ax)
+            .map(|(_, d)| *d as u64)
+            .product();
+        let axes: Vec<i32> = (0..shape.len() as i32)
+            .filter(|&i| i != ax as i32)
+            .collect();
+        let base = format!("{PROBE_PREFIX}{cname}");
+        let x32 = format!("{base}__x32");
+        let sq = format!("{base}__sq");
+        let mut new_ops = vec![
+            probe_op(
+                "cast",
+                &x32,
+                vec![
+                    ("x", Arg::Var(x.clone())),
+                    ("dtype", Arg::Value(Value::str("fp32"))),
+                ],
+            ),
+            probe_op("square", &sq, vec![("x", Arg::Var(x32.clone()))]),
+            probe_op(
+                "reduce_sum",
+                &base,
+                vec![
+                    ("x", Arg::Var(sq.clone())),
+                    ("axes", Arg::Value(Value::i32s(&axes))),
+                    ("keep_dims", Arg::Value(Value::bool_scalar(false))),
+                ],
+            ),
+        ];
+        for o in &mut new_ops {
+            let tys = infer_op(o, f.opset, &scope)
+                .with_context(|| format!("instrumenting op `{}`", op.name))?;
+            o.outputs[0].ty = tys[0].clone();
+            scope.insert(o.outputs[0].name.clone(), (tys[0].clone(), None));
+        }
+        added.extend(new_ops);
+        probes.push(Probe {
+            weight: cname.clone(),
+            op: op.name.clone(),
+            output: base,
+            channels,
+            positions,
+        });
+    }
+    ensure!(
+        !probes.is_empty(),
+        "no compressible weights selected (op types {:?}); nothing to calibrate",
+        sel.op_types
+    );
+    f.block.operations.extend(added);
+    for p in &probes {
+        f.block.outputs.push(p.output.clone());
+        m.description
+            .outputs
+            .push(Feature::new(&p.output, ArrayDType::F32, &[p.channels]));
+    }
+    Ok((m, probes))
+}
+
+fn probe_op(op_type: &str, out: &str, inputs: Vec<(&str, Arg)>) -> Operation {
+    Operation {
+        op_type: op_type.into(),
+        name: out.into(),
+        inputs: inputs
+            .into_iter()
+            .map(|(k, a)| (k.to_string(), vec![a]))
+            .collect(),
+        outputs: vec![Var {
+            name: out.into(),
+            ty: ValueType::tensor(DType::F32, &[]),
+        }],
+        blocks: vec![],
+        attributes: BTreeMap::new(),
+    }
+}
+
+/// Running sums of x² per input channel, per weight, in f64.
+#[derive(Clone, Debug, Default)]
+pub struct Moments {
+    sums: BTreeMap<String, (Vec<f64>, u64)>,
+    /// Runs accumulated (encoder windows, decoder steps).
+    pub runs: u64,
+}
+
+impl Moments {
+    /// Adds one run's probe outputs (`outputs` holds at least every probe's output, as f32).
+    pub fn add(&mut self, probes: &[Probe], outputs: &BTreeMap<String, Vec<f32>>) -> Result<()> {
+        for p in probes {
+            let v = outputs
+                .get(&p.output)
+                .with_context(|| format!("the run returned no `{}`", p.output))?;
+            ensure!(
+                v.len() == p.channels,
+                "`{}` has {} values, expected {}",
+                p.output,
+                v.len(),
+                p.channels
+            );
+            let e = self
+                .sums
+                .entry(p.weight.clone())
+                .or_insert_with(|| (vec![0.0; p.channels], 0));
+            ensure!(
+                e.0.len() == p.channels,
+                "weight `{}` seen with two widths",
+                p.weight
+            );
+            for (s, x) in e.0.iter_mut().zip(v) {
+                *s += *x as f64;
+            }
+            e.1 += p.positions;
+        }
+        self.runs += 1;
+        Ok(())
+    }
+
+    /// Mean of x² per channel for every weight seen.
+    pub fn finish(&self, source: &str) -> Calibration {
+        let moments = self
+            .sums
+            .iter()
+            .map(|(k, (s, n))| {
+                let n = (*n).max(1) as f64;
+                (k.clone(), s.iter().map(|v| (v / n) as f32).collect())
+            })
+            .collect();
+        let mut meta = BTreeMap::new();
+        meta.insert("milkit.calibration.runs".into(), self.runs.to_string());
+        meta.insert("milkit.calibration.source".into(), source.to_string());
+        Calibration { moments, meta }
+    }
+}
+
+/// Per-input-channel second moments of every calibrated weight's input.
+#[derive(Clone, Debug, Default)]
+pub struct Calibration {
+    /// Weight constant name → E[x²] per input channel.
+    pub moments: BTreeMap<String, Vec<f32>>,
+    /// Provenance written into the file's metadata.
+    pub meta: BTreeMap<String, String>,
+}
+
+impl Calibration {
+    /// Writes the statistics as safetensors (one fp32 vector per weight name).
+    pub fn save(&self, path: &Path, force: bool) -> Result<()> {
+        let bytes: Vec<(String, Vec<u8>, usize)> = self
+            .moments
+            .iter()
+            .map(|(k, v)| (k.clone(), bytemuck::cast_slice(v).to_vec(), v.len()))
+            .collect();
+        let views = bytes
+            .iter()
+            .map(|(k, b, n)| {
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![*n], b)
+                    .map(|v| (k.clone(), v))
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let data = safetensors::serialize(views, Some(self.meta.clone().into_iter().collect()))
+            .context("serializing calibration statistics")?;
+        crate::package::fsio::write_file_atomically(path, &data, force)
+    }
+
+    /// Reads statistics written by [`Calibration::save`].
+    pub fn load(path: &Path) -> Result<Calibration> {
+        let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&data)
+            .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+        let st = safetensors::SafeTensors::deserialize(&data)
+            .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+        let mut moments = BTreeMap::new();
+        for (name, t) in st.tensors() {
+            ensure!(
+                t.dtype() == safetensors::Dtype::F32 && t.shape().len() == 1,
+                "{}: tensor `{name}` is {:?} {:?}, expected a 1-D fp32 vector",
+                path.display(),
+                t.dtype(),
+                t.shape()
+            );
+            let v: Vec<f32> = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            ensure!(
+                v.iter().all(|x| x.is_finite() && *x >= 0.0),
+                "{}: `{name}` holds a negative or non-finite second moment",
+                path.display()
+            );
+            moments.insert(name, v);
+        }
+        let meta = meta
+            .metadata()
+            .clone()
+            .map(|m| m.into_iter().collect())
+            .unwrap_or_default();
+        Ok(Calibration { moments, meta })
+    }
+
+    /// The importance of each element of one output row of weight `weight` (shape
+    /// [out, in, k...]): the input channel's second moment repeated over the kernel taps.
+    /// `None` when the weight was not calibrated.
+    pub fn importance(&self, weight: &str, shape: &[usize]) -> Result<Option<Vec<f32>>> {
+        let Some(m) = self.moments.get(weight) else {
+            return Ok(None);
+        };
+        let rest: usize = shape.iter().skip(1).product();
+        ensure!(
+            shape.len() >= 2 && rest % m.len() == 0 && shape[1] == m.len(),
+            "calibration for `{weight}` has {} channels but the weight is {shape:?}; calibrate the same model",
+            m.len()
+        );
+        let taps = rest / m.len();
+        // A channel that never carried signal still deserves a little weight, so its
+        // elements are not left to any value at all.
+        let mean = m.iter().map(|v| *v as f64).sum::<f64>() / m.len() as f64;
+        let floor = (mean * 1e-6) as f32;
+        Ok(Some(
+            m.iter()
+                .flat_map(|v| std::iter::repeat_n(v.max(floor), taps))
+                .collect(),
+        ))
+    }
+}

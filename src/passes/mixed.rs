@@ -1,0 +1,164 @@
+//! Mixed-precision palettization by sensitivity: for a budget of average bits per compressed
+//! weight (LUT overhead included), give each weight the bit width where it buys the most
+//! accuracy, like WhisperKit's mixed-bit recipes.
+//!
+//! Sensitivity is measured on calibration audio: with `m` the input channels' second moments
+//! (see [`super::calibrate`]), a weight palettized at `b` bits has the relative output error
+//! `e(b) = Σᵢⱼ mⱼ·ΔWᵢⱼ² / Σᵢⱼ mⱼ·Wᵢⱼ²` (the diagonal estimate of E‖ΔW·x‖² / E‖W·x‖²).
+//! Allocation is greedy on the lower convex hull of each weight's (bits, error) curve:
+//! everyone starts at the fewest bits, then the upgrade with the largest error drop per extra
+//! stored bit is taken while the budget allows.
+
+use super::calibrate::Calibration;
+use super::compress::{selected_weights, Method, Selection};
+use super::lut::{palettize, LutConfig, LutGranularity};
+use crate::ir::Model;
+use anyhow::{bail, ensure, Context, Result};
+use half::f16;
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+
+/// Bit widths tried by default.
+pub const DEFAULT_CANDIDATES: [u32; 5] = [2, 3, 4, 6, 8];
+
+/// One weight's measured curve and the width chosen for it.
+#[derive(Clone, Debug)]
+pub struct WeightPlan {
+    pub weight: String,
+    pub op: String,
+    pub elements: usize,
+    /// (nbits, stored bits incl. the table, relative output error) per candidate.
+    pub curve: Vec<(u32, u64, f64)>,
+    pub chosen: u32,
+}
+
+/// The allocation.
+#[derive(Clone, Debug)]
+pub struct MixedPlan {
+    pub weights: Vec<WeightPlan>,
+    /// Average stored bits per compressed weight element, tables included.
+    pub avg_bits: f64,
+    pub target_bits: f64,
+}
+
+impl MixedPlan {
+    pub fn nbits(&self) -> BTreeMap<String, u32> {
+        self.weights
+            .iter()
+            .map(|w| (w.weight.clone(), w.chosen))
+            .collect()
+    }
+}
+
+fn stored_bits(cfg: &LutConfig, shape: &[usize]) -> u64 {
+    let numel: u64 = shape.iter().map(|d| *d as u64).product();
+    let tables = match cfg.granularity {
+        LutGranularity::PerTensor => 1,
+        LutGranularity::PerGroupedChannel(g) => (shape[0] / g.max(1)).max(1) as u64,
+    };
+    numel * cfg.nbits as u64 + tables * (1u64 << cfg.nbits) * 16
+}
+
+/// Measures every selected weight at every candidate width and allocates widths so that the
+/// average stored bits stay within `target_bits`.
+pub fn plan_bits(
+    model: &Model,
+    base: &LutConfig,
+    sel: &Selection,
+    calibration: &Calibration,
+    target_bits: f64,
+    candidates: &[u32],
+) -> Result<MixedPlan> {
+    ensure!(!candidates.is_empty(), "no candidate bit widths");
+    let mut cands = candidates.to_vec();
+    cands.sort_unstable();
+    cands.dedup();
+    let weights = selected_weights(model, &Method::Palettize(*base), sel)?;
+    ensure!(
+        !weights.is_empty(),
+        "no weights selected for mixed precision"
+    );
+    let measured: Vec<Result<WeightPlan>> = weights
+        .par_iter()
+        .map(|sw| {
+            let shape = &sw.tensor.shape;
+            let w: Vec<f16> = sw.tensor.data.to_f16_vec();
+            let imp = calibration.importance(&sw.weight, shape)?.with_context(|| {
+                format!(
+                    "no calibration statistics for weight `{}`; run `milkit calibrate` on this model",
+                    sw.weight
+                )
+            })?;
+            let rest = imp.len();
+            let signal: f64 = w
+                .iter()
+                .enumerate()
+                .map(|(i, v)| imp[i % rest] as f64 * (v.to_f64()).powi(2))
+                .sum::<f64>()
+                .max(f64::MIN_POSITIVE);
+            let mut curve = Vec::new();
+            for &b in &cands {
+                let cfg = LutConfig { nbits: b, ..*base };
+                let p = palettize(&w, shape, &cfg, Some(&imp))
+                    .with_context(|| format!("palettizing `{}` at {b} bits", sw.weight))?;
+                let d = p.decode()?;
+                let err: f64 = w
+                    .iter()
+                    .zip(&d)
+                    .enumerate()
+                    .map(|(i, (a, b))| imp[i % rest] as f64 * (a.to_f64() - b.to_f64()).powi(2))
+                    .sum();
+                curve.push((b, stored_bits(&cfg, shape), err / signal));
+            }
+            Ok(WeightPlan {
+                weight: sw.weight.clone(),
+                op: sw.op.clone(),
+                elements: w.len(),
+                curve,
+                chosen: cands[0],
+            })
+        })
+        .collect();
+    let mut plans = measured.into_iter().collect::<Result<Vec<_>>>()?;
+    let total_elems: u64 = plans.iter().map(|p| p.elements as u64).sum();
+    let budget = (target_bits * total_elems as f64).floor() as u64;
+    // Position of each weight on its curve.
+    let mut at = vec![0usize; plans.len()];
+    let mut used: u64 = plans.iter().map(|p| p.curve[0].1).sum();
+    if used > budget {
+        bail!(
+            "--target-bits {target_bits} is below what the smallest width ({} bits) needs: {:.3} bits per weight",
+            cands[0],
+            used as f64 / total_elems as f64
+        );
+    }
+    loop {
+        // Best next step per weight: the hull step (to any higher width) with the largest
+        // error drop per extra bit that still fits.
+        let mut best: Option<(f64, usize, usize)> = None;
+        for (k, p) in plans.iter().enumerate() {
+            let (_, bits0, e0) = p.curve[at[k]];
+            for j in at[k] + 1..p.curve.len() {
+                let (_, bits1, e1) = p.curve[j];
+                if bits1 <= bits0 || used - bits0 + bits1 > budget {
+                    continue;
+                }
+                let gain = (e0 - e1) / (bits1 - bits0) as f64;
+                if gain > 0.0 && best.is_none_or(|(g, _, _)| gain > g) {
+                    best = Some((gain, k, j));
+                }
+            }
+        }
+        let Some((_, k, j)) = best else { break };
+        used = used - plans[k].curve[at[k]].1 + plans[k].curve[j].1;
+        at[k] = j;
+    }
+    for (k, p) in plans.iter_mut().enumerate() {
+        p.chosen = p.curve[at[k]].0;
+    }
+    Ok(MixedPlan {
+        weights: plans,
+        avg_bits: used as f64 / total_elems as f64,
+        target_bits,
+    })
+}
