@@ -306,26 +306,22 @@ fn reference_dp(values: &[f64], weights: &[f64], k: usize) -> f64 {
     let n = xs.len();
     // cost[j][i]: error of the run j..=i.
     let mut cost = vec![vec![0.0f64; n]; n];
-    for j in 0..n {
-        for i in j..n {
+    for (j, row) in cost.iter_mut().enumerate() {
+        for (i, c) in row.iter_mut().enumerate().skip(j) {
             let sw: f64 = ws[j..=i].iter().sum();
             if sw == 0.0 {
                 continue;
             }
             let mean = (j..=i).map(|t| ws[t] * xs[t]).sum::<f64>() / sw;
-            cost[j][i] = (j..=i).map(|t| ws[t] * (xs[t] - mean).powi(2)).sum();
+            *c = (j..=i).map(|t| ws[t] * (xs[t] - mean).powi(2)).sum();
         }
     }
     let mut d: Vec<f64> = (0..n).map(|i| cost[0][i]).collect();
     for _ in 1..k.min(n) {
-        let mut e = vec![f64::INFINITY; n];
-        for i in 0..n {
-            e[i] = d[i]; // fewer runs are allowed too
-            for j in 1..=i {
-                e[i] = e[i].min(d[j - 1] + cost[j][i]);
-            }
-        }
-        d = e;
+        // Fewer runs are allowed too, hence the fold's start at d[i].
+        d = (0..n)
+            .map(|i| (1..=i).fold(d[i], |acc, j| acc.min(d[j - 1] + cost[j][i])))
+            .collect();
     }
     d[n - 1]
 }
