@@ -245,21 +245,150 @@ fn kmeans_matches_brute_force_on_small_inputs() {
 }
 
 #[test]
-fn equal_weights_give_the_unweighted_result() {
+fn equal_weights_give_the_unweighted_result_exactly() {
+    // Any common weight (not only powers of two) must reproduce the unweighted run bit for bit:
+    // the same assignment, the same f64 centroids, the same LUT.
     let mut rng = Rng(11);
-    for &(n, k) in &[(200usize, 4usize), (3000, 16), (5000, 8)] {
+    for &(n, k, c) in &[
+        (200usize, 4usize, 2.5f32),
+        (3000, 16, 0.37),
+        (5000, 8, 1.7e-4),
+    ] {
         let h = rng.weights(n, 0.02);
         let f: Vec<f32> = h.iter().map(|x| x.to_f32()).collect();
-        let w = vec![2.5f32; n];
+        let w = vec![c; n];
         let a = kmeans_1d(&f, None, k).unwrap();
         let b = kmeans_1d(&f, Some(&w), k).unwrap();
-        let c = kmeans_1d_f16(&h, None, k).unwrap();
-        let d = kmeans_1d_f16(&h, Some(&w), k).unwrap();
-        assert_eq!(a.assign, b.assign);
-        assert_eq!(a.assign, c.assign);
-        assert_eq!(a.assign, d.assign);
-        for (x, y) in a.centroids.iter().zip(&d.centroids) {
-            assert!((x - y).abs() <= 1e-12 * x.abs().max(1e-6), "{x} vs {y}");
+        let p = kmeans_1d_f16(&h, None, k).unwrap();
+        let q = kmeans_1d_f16(&h, Some(&w), k).unwrap();
+        assert_eq!(a.assign, b.assign, "f32 path, weight {c}");
+        assert_eq!(a.centroids, b.centroids, "f32 path, weight {c}");
+        assert_eq!(p.assign, q.assign, "f16 path, weight {c}");
+        assert_eq!(p.centroids, q.centroids, "f16 path, weight {c}");
+        // The reported error is the weighted one: c times the unweighted.
+        let want = p.sse * f64::from(c);
+        assert!((q.sse - want).abs() <= 1e-12 * want, "{} vs {want}", q.sse);
+        // Both paths solve the same problem.
+        assert_eq!(a.assign, p.assign);
+    }
+    // Through palettize: a constant per-column importance changes nothing.
+    let shape = [64usize, 96];
+    let h = rng.weights(shape[0] * shape[1], 0.03);
+    let cfg = LutConfig {
+        mode: LutMode::Kmeans,
+        nbits: 4,
+        granularity: LutGranularity::PerGroupedChannel(16),
+    };
+    let plain = lut::palettize(&h, &shape, &cfg, None).unwrap();
+    let weighted = lut::palettize(&h, &shape, &cfg, Some(&vec![0.61f32; shape[1]])).unwrap();
+    assert_eq!(plain, weighted);
+}
+
+/// Independent exact DP: O(k·n²) over the sorted distinct values, each run's cost summed
+/// directly around its weighted mean (no prefix sums, no monotonicity assumption).
+fn reference_dp(values: &[f64], weights: &[f64], k: usize) -> f64 {
+    let mut pairs: Vec<(f64, f64)> = values
+        .iter()
+        .copied()
+        .zip(weights.iter().copied())
+        .collect();
+    pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut xs: Vec<f64> = Vec::new();
+    let mut ws: Vec<f64> = Vec::new();
+    for (x, w) in pairs {
+        if xs.last() == Some(&x) {
+            *ws.last_mut().unwrap() += w;
+        } else {
+            xs.push(x);
+            ws.push(w);
+        }
+    }
+    let n = xs.len();
+    // cost[j][i]: error of the run j..=i.
+    let mut cost = vec![vec![0.0f64; n]; n];
+    for (j, row) in cost.iter_mut().enumerate() {
+        for (i, c) in row.iter_mut().enumerate().skip(j) {
+            let sw: f64 = ws[j..=i].iter().sum();
+            if sw == 0.0 {
+                continue;
+            }
+            let mean = (j..=i).map(|t| ws[t] * xs[t]).sum::<f64>() / sw;
+            *c = (j..=i).map(|t| ws[t] * (xs[t] - mean).powi(2)).sum();
+        }
+    }
+    let mut d: Vec<f64> = (0..n).map(|i| cost[0][i]).collect();
+    for _ in 1..k.min(n) {
+        // Fewer runs are allowed too, hence the fold's start at d[i].
+        d = (0..n)
+            .map(|i| (1..=i).fold(d[i], |acc, j| acc.min(d[j - 1] + cost[j][i])))
+            .collect();
+    }
+    d[n - 1]
+}
+
+#[test]
+fn kmeans_matches_reference_dp_on_random_data() {
+    let mut rng = Rng(23);
+    for trial in 0..160 {
+        // Tiny groups (k above the distinct count), heavy ties, and larger continuous groups.
+        let n = match trial % 4 {
+            0 => 1 + (rng.next() % 6) as usize,
+            1 => 20 + (rng.next() % 200) as usize,
+            _ => 100 + (rng.next() % 500) as usize,
+        };
+        let k = [2usize, 3, 4, 8, 16][trial % 5];
+        let tied = trial % 3 == 0;
+        let h: Vec<f16> = (0..n)
+            .map(|_| {
+                if tied {
+                    f16::from_f64((rng.next() % 13) as f64 * 0.01 - 0.06)
+                } else {
+                    f16::from_f64(
+                        rng.normal() * 0.02 * if rng.uniform() < 0.05 { 6.0 } else { 1.0 },
+                    )
+                }
+            })
+            .collect();
+        let weighted = trial % 2 == 1;
+        let w: Vec<f32> = (0..n)
+            .map(|i| {
+                if !weighted {
+                    1.0
+                } else if i % 7 == 3 {
+                    0.0 // zero-weight elements must not break anything
+                } else {
+                    (rng.uniform() * 4.0 + 1e-3) as f32
+                }
+            })
+            .collect();
+        let w = if w.iter().all(|&x| x == 0.0) {
+            vec![1.0; n]
+        } else {
+            w
+        };
+        let v64: Vec<f64> = h.iter().map(|x| x.to_f64()).collect();
+        let w64: Vec<f64> = w.iter().map(|&x| f64::from(x)).collect();
+        let best = reference_dp(&v64, &w64, k);
+        let f: Vec<f32> = h.iter().map(|x| x.to_f32()).collect();
+        for (path, km) in [
+            (
+                "f16",
+                kmeans_1d_f16(&h, weighted.then_some(&w[..]), k).unwrap(),
+            ),
+            ("f32", kmeans_1d(&f, weighted.then_some(&w[..]), k).unwrap()),
+        ] {
+            let assign: Vec<usize> = km.assign.iter().map(|&a| a as usize).collect();
+            let ours = sse(&v64, &w64, &assign, km.centroids.len().max(1));
+            let tol = 1e-9 * best.max(1e-300) + 1e-18;
+            assert!(
+                (ours - best).abs() <= tol,
+                "trial {trial} ({path}, n {n}, k {k}, weighted {weighted}): {ours} vs optimum {best}"
+            );
+            assert!(
+                (km.sse - ours).abs() <= 1e-9 * ours + 1e-18,
+                "reported sse {} vs {ours}",
+                km.sse
+            );
         }
     }
 }

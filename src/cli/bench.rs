@@ -10,6 +10,8 @@ pub enum Suite {
     /// Export of the encoder of a synthetic checkpoint (default large-v3-turbo): wall time and
     /// peak RSS of the `milkit export` process.
     Export,
+    /// LUT4 k-means g16 and int4 per-block-32 compression (src/cli/bench_compress.rs).
+    Compress,
 }
 
 #[derive(Args)]
@@ -20,12 +22,16 @@ pub struct BenchArgs {
     /// Preset of the synthetic checkpoint (export suite).
     #[arg(long, default_value = "large-v3-turbo")]
     pub preset: String,
-    /// Use this checkpoint instead of synthesizing one.
+    /// Use this checkpoint instead of synthesizing one (compress suite: the real checkpoint
+    /// compared with coremltools; default ../shared/models/whisper-tiny.en).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Repetitions (the table shows each and the median).
     #[arg(long, default_value_t = 1)]
     pub runs: usize,
+    /// Python with coremltools 9 to compare against (compress suite).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -34,6 +40,9 @@ pub struct BenchArgs {
 pub fn run(a: &BenchArgs) -> Result<u8> {
     match a.suite {
         Suite::Export => bench_export(a),
+        Suite::Compress => {
+            super::bench_compress::run(a.model.as_deref(), a.python.as_deref(), a.json)
+        }
     }
 }
 

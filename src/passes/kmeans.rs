@@ -49,27 +49,34 @@ fn check_k(k: usize) -> Result<()> {
     Ok(())
 }
 
-fn check_weights(n: usize, weights: Option<&[f32]>) -> Result<()> {
-    if let Some(w) = weights {
-        ensure!(
-            w.len() == n,
-            "k-means: {} weights for {n} values (need one weight per value)",
-            w.len()
-        );
-        if let Some((i, &bad)) = w
-            .iter()
-            .enumerate()
-            .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
-        {
-            bail!("k-means: weight {i} is {bad}; weights must be finite and ≥ 0");
-        }
-        ensure!(
-            w.iter().any(|&v| v > 0.0),
-            "k-means: all {n} weights are zero, so every clustering has zero error; \
-             give at least one value a positive weight"
-        );
+/// Validates the weights and returns their maximum, by which they are divided before
+/// clustering (None when unweighted).
+///
+/// Scaling every weight by one factor does not move the optimum, and dividing by the maximum
+/// keeps the prefix sums near 1 whatever the calibration's magnitudes. It also makes equal
+/// weights exactly 1.0 (x / x == 1 in IEEE arithmetic), so a weighted run with all-equal
+/// weights does bit for bit what the unweighted one does.
+fn check_weights(n: usize, weights: Option<&[f32]>) -> Result<Option<f64>> {
+    let Some(w) = weights else { return Ok(None) };
+    ensure!(
+        w.len() == n,
+        "k-means: {} weights for {n} values (need one weight per value)",
+        w.len()
+    );
+    if let Some((i, &bad)) = w
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
+    {
+        bail!("k-means: weight {i} is {bad}; weights must be finite and ≥ 0");
     }
-    Ok(())
+    let max = w.iter().fold(0.0f32, |a, &b| a.max(b));
+    ensure!(
+        max > 0.0,
+        "k-means: all {n} weights are zero, so every clustering has zero error; \
+         give at least one value a positive weight"
+    );
+    Ok(Some(f64::from(max)))
 }
 
 /// Prefix sums of w, w·x and w·x² over values centred at `shift` (centring keeps the
@@ -374,7 +381,7 @@ fn cluster_runs(xs: &[f64], ws: &[f64], k: usize, s: &mut Scratch) -> Runs {
 /// not all zero). Ties between equal values are merged before clustering.
 pub fn kmeans_1d(values: &[f32], weights: Option<&[f32]>, k: usize) -> Result<KMeans> {
     check_k(k)?;
-    check_weights(values.len(), weights)?;
+    let wmax = check_weights(values.len(), weights)?;
     ensure!(!values.is_empty(), "k-means: no values to cluster");
     if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
         bail!("k-means: value {i} is {v}; only finite values can be clustered");
@@ -387,7 +394,10 @@ pub fn kmeans_1d(values: &[f32], weights: Option<&[f32]>, k: usize) -> Result<KM
     let mut uid = vec![0u32; values.len()];
     for &o in &order {
         let v = f64::from(values[o as usize]);
-        let w = weights.map_or(1.0, |w| f64::from(w[o as usize]));
+        let w = match (weights, wmax) {
+            (Some(w), Some(m)) => f64::from(w[o as usize]) / m,
+            _ => 1.0,
+        };
         match (xs.last(), ws.last_mut()) {
             (Some(&last), Some(acc)) if last == v => *acc += w,
             _ => {
@@ -406,7 +416,7 @@ pub fn kmeans_1d(values: &[f32], weights: Option<&[f32]>, k: usize) -> Result<KM
     Ok(KMeans {
         centroids: runs.centroids,
         assign: uid.iter().map(|&u| cluster_of[u as usize]).collect(),
-        sse: runs.sse,
+        sse: runs.sse * wmax.unwrap_or(1.0),
     })
 }
 
@@ -436,7 +446,7 @@ fn key_value(key: u16) -> f64 {
 /// into the 65,536 bit patterns, which makes it linear in the number of values.
 pub fn kmeans_1d_f16(values: &[f16], weights: Option<&[f32]>, k: usize) -> Result<KMeans> {
     check_k(k)?;
-    check_weights(values.len(), weights)?;
+    let wmax = check_weights(values.len(), weights)?;
     ensure!(!values.is_empty(), "k-means: no values to cluster");
     if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
         bail!("k-means: value {i} is {v}; only finite values can be clustered");
@@ -455,9 +465,9 @@ pub fn kmeans_1d_f16(values: &[f16], weights: Option<&[f32]>, k: usize) -> Resul
             lo = lo.min(key);
             hi = hi.max(key);
         }
-        if let Some(w) = weights {
+        if let (Some(w), Some(m)) = (weights, wmax) {
             for (v, &wt) in values.iter().zip(w) {
-                s.wsum[order_key(v.to_bits()) as usize] += f64::from(wt);
+                s.wsum[order_key(v.to_bits()) as usize] += f64::from(wt) / m;
             }
         }
         let (mut xs, mut ws, mut keys) = (
@@ -500,7 +510,7 @@ pub fn kmeans_1d_f16(values: &[f16], weights: Option<&[f32]>, k: usize) -> Resul
         Ok(KMeans {
             centroids: runs.centroids,
             assign,
-            sse: runs.sse,
+            sse: runs.sse * wmax.unwrap_or(1.0),
         })
     })
 }

@@ -14,7 +14,7 @@
 //! Decode (`constexpr_blockwise_shift_scale.decompress`): `fp16(scale · fp16(q − offset))`.
 
 use anyhow::{bail, ensure, Context, Result};
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
 /// Integer storage type of quantized weights.
@@ -163,11 +163,61 @@ impl Quantized {
     }
 }
 
+/// The low 13 bits of an f32 mantissa rounded to nearest, ties to even: what is left is an
+/// fp16 value (for magnitudes in fp16's normal range).
+#[inline(always)]
+fn round_mantissa_to_fp16(b: u32) -> u32 {
+    (b + 0x0fff + ((b >> 13) & 1)) & !0x1fff
+}
+
+/// |x| bits in [2^-14, 65504): fp16 normal numbers, where fp16 rounding is a mantissa rounding.
+#[inline(always)]
+fn in_fp16_normal_range(a: u32) -> bool {
+    (0x3880_0000..0x477f_e000).contains(&a)
+}
+
 #[inline(always)]
 fn r16(x: f32) -> f32 {
     // One fp16 rounding. The f32 inputs are fp16 values, and f32 carries more than twice
     // fp16's precision, so an f32 op followed by this is numpy's correctly rounded fp16 op.
-    f16::from_f32(x).to_f32()
+    // Normal-range values are rounded in place by bit arithmetic (the conversion through
+    // `half` costs a call and a CPU-feature check per element); the rest (subnormal,
+    // overflow, NaN) take the exact library path.
+    let b = x.to_bits();
+    if in_fp16_normal_range(b & 0x7fff_ffff) {
+        f32::from_bits(round_mantissa_to_fp16(b))
+    } else {
+        f16::from_f32(x).to_f32()
+    }
+}
+
+/// `f16::from_f32` (nearest, ties to even) with the same fast path as [`r16`].
+#[inline(always)]
+fn to_f16(x: f32) -> f16 {
+    let b = x.to_bits();
+    let a = b & 0x7fff_ffff;
+    if in_fp16_normal_range(a) {
+        // Rebias the exponent from 127 to 15 and drop the rounded-off bits.
+        let mag = (round_mantissa_to_fp16(a) >> 13) - (112 << 10);
+        f16::from_bits(((b >> 16) & 0x8000) as u16 | mag as u16)
+    } else {
+        f16::from_f32(x)
+    }
+}
+
+/// `x.round_ties_even()` without a libm call (baseline x86-64 has no rounding instruction):
+/// adding and subtracting 1.5·2^23 leaves x rounded to an integer in the default
+/// ties-to-even mode, exactly for |x| < 2^22; larger values are integers already, and NaN
+/// passes through. (A negative x rounding to zero gives +0 instead of -0; callers convert to
+/// an integer, where both are 0.)
+#[inline(always)]
+fn round_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    if x.abs() < 4_194_304.0 {
+        (x + MAGIC) - MAGIC
+    } else {
+        x
+    }
 }
 
 /// Largest divisor of `dim` not above `want` (for error messages suggesting a fix).
@@ -221,36 +271,48 @@ pub fn quantize(weight: &[f16], shape: &[usize], cfg: &QuantConfig) -> Result<Qu
     let (qmin, qmax) = cfg.dtype.range(cfg.symmetric);
     let unsigned_sym = cfg.symmetric && !cfg.dtype.is_signed();
 
-    let per_chunk: Vec<(f16, i32, Vec<i32>)> = weight
-        .par_chunks(chunk)
-        .map(|w| {
-            let (scale, zp) = chunk_params(w, qmin, qmax, cfg.symmetric, unsigned_sym);
-            let codes = w
-                .iter()
-                .map(|&x| {
-                    let mut q = r16(x.to_f32() / scale).round_ties_even();
-                    if let Some(z) = zp {
-                        q = r16(q + z);
-                    }
-                    // NaN (an all-zero block: 0/0) casts to 0, as numpy does on x86-64.
-                    q.clamp(qmin as f32, qmax as f32) as i32
-                })
-                .collect();
-            (f16::from_f32(scale), zp.map_or(0, |z| z as i32), codes)
-        })
-        .collect();
+    // Codes go straight into one byte buffer (an i8 code stored as its two's-complement byte)
+    // and the parameters into one array: no allocation per block, which at 32 elements a block
+    // would dominate the run time. Blocks are batched so rayon's per-task cost stays small.
+    let nblocks = numel / chunk;
+    let mut raw = vec![0u8; numel];
+    let mut params = vec![(f16::ZERO, 0i32); nblocks];
+    raw.par_chunks_mut(chunk)
+        .zip(weight.par_chunks(chunk))
+        .zip(params.par_iter_mut())
+        .with_min_len((4096 / chunk).max(1))
+        .for_each_init(Vec::new, |buf: &mut Vec<f32>, ((dst, w), p)| {
+            // Widen the block at once (vectorized by `half`) rather than element by element.
+            buf.clear();
+            buf.resize(w.len(), 0.0);
+            w.convert_to_f32_slice(buf);
+            let (scale, zp) = chunk_params(buf, qmin, qmax, cfg.symmetric, unsigned_sym);
+            for (o, &x) in dst.iter_mut().zip(buf.iter()) {
+                let mut q = round_even(r16(x / scale));
+                if let Some(z) = zp {
+                    q = r16(q + z);
+                }
+                // NaN (an all-zero block: 0/0) casts to 0, as numpy does on x86-64.
+                *o = (q.clamp(qmin as f32, qmax as f32) as i32) as u8;
+            }
+            *p = (f16::from_f32(scale), zp.map_or(0, |z| z as i32));
+        });
 
-    let scale: Vec<f16> = per_chunk.iter().map(|c| c.0).collect();
+    let scale: Vec<f16> = params.iter().map(|c| c.0).collect();
     let has_offset = unsigned_sym || !cfg.symmetric;
-    let to_values = |it: &mut dyn Iterator<Item = i32>| -> QuantValues {
-        if cfg.dtype.is_signed() {
-            QuantValues::Signed(it.map(|v| v as i8).collect())
-        } else {
-            QuantValues::Unsigned(it.map(|v| v as u8).collect())
-        }
+    let signed = cfg.dtype.is_signed();
+    let data = if signed {
+        QuantValues::Signed(raw.into_iter().map(|b| b as i8).collect())
+    } else {
+        QuantValues::Unsigned(raw)
     };
-    let data = to_values(&mut per_chunk.iter().flat_map(|c| c.2.iter().copied()));
-    let offset = has_offset.then(|| to_values(&mut per_chunk.iter().map(|c| c.1)));
+    let offset = has_offset.then(|| {
+        if signed {
+            QuantValues::Signed(params.iter().map(|c| c.1 as i8).collect())
+        } else {
+            QuantValues::Unsigned(params.iter().map(|c| c.1 as u8).collect())
+        }
+    });
     Ok(Quantized {
         dtype: cfg.dtype,
         shape: shape.to_vec(),
@@ -263,15 +325,14 @@ pub fn quantize(weight: &[f16], shape: &[usize], cfg: &QuantConfig) -> Result<Qu
 
 /// (scale, zero point before clipping) of one block, in coremltools' fp16 arithmetic.
 fn chunk_params(
-    w: &[f16],
+    w: &[f32],
     qmin: i32,
     qmax: i32,
     symmetric: bool,
     unsigned_sym: bool,
 ) -> (f32, Option<f32>) {
     let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
-    for x in w {
-        let v = x.to_f32();
+    for &v in w {
         lo = lo.min(v);
         hi = hi.max(v);
     }
@@ -287,9 +348,7 @@ fn chunk_params(
         let scale = r16(width / span);
         let num = r16(r16(qmin as f32 * hi) - r16(qmax as f32 * lo));
         // Rounded and clipped before it is added to the codes (NaN for an all-zero block).
-        let zp = r16(num / width)
-            .round_ties_even()
-            .clamp(qmin as f32, qmax as f32);
+        let zp = round_even(r16(num / width)).clamp(qmin as f32, qmax as f32);
         (scale, Some(zp))
     }
 }
@@ -363,7 +422,7 @@ pub fn decode_blockwise(
             let q = data.get(row * last + i) - offset.map_or(0, |o| o.get(s));
             // q − offset is a small integer (exact in fp16), and the f32 product of it with
             // an fp16 scale is exact, so this is the single fp16 rounding numpy does.
-            *o = f16::from_f32(scale[s].to_f32() * q as f32);
+            *o = to_f16(scale[s].to_f32() * q as f32);
         }
     });
     Ok(out)
@@ -378,10 +437,18 @@ pub fn relative_rms_error(orig: &[f16], decoded: &[f16]) -> Result<f64> {
         decoded.len()
     );
     let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (a, b) in orig.iter().zip(decoded) {
-        let (a, b) = (a.to_f64(), b.to_f64());
-        num += (a - b) * (a - b);
-        den += a * a;
+    // Widen 1024 elements at a time (vectorized); f32 holds fp16 values and their
+    // differences exactly, and the sums are kept in f64.
+    let (mut fa, mut fb) = ([0.0f32; 1024], [0.0f32; 1024]);
+    for (ca, cb) in orig.chunks(1024).zip(decoded.chunks(1024)) {
+        let (fa, fb) = (&mut fa[..ca.len()], &mut fb[..ca.len()]);
+        ca.convert_to_f32_slice(fa);
+        cb.convert_to_f32_slice(fb);
+        for (&a, &b) in fa.iter().zip(fb.iter()) {
+            let (a, b) = (f64::from(a), f64::from(b));
+            num += (a - b) * (a - b);
+            den += a * a;
+        }
     }
     if num == 0.0 {
         return Ok(0.0);
@@ -404,6 +471,42 @@ pub fn quantize_with_error(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_fp16_rounding_matches_half() {
+        // A sweep of f32 bit patterns (every 61st, plus all patterns next to fp16's range
+        // edges and rounding ties) against the library conversion.
+        let edges = [
+            0x3880_0000u32,
+            0x477f_e000,
+            0x3380_0000,
+            0x3f80_1000,
+            0x4780_0000,
+        ];
+        let near = edges
+            .iter()
+            .flat_map(|&e| (e - 0x4000..e + 0x4000).flat_map(|b| [b, b | 0x8000_0000]));
+        for b in (0..=u32::MAX).step_by(61).chain(near) {
+            let x = f32::from_bits(b);
+            let want = f16::from_f32(x);
+            let got = to_f16(x);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{x:e} ({b:#x}): {got} vs {want}"
+            );
+            let r = r16(x);
+            assert!(
+                r.to_bits() == want.to_f32().to_bits() || (r.is_nan() && x.is_nan()),
+                "{x:e} ({b:#x})"
+            );
+        }
+        for i in -40_000..40_000 {
+            let x = i as f32 * 0.25 + 0.5 * (i % 3) as f32;
+            assert_eq!(round_even(x), x.round_ties_even(), "{x}");
+        }
+        assert_eq!(round_even(1e9), 1e9);
+        assert!(round_even(f32::NAN).is_nan());
+    }
 
     #[test]
     fn ranges_match_coremltools() {
