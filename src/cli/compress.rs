@@ -5,9 +5,10 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use milkit::ir::Model;
 use milkit::package::{load_package, save_package};
-use milkit::passes::compress::{compress, Method, Outcome, Selection};
+use milkit::passes::compress::{Method, Outcome, Selection};
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
+use milkit::whisper::bundle::Compression;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -70,6 +71,12 @@ pub struct CompressFlags {
     /// weight constant).
     #[arg(long, value_delimiter = ',')]
     pub op_names: Vec<String>,
+    /// Text decoder only: compress exactly its vocabulary head — one conv per head chunk
+    /// (`lm_head`, or `lm_head_0`..`lm_head_{N-1}` with --head-chunks N; `milkit inspect`
+    /// lists them as `milkit.head_ops`) — and nothing else; the `embed_tokens` gather table
+    /// stays fp16. The group size must divide the rows of every chunk.
+    #[arg(long, conflicts_with = "op_names")]
+    pub head_only: bool,
     /// Constants with at most this many elements are left as they are.
     #[arg(long, default_value_t = 2048)]
     pub weight_threshold: usize,
@@ -124,6 +131,15 @@ impl CompressFlags {
         Ok(None)
     }
 
+    /// The compression the flags ask for, if any (library form).
+    pub fn compression(&self) -> Result<Option<Compression>> {
+        Ok(self.method()?.map(|method| Compression {
+            method,
+            selection: self.selection(),
+            head_only: self.head_only,
+        }))
+    }
+
     pub fn selection(&self) -> Selection {
         Selection {
             op_types: self.op_types.clone(),
@@ -154,6 +170,20 @@ pub struct CompressArgs {
     pub flags: CompressFlags,
 }
 
+/// Prints the report of one compression (JSON on stdout, or text on stderr unless quiet).
+pub fn print_report(method: &Method, out: &Outcome, json: bool, quiet: bool) -> Result<()> {
+    let report = milkit::report::CompressReport::from_outcome(
+        out,
+        &milkit::passes::compress::mode_name(method),
+    );
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if !quiet {
+        eprint!("{}", report.to_text());
+    }
+    Ok(())
+}
+
 /// Applies the flags to a model; prints the report. Errors leave nothing written.
 pub fn apply(
     model: &mut Model,
@@ -161,21 +191,13 @@ pub fn apply(
     json: bool,
     quiet: bool,
 ) -> Result<Option<Outcome>> {
-    let Some(method) = flags.method()? else {
+    let Some(c) = flags.compression()? else {
         return Ok(None);
     };
     let sp = progress::spinner("compressing", quiet);
-    let out = compress(model, &method, &flags.selection())?;
+    let out = c.apply(model)?;
     sp.finish_and_clear();
-    let report = milkit::report::CompressReport::from_outcome(
-        &out,
-        &milkit::passes::compress::mode_name(&method),
-    );
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else if !quiet {
-        eprint!("{}", report.to_text());
-    }
+    print_report(&c.method, &out, json, quiet)?;
     Ok(Some(out))
 }
 

@@ -2,5 +2,6 @@
 pub mod bench;
 pub mod compress;
 pub mod export;
+pub mod export_recipe;
 pub mod progress;
 pub mod synth;
