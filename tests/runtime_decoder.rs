@@ -160,3 +160,59 @@ fn tiny_en_decoder_matches_pytorch_cache_io_and_stateful() {
     assert_eq!(ours, want_argmax);
     println!("decoder (stateful package): {per_token:.1?} per token");
 }
+
+/// The TextDecoder packages `milkit export` writes — fp16, and with only the vocabulary head
+/// palettized (`--head-only`, LUT4 k-means per 8 rows) — loaded from disk and teacher-forced
+/// through the first 8 jfk tokens against PyTorch's logits.
+#[test]
+fn exported_decoder_packages_match_pytorch() {
+    let Some(fx) = common::fixtures() else { return };
+    let d = dims(&fx);
+    let model = fx.join("models/whisper-tiny.en");
+    let refs = fx.join("reference/tiny.en-jfk.safetensors");
+    let tokens = io::read_safetensors(&refs, "tokens")
+        .unwrap()
+        .to_vec1::<i32>()
+        .unwrap();
+    let want8 = f32s(&io::read_safetensors(&refs, "logits_first8").unwrap());
+    let enc = io::read_safetensors(&refs, "encoder_output").unwrap();
+    let enc = enc
+        .transpose(1, 2)
+        .unwrap()
+        .unsqueeze(2)
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let head_lut4 = [
+        "--head-only",
+        "--palettize",
+        "kmeans",
+        "--nbits",
+        "4",
+        "--group-size",
+        "8",
+    ];
+    for (name, extra, min_db) in [("fp16", &[][..], 35.0), ("head-lut4", &head_lut4[..], 20.0)] {
+        let p = dir.path().join(format!("{name}.mlpackage"));
+        let o = common::milkit()
+            .args(["export", "--component", "decoder", "--quiet", "--model"])
+            .arg(&model)
+            .arg("--out")
+            .arg(&p)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut s = Session::load(&p).unwrap();
+        let logits = teacher_force(&mut s, &d, &tokens[..8], &enc);
+        let mut worst = f64::INFINITY;
+        for (t, l) in logits.iter().enumerate() {
+            let want = &want8[t * d.vocab..(t + 1) * d.vocab];
+            worst = worst.min(psnr(want, l));
+            assert_eq!(argmax(l), argmax(want), "{name}: argmax at position {t}");
+        }
+        println!("exported decoder ({name}): worst logits PSNR over 8 positions {worst:.1} dB");
+        assert!(worst >= min_db, "{name}: {worst:.1} dB");
+    }
+}

@@ -6,10 +6,10 @@ use clap::{Args, ValueEnum};
 use milkit::ir::Model;
 use milkit::package::{load_package, save_package};
 use milkit::passes::calibrate::Calibration;
-use milkit::passes::compress::{compress_mixed, Method, Outcome, Selection};
+use milkit::passes::compress::{Method, Outcome, Selection};
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
-use milkit::passes::mixed::{plan_bits, DEFAULT_CANDIDATES};
 use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
+use milkit::whisper::bundle::Compression;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -72,6 +72,12 @@ pub struct CompressFlags {
     /// weight constant).
     #[arg(long, value_delimiter = ',')]
     pub op_names: Vec<String>,
+    /// Text decoder only: compress exactly its vocabulary head — one conv per head chunk
+    /// (`lm_head`, or `lm_head_0`..`lm_head_{N-1}` with --head-chunks N; `milkit inspect`
+    /// lists them as `milkit.head_ops`) — and nothing else; the `embed_tokens` gather table
+    /// stays fp16. The group size must divide the rows of every chunk.
+    #[arg(long, conflicts_with = "op_names")]
+    pub head_only: bool,
     /// Constants with at most this many elements are left as they are.
     #[arg(long, default_value_t = 2048)]
     pub weight_threshold: usize,
@@ -137,6 +143,21 @@ impl CompressFlags {
         Ok(None)
     }
 
+    /// The compression the flags ask for, if any (library form).
+    pub fn compression(&self) -> Result<Option<Compression>> {
+        let calibration = match &self.calibration {
+            Some(p) => Some(Calibration::load(p)?),
+            None => None,
+        };
+        Ok(self.method()?.map(|method| Compression {
+            method,
+            selection: self.selection(),
+            head_only: self.head_only,
+            calibration,
+            target_bits: self.target_bits,
+        }))
+    }
+
     pub fn selection(&self) -> Selection {
         Selection {
             op_types: self.op_types.clone(),
@@ -167,6 +188,20 @@ pub struct CompressArgs {
     pub flags: CompressFlags,
 }
 
+/// Prints the report of one compression (JSON on stdout, or text on stderr unless quiet).
+pub fn print_report(method: &Method, out: &Outcome, json: bool, quiet: bool) -> Result<()> {
+    let report = milkit::report::CompressReport::from_outcome(
+        out,
+        &milkit::passes::compress::mode_name(method),
+    );
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if !quiet {
+        eprint!("{}", report.to_text());
+    }
+    Ok(())
+}
+
 /// Applies the flags to a model; prints the report. Errors leave nothing written.
 pub fn apply(
     model: &mut Model,
@@ -174,54 +209,16 @@ pub fn apply(
     json: bool,
     quiet: bool,
 ) -> Result<Option<Outcome>> {
-    let Some(method) = flags.method()? else {
+    let Some(c) = flags.compression()? else {
         return Ok(None);
     };
-    let calibration = match &flags.calibration {
-        Some(p) => Some(Calibration::load(p)?),
-        None => None,
-    };
-    let mut nbits = std::collections::BTreeMap::new();
-    if let Some(target) = flags.target_bits {
-        let (Method::Palettize(cfg), Some(cal)) = (&method, &calibration) else {
-            bail!("--target-bits needs --palettize kmeans and --calibration");
-        };
-        let sp = progress::spinner("measuring sensitivity at 2/3/4/6/8 bits", quiet);
-        let plan = plan_bits(
-            model,
-            cfg,
-            &flags.selection(),
-            cal,
-            target,
-            &DEFAULT_CANDIDATES,
-        )?;
-        sp.finish_and_clear();
-        if !quiet {
-            eprintln!(
-                "mixed precision: {:.3} average bits per weight (target {target})",
-                plan.avg_bits
-            );
-        }
-        nbits = plan.nbits();
+    if c.target_bits.is_some() && !quiet {
+        eprintln!("mixed precision: measuring each weight at 2/3/4/6/8 bits on the calibration statistics");
     }
     let sp = progress::spinner("compressing", quiet);
-    let out = compress_mixed(
-        model,
-        &method,
-        &flags.selection(),
-        calibration.as_ref(),
-        &nbits,
-    )?;
+    let out = c.apply(model)?;
     sp.finish_and_clear();
-    let report = milkit::report::CompressReport::from_outcome(
-        &out,
-        &milkit::passes::compress::mode_name(&method),
-    );
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else if !quiet {
-        eprint!("{}", report.to_text());
-    }
+    print_report(&c.method, &out, json, quiet)?;
     Ok(Some(out))
 }
 

@@ -5,15 +5,46 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use milkit::ir::Opset;
 use milkit::package::save_package;
+use milkit::whisper::bundle::{
+    build_part, write_whisperkit_folder, BundleOptions, BundleReport, Part, PartSpec,
+};
+use milkit::whisper::decoder::CrossKv;
+use milkit::whisper::decoder_export::DecoderExport;
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use std::path::PathBuf;
 use std::time::Instant;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ComponentArg {
     /// The audio encoder (log-mel → encoder states).
     Encoder,
+    /// WhisperKit's TextDecoder: one token per call, KV caches as I/O (or states with
+    /// --stateful), logits, cache updates and alignment-head weights.
+    Decoder,
+    /// WhisperKit's MelSpectrogram: `audio` fp16 [480000] → `melspectrogram_features`
+    /// fp16 [1, n_mels, 1, 3000].
+    Mel,
+    /// Cross-attention keys/values of every decoder layer from the encoder output (the
+    /// companion of a `--cross-kv precomputed` decoder).
+    Crosskv,
+    /// WhisperKit's TextDecoderContextPrefill (multilingual models only): (task, language)
+    /// → KV caches of the forced prefix.
+    Prefill,
+    /// The whole WhisperKit folder at --out (a directory): MelSpectrogram, AudioEncoder,
+    /// TextDecoder (+ TextDecoderContextPrefill, + CrossKV) packages and the checkpoint's
+    /// config.json, generation_config.json, tokenizer.json, preprocessor_config.json.
+    /// Compression flags apply to the encoder and the decoder (only the decoder's head with
+    /// --head-only).
+    All,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CrossKvArg {
+    /// The decoder projects `encoder_output_embeds` itself, every step (WhisperKit's form).
+    InGraph,
+    /// The decoder takes `encoder_attn_key_cache`/`encoder_attn_value_cache` inputs, made
+    /// once per window by the CrossKV model.
+    Precomputed,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -46,7 +77,18 @@ pub struct ExportArgs {
     /// specification version (iOS18 = spec 9).
     #[arg(long, default_value = "ios18")]
     pub target: String,
-    /// Output .mlpackage path.
+    /// Decoder: keep the self-attention caches as Core ML states (needs --target ios18).
+    #[arg(long)]
+    pub stateful: bool,
+    /// Decoder: where cross-attention keys/values come from.
+    #[arg(long, value_enum, default_value = "in-graph")]
+    pub cross_kv: CrossKvArg,
+    /// Decoder: split the vocabulary projection into N row chunks (N matmuls). The Neural
+    /// Engine (and whisper.cpp) want at most 16,384 rows per chunk, i.e. N ≥ ceil(vocab /
+    /// 16384) (`min_head_chunks`): 4 for every Whisper vocabulary (51,864-51,866 rows).
+    #[arg(long, default_value_t = 1)]
+    pub head_chunks: usize,
+    /// Output .mlpackage path (a directory for --component all or --recipe).
     #[arg(long)]
     pub out: PathBuf,
     /// Replace an existing output.
@@ -76,7 +118,7 @@ pub fn parse_target(s: &str) -> Result<Opset> {
 
 pub fn run(a: &ExportArgs) -> Result<u8> {
     if let Some(r) = &a.recipe {
-        return run_recipe(a, r);
+        return super::export_recipe::run(a, r);
     }
     let t0 = Instant::now();
     let opset = parse_target(&a.target)?;
@@ -86,12 +128,30 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
             a.out.display()
         );
     }
-    let abi = match a.abi {
-        AbiArg::Whispercpp => EncoderAbi::WhisperCpp,
-        AbiArg::Whisperkit => EncoderAbi::WhisperKit,
+    check_decoder_flags(a, opset)?;
+    if a.component == ComponentArg::All {
+        return run_all(a, opset);
+    }
+    let spec = PartSpec {
+        part: part_of(a.component),
+        abi: match a.abi {
+            AbiArg::Whispercpp => EncoderAbi::WhisperCpp,
+            AbiArg::Whisperkit => EncoderAbi::WhisperKit,
+        },
+        opset,
+        decoder: decoder_export(a),
+        compression: a.compress.compression()?,
     };
-    let mut model = build(a, a.component, abi, opset)?;
-    super::compress::apply(&mut model, &a.compress, a.json, a.quiet)?;
+    let pb = progress::bar(0, "building", a.quiet);
+    let built = build_part(&a.model, &spec, &mut |i, n| {
+        pb.set_length(n as u64);
+        pb.set_position(i as u64);
+    })?;
+    pb.finish_and_clear();
+    if let Some((method, out)) = &built.compressed {
+        super::compress::print_report(method, out, a.json, a.quiet)?;
+    }
+    let model = built.model;
     let total: u64 = weight_bytes(&model);
     let pb = progress::bytes_bar(total, "writing", a.quiet);
     let s = save_package(&model, &a.out, a.force, &mut |n| pb.inc(n))?;
@@ -113,6 +173,95 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
         );
     }
     Ok(0)
+}
+
+fn part_of(c: ComponentArg) -> Part {
+    match c {
+        ComponentArg::Encoder => Part::Encoder,
+        ComponentArg::Decoder | ComponentArg::All => Part::Decoder,
+        ComponentArg::Mel => Part::Mel,
+        ComponentArg::Crosskv => Part::CrossKv,
+        ComponentArg::Prefill => Part::Prefill,
+    }
+}
+
+fn decoder_export(a: &ExportArgs) -> DecoderExport {
+    DecoderExport {
+        stateful: a.stateful,
+        cross_kv: match a.cross_kv {
+            CrossKvArg::InGraph => CrossKv::InGraph,
+            CrossKvArg::Precomputed => CrossKv::Precomputed,
+        },
+        head_chunks: a.head_chunks,
+    }
+}
+
+/// Decoder flags on a component without a decoder, and --stateful below iOS18, are errors.
+fn check_decoder_flags(a: &ExportArgs, opset: Opset) -> Result<()> {
+    let decoder = matches!(a.component, ComponentArg::Decoder | ComponentArg::All);
+    if !decoder && (a.stateful || a.head_chunks != 1 || a.cross_kv != CrossKvArg::InGraph) {
+        bail!("--stateful, --cross-kv and --head-chunks shape the text decoder; use them with --component decoder or all");
+    }
+    if a.head_chunks == 0 {
+        bail!("--head-chunks must be at least 1");
+    }
+    if a.stateful && opset < Opset::Ios18 {
+        bail!(
+            "--stateful keeps the KV caches as Core ML states, which exist from iOS 18 (spec 9) on: use --target ios18 (got {})",
+            a.target
+        );
+    }
+    Ok(())
+}
+
+/// `--component all`: the WhisperKit folder, written by the library.
+fn run_all(a: &ExportArgs, opset: Opset) -> Result<u8> {
+    let t0 = Instant::now();
+    let c = a.compress.compression()?;
+    let opts = BundleOptions {
+        opset,
+        decoder: decoder_export(a),
+        encoder_compression: c.clone().filter(|c| !c.head_only),
+        decoder_compression: c,
+    };
+    let sp = progress::spinner("exporting", a.quiet);
+    let report = write_whisperkit_folder(&a.model, &a.out, &opts, a.force, &mut |msg| {
+        sp.set_message(msg.to_string())
+    })?;
+    sp.finish_and_clear();
+    report_folder(&report, a.json, a.quiet)?;
+    if !a.quiet {
+        eprintln!(
+            "wrote {} ({}) in {:.1} s",
+            a.out.display(),
+            report.files.join(", "),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(0)
+}
+
+/// Compression reports of a folder write: one JSON object keyed by file, or text per file.
+pub fn report_folder(r: &BundleReport, json: bool, quiet: bool) -> Result<()> {
+    if json {
+        let mut all = serde_json::Map::new();
+        for (file, method, out) in &r.compressed {
+            let rep = milkit::report::CompressReport::from_outcome(
+                out,
+                &milkit::passes::compress::mode_name(method),
+            );
+            all.insert(file.clone(), serde_json::to_value(&rep)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    } else {
+        for (file, method, out) in &r.compressed {
+            if !quiet {
+                eprintln!("{file}:");
+            }
+            super::compress::print_report(method, out, false, quiet)?;
+        }
+    }
+    Ok(())
 }
 
 /// Bytes of all blob-bound constants (for the progress bar).
@@ -145,101 +294,4 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
-}
-
-fn build(
-    a: &ExportArgs,
-    component: ComponentArg,
-    abi: EncoderAbi,
-    opset: Opset,
-) -> Result<milkit::ir::Model> {
-    match component {
-        ComponentArg::Encoder => {
-            let pb = progress::bar(0, "building", a.quiet);
-            let m = export_encoder(&a.model, abi, opset, &mut |i, n| {
-                pb.set_length(n as u64);
-                pb.set_position(i as u64);
-            })?;
-            pb.finish_and_clear();
-            Ok(m)
-        }
-    }
-}
-
-fn enum_arg<T: ValueEnum>(what: &str, s: &str) -> Result<T> {
-    T::from_str(s, true).map_err(|_| anyhow::anyhow!("recipe: unknown {what} `{s}`"))
-}
-
-fn recipe_flags(
-    c: &milkit::whisper::recipe::RecipeCompression,
-) -> Result<super::compress::CompressFlags> {
-    let d = super::compress::CompressFlags::default();
-    Ok(super::compress::CompressFlags {
-        palettize: c
-            .palettize
-            .as_deref()
-            .map(|s| enum_arg("palettize mode", s))
-            .transpose()?,
-        nbits: c.nbits.unwrap_or(4),
-        quantize: c
-            .quantize
-            .as_deref()
-            .map(|s| enum_arg("quantize dtype", s))
-            .transpose()?,
-        granularity: c
-            .granularity
-            .as_deref()
-            .map(|s| enum_arg("granularity", s))
-            .transpose()?,
-        group_size: c.group_size.unwrap_or(16),
-        block_size: c.block_size.unwrap_or(32),
-        asymmetric: c.asymmetric,
-        op_types: c
-            .op_types
-            .clone()
-            .unwrap_or_else(|| vec!["conv".into(), "linear".into()]),
-        op_names: c.op_names.clone().unwrap_or_default(),
-        weight_threshold: c.weight_threshold.unwrap_or(2048),
-        skip_indivisible: c.skip_indivisible,
-        ..d
-    })
-}
-
-/// Exports every component of a recipe into the directory `--out`, atomically as a whole.
-fn run_recipe(a: &ExportArgs, path: &std::path::Path) -> Result<u8> {
-    let recipe = milkit::whisper::recipe::Recipe::from_file(path)?;
-    let mut models = Vec::new();
-    for c in &recipe.components {
-        let component = enum_arg::<ComponentArg>("component", &c.component)?;
-        let abi = EncoderAbi::parse(&c.abi)?;
-        let opset = parse_target(&c.target)?;
-        let mut m = build(a, component, abi, opset)?;
-        if let Some(cc) = &c.compress {
-            let flags = recipe_flags(cc)?;
-            if flags.method()?.is_none() {
-                bail!(
-                    "{}: component `{}` has a [compress] table without palettize or quantize",
-                    path.display(),
-                    c.file
-                );
-            }
-            super::compress::apply(&mut m, &flags, a.json, a.quiet)?;
-        }
-        models.push((c.file.clone(), m));
-    }
-    milkit::package::fsio::write_package_atomically(&a.out, a.force, |dir| {
-        for (file, m) in &models {
-            milkit::package::save::write_package_dir_new(m, &dir.join(file))?;
-        }
-        Ok(())
-    })?;
-    if !a.quiet {
-        eprintln!(
-            "wrote {} ({} packages, recipe {})",
-            a.out.display(),
-            models.len(),
-            recipe.name
-        );
-    }
-    Ok(0)
 }

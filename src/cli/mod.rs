@@ -4,5 +4,6 @@ pub mod bench_compress;
 pub mod calibrate;
 pub mod compress;
 pub mod export;
+pub mod export_recipe;
 pub mod progress;
 pub mod synth;

@@ -530,6 +530,10 @@ pub fn build_decoder(
     description
         .user_defined
         .insert("milkit.head_chunks".into(), opts.head_chunks.to_string());
+    description.user_defined.insert(
+        super::decoder_export::HEAD_OPS_KEY.into(),
+        super::decoder_export::head_op_names(opts.head_chunks).join(","),
+    );
     Ok(finish_model(component, inputs, block, opset, description))
 }
 

@@ -241,6 +241,7 @@ pub(super) fn head(
         "vocabulary head has shape {shape:?}, expected [{vocab}, {d}]"
     );
     let rows_per = vocab.div_ceil(chunks);
+    let names = super::decoder_export::head_op_names(chunks);
     let mut parts = vec![];
     for c in 0..chunks {
         let (r0, r1) = (c * rows_per, ((c + 1) * rows_per).min(vocab));
@@ -254,12 +255,7 @@ pub(super) fn head(
             vec![r1 - r0, d, 1, 1],
             bytes,
         )?);
-        let name = if chunks == 1 {
-            "lm_head".to_string()
-        } else {
-            format!("lm_head_{c}")
-        };
-        parts.push(conv1x1(b, &name, h, t, None)?);
+        parts.push(conv1x1(b, &names[c], h, t, None)?);
     }
     let logits = if parts.len() == 1 {
         parts.remove(0)

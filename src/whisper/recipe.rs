@@ -14,6 +14,10 @@ pub struct Recipe {
     /// What the recipe is for.
     #[serde(default)]
     pub description: String,
+    /// Also copy the checkpoint's config.json, generation_config.json, tokenizer.json (and
+    /// preprocessor_config.json when present) into the output folder, as WhisperKit wants.
+    #[serde(default)]
+    pub copy_model_files: bool,
     #[serde(rename = "component")]
     pub components: Vec<RecipeComponent>,
 }
@@ -22,15 +26,24 @@ pub struct Recipe {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecipeComponent {
-    /// `encoder` (more components as milkit learns them).
+    /// `mel`, `encoder`, `decoder`, `crosskv` or `prefill`.
     pub component: String,
-    /// `whispercpp` or `whisperkit`.
+    /// Encoder I/O: `whispercpp` or `whisperkit` (default; the other components exist only
+    /// in WhisperKit's form).
+    #[serde(default = "default_abi")]
     pub abi: String,
     /// Deployment target, default `ios18`.
     #[serde(default = "default_target")]
     pub target: String,
     /// File name of the package inside the output directory.
     pub file: String,
+    /// Decoder: self-attention caches as Core ML states (needs target ios18).
+    #[serde(default)]
+    pub stateful: bool,
+    /// Decoder: `in-graph` (default) or `precomputed` cross-attention keys/values.
+    pub cross_kv: Option<String>,
+    /// Decoder: row chunks of the vocabulary head (default 1).
+    pub head_chunks: Option<usize>,
     /// Compression of this component; absent = fp16.
     pub compress: Option<RecipeCompression>,
 }
@@ -52,6 +65,13 @@ pub struct RecipeCompression {
     pub weight_threshold: Option<usize>,
     #[serde(default)]
     pub skip_indivisible: bool,
+    /// Decoder: compress only the vocabulary head (one op per head chunk).
+    #[serde(default)]
+    pub head_only: bool,
+}
+
+fn default_abi() -> String {
+    "whisperkit".into()
 }
 
 fn default_target() -> String {

@@ -1,0 +1,286 @@
+//! Whole conversions into one output folder: any Whisper component built from a checkpoint
+//! directory (and compressed as asked), and the WhisperKit model folder — MelSpectrogram,
+//! AudioEncoder, TextDecoder (+ TextDecoderContextPrefill for multilingual models, + CrossKV
+//! with precomputed cross-attention) next to the checkpoint's config.json,
+//! generation_config.json, tokenizer.json and preprocessor_config.json. Folders are written
+//! atomically: into a temporary directory beside the target, renamed when complete.
+
+use super::decoder::CrossKv;
+use super::decoder_export::{
+    export_cross_kv, export_decoder, export_prefill, head_only_selection, is_multilingual,
+    DecoderExport,
+};
+use super::encoder::EncoderAbi;
+use super::export::export_encoder;
+use super::mel::export_mel;
+use crate::ir::{Model, Opset};
+use crate::package::fsio::write_package_atomically;
+use crate::package::save::write_package_dir_new;
+use crate::passes::calibrate::Calibration;
+use crate::passes::compress::{compress_mixed, Method, Outcome, Selection};
+use crate::passes::mixed::{plan_bits, DEFAULT_CANDIDATES};
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+
+/// WhisperKit's package file names.
+pub const MEL_FILE: &str = "MelSpectrogram.mlpackage";
+pub const ENCODER_FILE: &str = "AudioEncoder.mlpackage";
+pub const DECODER_FILE: &str = "TextDecoder.mlpackage";
+pub const PREFILL_FILE: &str = "TextDecoderContextPrefill.mlpackage";
+pub const CROSS_KV_FILE: &str = "CrossKV.mlpackage";
+
+/// Checkpoint files copied into a WhisperKit folder: (name, required).
+pub const MODEL_FILES: [(&str, bool); 4] = [
+    ("config.json", true),
+    ("generation_config.json", true),
+    ("tokenizer.json", true),
+    ("preprocessor_config.json", false),
+];
+
+/// One exportable model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Mel,
+    Encoder,
+    Decoder,
+    CrossKv,
+    Prefill,
+}
+
+impl Part {
+    /// From the CLI/recipe name: mel, encoder, decoder, crosskv, prefill.
+    pub fn parse(s: &str) -> Result<Part> {
+        Ok(match s {
+            "mel" => Part::Mel,
+            "encoder" => Part::Encoder,
+            "decoder" => Part::Decoder,
+            "crosskv" | "cross-kv" | "cross_kv" => Part::CrossKv,
+            "prefill" => Part::Prefill,
+            o => bail!(
+                "unknown component `{o}` (expected mel, encoder, decoder, crosskv or prefill)"
+            ),
+        })
+    }
+
+    /// The file name WhisperKit loads this model from.
+    pub fn whisperkit_file(self) -> &'static str {
+        match self {
+            Part::Mel => MEL_FILE,
+            Part::Encoder => ENCODER_FILE,
+            Part::Decoder => DECODER_FILE,
+            Part::CrossKv => CROSS_KV_FILE,
+            Part::Prefill => PREFILL_FILE,
+        }
+    }
+}
+
+/// Weight compression of one model.
+#[derive(Clone, Debug)]
+pub struct Compression {
+    pub method: Method,
+    pub selection: Selection,
+    /// Only the vocabulary head of a text decoder (one op per head chunk); the selection's
+    /// op types and names are replaced by the head's.
+    pub head_only: bool,
+    /// Statistics from `milkit calibrate`: data-aware (weighted) k-means.
+    pub calibration: Option<Calibration>,
+    /// Mixed precision within this average of stored bits per weight (needs calibration).
+    pub target_bits: Option<f64>,
+}
+
+impl Compression {
+    /// Plain compression with `method` over `selection`.
+    pub fn new(method: Method, selection: Selection, head_only: bool) -> Compression {
+        Compression {
+            method,
+            selection,
+            head_only,
+            calibration: None,
+            target_bits: None,
+        }
+    }
+
+    /// Compresses `m` in place.
+    pub fn apply(&self, m: &mut Model) -> Result<Outcome> {
+        let sel = if self.head_only {
+            head_only_selection(m, &self.selection)?
+        } else {
+            self.selection.clone()
+        };
+        let mut nbits = std::collections::BTreeMap::new();
+        if let Some(target) = self.target_bits {
+            let (Method::Palettize(cfg), Some(cal)) = (&self.method, &self.calibration) else {
+                bail!("--target-bits needs --palettize kmeans and --calibration");
+            };
+            nbits = plan_bits(m, cfg, &sel, cal, target, &DEFAULT_CANDIDATES)?.nbits();
+        }
+        compress_mixed(m, &self.method, &sel, self.calibration.as_ref(), &nbits)
+    }
+}
+
+/// How to build one model.
+#[derive(Clone, Debug)]
+pub struct PartSpec {
+    pub part: Part,
+    /// Encoder only.
+    pub abi: EncoderAbi,
+    pub opset: Opset,
+    /// Decoder only.
+    pub decoder: DecoderExport,
+    pub compression: Option<Compression>,
+}
+
+/// A built (and possibly compressed) model.
+pub struct Built {
+    pub model: Model,
+    /// The compression method and its outcome, if compressed.
+    pub compressed: Option<(Method, Outcome)>,
+}
+
+/// Builds one model from a checkpoint directory and compresses it as `spec` says.
+pub fn build_part(
+    model_dir: &Path,
+    spec: &PartSpec,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Built> {
+    let mut model = match spec.part {
+        Part::Mel => export_mel(model_dir, spec.opset)?,
+        Part::Encoder => export_encoder(model_dir, spec.abi, spec.opset, progress)?,
+        Part::Decoder => export_decoder(model_dir, &spec.decoder, spec.opset)?,
+        Part::CrossKv => export_cross_kv(model_dir, spec.opset)?,
+        Part::Prefill => export_prefill(model_dir, spec.opset)?,
+    };
+    let compressed = match &spec.compression {
+        None => None,
+        Some(c) => {
+            if c.head_only && spec.part != Part::Decoder {
+                bail!(
+                    "--head-only compresses the text decoder's vocabulary head; the {:?} model has none",
+                    spec.part
+                );
+            }
+            Some((c.method, c.apply(&mut model)?))
+        }
+    };
+    Ok(Built { model, compressed })
+}
+
+/// Options of [`write_whisperkit_folder`].
+#[derive(Clone, Debug)]
+pub struct BundleOptions {
+    /// Target of every package (a stateful decoder needs iOS18).
+    pub opset: Opset,
+    pub decoder: DecoderExport,
+    /// Compression of the AudioEncoder.
+    pub encoder_compression: Option<Compression>,
+    /// Compression of the TextDecoder (and of CrossKV unless it is head-only).
+    pub decoder_compression: Option<Compression>,
+}
+
+/// What a folder write produced.
+#[derive(Debug, Default)]
+pub struct BundleReport {
+    /// Every file and package written, in order.
+    pub files: Vec<String>,
+    /// Per compressed package: its file name, method and outcome.
+    pub compressed: Vec<(String, Method, Outcome)>,
+}
+
+/// The packages of a WhisperKit folder for this checkpoint and options, in writing order.
+pub fn whisperkit_parts(model_dir: &Path, o: &BundleOptions) -> Result<Vec<(String, PartSpec)>> {
+    let spec = |part, compression: Option<Compression>| PartSpec {
+        part,
+        abi: EncoderAbi::WhisperKit,
+        opset: o.opset,
+        decoder: o.decoder,
+        compression,
+    };
+    let mut parts = vec![
+        spec(Part::Mel, None),
+        spec(Part::Encoder, o.encoder_compression.clone()),
+        spec(Part::Decoder, o.decoder_compression.clone()),
+    ];
+    if is_multilingual(model_dir)? {
+        parts.push(spec(Part::Prefill, None));
+    }
+    if o.decoder.cross_kv == CrossKv::Precomputed {
+        let c = o.decoder_compression.clone().filter(|c| !c.head_only);
+        parts.push(spec(Part::CrossKv, c));
+    }
+    Ok(parts
+        .into_iter()
+        .map(|s| (s.part.whisperkit_file().to_string(), s))
+        .collect())
+}
+
+/// Writes `parts` (file name, how to build it) into the folder `out_dir`, plus copies of the
+/// checkpoint files `copy` ((name, required); a missing optional file is left out). Atomic:
+/// the folder appears complete or not at all; an existing `out_dir` is refused unless
+/// `force`. Models are built one at a time, so only one is in memory. `progress` gets a line
+/// per step.
+pub fn write_folder(
+    model_dir: &Path,
+    out_dir: &Path,
+    parts: &[(String, PartSpec)],
+    copy: &[(&str, bool)],
+    force: bool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BundleReport> {
+    for (name, required) in copy {
+        let p = model_dir.join(name);
+        if *required && !p.is_file() {
+            bail!(
+                "{}: missing {name}, which the output folder must contain",
+                model_dir.display()
+            );
+        }
+    }
+    if out_dir.exists() && !force {
+        bail!(
+            "{} already exists; pass --force to replace it",
+            out_dir.display()
+        );
+    }
+    let mut report = BundleReport::default();
+    write_package_atomically(out_dir, force, |dir| {
+        for (file, spec) in parts {
+            progress(&format!("building {file}"));
+            let built = build_part(model_dir, spec, &mut |_, _| {})
+                .with_context(|| format!("building {file}"))?;
+            progress(&format!("writing {file}"));
+            write_package_dir_new(&built.model, &dir.join(file))?;
+            report.files.push(file.clone());
+            if let Some((method, outcome)) = built.compressed {
+                report.compressed.push((file.clone(), method, outcome));
+            }
+        }
+        for (name, _) in copy {
+            let src = model_dir.join(name);
+            if src.is_file() {
+                std::fs::copy(&src, dir.join(name))
+                    .with_context(|| format!("cannot copy {}", src.display()))?;
+                report.files.push(name.to_string());
+            }
+        }
+        Ok(())
+    })?;
+    Ok(report)
+}
+
+/// Writes the WhisperKit model folder of a checkpoint (see the module doc) into `out_dir`.
+pub fn write_whisperkit_folder(
+    model_dir: &Path,
+    out_dir: &Path,
+    opts: &BundleOptions,
+    force: bool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BundleReport> {
+    if opts.decoder.stateful && opts.opset < Opset::Ios18 {
+        bail!(
+            "a stateful decoder needs target ios18 (Core ML states), got {}",
+            opts.opset
+        );
+    }
+    let parts = whisperkit_parts(model_dir, opts)?;
+    write_folder(model_dir, out_dir, &parts, &MODEL_FILES, force, progress)
+}
