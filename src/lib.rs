@@ -11,5 +11,6 @@ pub mod passes;
 pub mod proto;
 pub mod report;
 pub mod runtime;
+pub mod transcribe;
 pub mod verify;
 pub mod whisper;

@@ -32,7 +32,14 @@ enum Command {
     Compile(milkit::verify::cli::CompileArgs),
     /// Write a random-weight Whisper checkpoint with real dimensions (tests, benchmarks).
     Synth(cli::synth::SynthArgs),
-    /// Time an export (large models, no download needed).
+    /// Run a package once with the bundled runtime: inputs from .npy/.safetensors, outputs
+    /// to DIR/NAME.npy.
+    Run(cli::run::RunArgs),
+    /// Transcribe WAV files with a models folder (AudioEncoder/TextDecoder packages + json):
+    /// one line of text per file.
+    Transcribe(cli::transcribe::TranscribeArgs),
+    /// Time a transcription stage by stage against the decoder's memory floor
+    /// (`bench AUDIO --models DIR`), or an export (`--suite export`).
     Bench(cli::bench::BenchArgs),
 }
 
@@ -49,6 +56,8 @@ fn main() -> ExitCode {
         Command::Verify(a) => Ok(code(milkit::verify::cli::run_verify(&a))),
         Command::Compile(a) => Ok(code(milkit::verify::cli::run_compile(&a))),
         Command::Synth(a) => cli::synth::run(&a),
+        Command::Run(a) => cli::run::run(&a),
+        Command::Transcribe(a) => cli::transcribe::run(&a),
         Command::Bench(a) => cli::bench::run(&a),
     };
     match r {

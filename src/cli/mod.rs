@@ -1,6 +1,9 @@
 //! Subcommand implementations: argument structs and thin glue over the library.
 pub mod bench;
+pub mod bench_audio;
 pub mod compress;
 pub mod export;
 pub mod progress;
+pub mod run;
 pub mod synth;
+pub mod transcribe;
