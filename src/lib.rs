@@ -12,5 +12,6 @@ pub mod proto;
 pub mod quality;
 pub mod report;
 pub mod runtime;
+pub mod transcribe;
 pub mod verify;
 pub mod whisper;

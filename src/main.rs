@@ -34,7 +34,16 @@ enum Command {
     Synth(cli::synth::SynthArgs),
     /// Measure per-channel input statistics on real audio for data-aware compression.
     Calibrate(cli::calibrate::CalibrateArgs),
-    /// Time an export (large models, no download needed).
+    /// Corpus word error rate of a models folder on a manifest of clips.
+    Eval(cli::eval::EvalArgs),
+    /// Run a package once with the bundled runtime: inputs from .npy/.safetensors, outputs
+    /// to DIR/NAME.npy.
+    Run(cli::run::RunArgs),
+    /// Transcribe WAV files with a models folder (AudioEncoder/TextDecoder packages + json):
+    /// one line of text per file.
+    Transcribe(cli::transcribe::TranscribeArgs),
+    /// Time a transcription stage by stage against the decoder's memory floor
+    /// (`bench AUDIO --models DIR`), or an export (`--suite export`).
     Bench(cli::bench::BenchArgs),
 }
 
@@ -51,8 +60,11 @@ fn main() -> ExitCode {
         Command::Verify(a) => Ok(code(milkit::verify::cli::run_verify(&a))),
         Command::Compile(a) => Ok(code(milkit::verify::cli::run_compile(&a))),
         Command::Synth(a) => cli::synth::run(&a),
+        Command::Run(a) => cli::run::run(&a),
+        Command::Transcribe(a) => cli::transcribe::run(&a),
         Command::Bench(a) => cli::bench::run(&a),
         Command::Calibrate(a) => cli::calibrate::run(&a),
+        Command::Eval(a) => cli::eval::run(&a),
     };
     match r {
         Ok(code) => ExitCode::from(code),

@@ -334,6 +334,11 @@ pub fn all_schemas() -> Vec<(&'static str, String)> {
         ("verify.schema.json", schema_json::<VerifyReport>()),
         ("inspect.schema.json", schema_json::<InspectReport>()),
         ("compress.schema.json", schema_json::<CompressReport>()),
+        ("bench-audio.schema.json", schema_json::<AudioBenchReport>()),
+        (
+            "eval.schema.json",
+            schema_json::<crate::quality::eval::EvalReport>(),
+        ),
     ]
 }
 
@@ -377,4 +382,42 @@ pub struct SkippedOp {
     pub weight: String,
     pub shape: Vec<usize>,
     pub reason: String,
+}
+
+/// `milkit bench AUDIO --models DIR --json`: one transcription, timed by stage, next to the
+/// decoder's weight-stream floor measured in the same run.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AudioBenchReport {
+    /// Log-mel spectrogram of every 30-s window (Rust, or the MelSpectrogram package).
+    pub mel_ms: f64,
+    /// Audio encoder of every window, plus the CrossKV model when the folder has one.
+    pub encoder_ms: f64,
+    /// Decoder time divided by decoder calls (prompt tokens included).
+    pub decoder_ms_per_token: f64,
+    /// Bytes one decoder call must read: every stored weight (compressed weights as stored)
+    /// except embedding tables only gathered from, which count one row, plus the
+    /// precomputed cross-attention keys/values when the decoder takes them as inputs.
+    pub decoder_bytes_per_token: u64,
+    /// Best read bandwidth over several passes of streaming a buffer of exactly
+    /// `decoder_bytes_per_token` bytes with all threads, in 10^9 bytes per second.
+    pub bandwidth_gbps: f64,
+    /// decoder_bytes_per_token / bandwidth: the time per token a decoder bound by reading its
+    /// weights cannot beat.
+    pub floor_ms_per_token: f64,
+    /// The whole transcription (models already loaded).
+    pub total_ms: f64,
+    /// faster-whisper on the same audio in the same run (`--compare-faster-whisper`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub faster_whisper: Option<FasterWhisperRun>,
+}
+
+/// What tools/faster_whisper_bench.py reported.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FasterWhisperRun {
+    pub total_ms: f64,
+    pub text: String,
+    /// milkit total_ms / faster-whisper total_ms.
+    pub ratio: f64,
 }

@@ -1,4 +1,5 @@
-//! `milkit bench`: timing tables (never timed tests).
+//! `milkit bench`: timing tables (never timed tests). `milkit bench AUDIO --models DIR` times a
+//! transcription (see `bench_audio`); `--suite export` an encoder export.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -16,7 +17,16 @@ pub enum Suite {
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// What to measure.
+    /// A WAV file to transcribe and time (needs --models); without it, --suite runs.
+    pub audio: Option<PathBuf>,
+    /// Models folder for the audio benchmark (as for `milkit transcribe`).
+    #[arg(long)]
+    pub models: Option<PathBuf>,
+    /// Also run tools/faster_whisper_bench.py with this python on the same audio and show
+    /// its total time next to milkit's (skipped with a note when the script is missing).
+    #[arg(long, value_name = "PYTHON")]
+    pub compare_faster_whisper: Option<PathBuf>,
+    /// What to measure when no audio is given.
     #[arg(long, value_enum, default_value = "export")]
     pub suite: Suite,
     /// Preset of the synthetic checkpoint (export suite).
@@ -26,7 +36,7 @@ pub struct BenchArgs {
     /// compared with coremltools; default ../shared/models/whisper-tiny.en).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Repetitions (the table shows each and the median).
+    /// Repetitions (export: the median; audio: the best, after one warm-up run).
     #[arg(long, default_value_t = 1)]
     pub runs: usize,
     /// Python with coremltools 9 to compare against (compress suite).
@@ -38,6 +48,19 @@ pub struct BenchArgs {
 }
 
 pub fn run(a: &BenchArgs) -> Result<u8> {
+    if let Some(audio) = &a.audio {
+        let models = a
+            .models
+            .as_deref()
+            .context("milkit bench AUDIO needs --models DIR")?;
+        return super::bench_audio::run(
+            audio,
+            models,
+            a.runs,
+            a.json,
+            a.compare_faster_whisper.as_deref(),
+        );
+    }
     match a.suite {
         Suite::Export => bench_export(a),
         Suite::Compress => {

@@ -1,9 +1,13 @@
 //! Subcommand implementations: argument structs and thin glue over the library.
 pub mod bench;
+pub mod bench_audio;
 pub mod bench_compress;
 pub mod calibrate;
 pub mod compress;
+pub mod eval;
 pub mod export;
 pub mod export_recipe;
 pub mod progress;
+pub mod run;
 pub mod synth;
+pub mod transcribe;

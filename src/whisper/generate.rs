@@ -1,54 +1,12 @@
 //! Whisper greedy decoding rules, independent of any model runtime: the forced prompt,
 //! token suppression (always, at the first position, timestamps) and the stop conditions,
 //! driven by a caller-supplied `step` function that returns next-token logits.
+use super::config::{GenerationConfig, TokenIds};
 use anyhow::{bail, ensure, Context, Result};
-use serde::Deserialize;
 use std::path::Path;
 
 /// Hugging Face caps Whisper's decoder sequence (prompt included) at its 448 positions.
 pub const DEFAULT_MAX_LENGTH: usize = 448;
-
-/// `eos_token_id` is a single id or a list of ids in generation configs.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(untagged)]
-pub enum EosIds {
-    One(u32),
-    Many(Vec<u32>),
-}
-
-/// The fields of `generation_config.json` that greedy decoding uses.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-pub struct GenerationConfig {
-    pub decoder_start_token_id: u32,
-    /// (position, id) pairs; an id of `null` means "chosen at run time" (the language of a
-    /// multilingual model), which these rules cannot decide.
-    #[serde(default)]
-    pub forced_decoder_ids: Option<Vec<(usize, Option<u32>)>>,
-    #[serde(default)]
-    pub suppress_tokens: Vec<u32>,
-    #[serde(default)]
-    pub begin_suppress_tokens: Vec<u32>,
-    #[serde(default)]
-    pub no_timestamps_token_id: Option<u32>,
-    pub eos_token_id: EosIds,
-    #[serde(default)]
-    pub max_length: Option<usize>,
-}
-
-impl GenerationConfig {
-    /// Read `generation_config.json`; errors name the file.
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read generation config", path.display()))?;
-        serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{}: malformed generation config (needs decoder_start_token_id and eos_token_id)",
-                path.display()
-            )
-        })
-    }
-}
 
 /// Greedy decoding in no-timestamps mode.
 #[derive(Debug, Clone)]
@@ -69,7 +27,10 @@ impl GreedyRules {
     pub fn new(config: &GenerationConfig) -> Result<Self> {
         let mut forced = config.forced_decoder_ids.clone().unwrap_or_default();
         forced.sort_by_key(|&(pos, _)| pos);
-        let mut prompt = vec![config.decoder_start_token_id];
+        let start = config
+            .decoder_start_token_id
+            .context("the generation config lacks decoder_start_token_id")?;
+        let mut prompt = vec![start];
         for (pos, id) in forced {
             ensure!(
                 pos == prompt.len(),
@@ -90,8 +51,9 @@ impl GreedyRules {
             }
         }
         let eos = match &config.eos_token_id {
-            EosIds::One(id) => vec![*id],
-            EosIds::Many(ids) => ids.clone(),
+            Some(TokenIds::One(id)) => vec![*id],
+            Some(TokenIds::Many(ids)) => ids.clone(),
+            None => bail!("the generation config lacks eos_token_id"),
         };
         ensure!(!eos.is_empty(), "eos_token_id is an empty list");
         let max_length = config.max_length.unwrap_or(DEFAULT_MAX_LENGTH);
@@ -102,8 +64,8 @@ impl GreedyRules {
         );
         Ok(Self {
             prompt,
-            suppress: config.suppress_tokens.clone(),
-            begin_suppress: config.begin_suppress_tokens.clone(),
+            suppress: config.suppress_tokens.clone().unwrap_or_default(),
+            begin_suppress: config.begin_suppress_tokens.clone().unwrap_or_default(),
             first_timestamp: config.no_timestamps_token_id.map(|nt| nt + 1),
             eos,
             max_length,
@@ -159,9 +121,25 @@ impl GreedyRules {
     /// Greedy decoding: starting from [`Self::initial_tokens`], call `step` with the sequence so
     /// far, mask its logits, append the argmax (first index on ties) until an EOS token (kept in
     /// the output) or `max_length` tokens. Returns the whole sequence, prompt included.
-    pub fn greedy(&self, mut step: impl FnMut(&[u32]) -> Result<Vec<f32>>) -> Result<Vec<u32>> {
+    pub fn greedy(&self, step: impl FnMut(&[u32]) -> Result<Vec<f32>>) -> Result<Vec<u32>> {
+        self.greedy_limited(self.max_length, step)
+    }
+
+    /// [`Self::greedy`] with the sequence also capped at `limit` tokens (a decoder's cache
+    /// length may be shorter than the config's `max_length`).
+    pub fn greedy_limited(
+        &self,
+        limit: usize,
+        mut step: impl FnMut(&[u32]) -> Result<Vec<f32>>,
+    ) -> Result<Vec<u32>> {
+        let max_length = self.max_length.min(limit);
+        ensure!(
+            max_length > self.prompt.len(),
+            "a limit of {max_length} tokens leaves no room after the {}-token prompt",
+            self.prompt.len()
+        );
         let mut tokens = self.initial_tokens();
-        while tokens.len() < self.max_length {
+        while tokens.len() < max_length {
             let step_index = tokens.len() - self.prompt.len();
             let mut logits =
                 step(&tokens).with_context(|| format!("decoder step {step_index} failed"))?;
@@ -205,13 +183,14 @@ mod tests {
 
     fn config(max_length: Option<usize>) -> GenerationConfig {
         GenerationConfig {
-            decoder_start_token_id: START,
+            decoder_start_token_id: Some(START),
             forced_decoder_ids: Some(vec![(1, Some(NO_TS))]),
-            suppress_tokens: vec![3, 7],
-            begin_suppress_tokens: vec![5, EOT],
+            suppress_tokens: Some(vec![3, 7]),
+            begin_suppress_tokens: Some(vec![5, EOT]),
             no_timestamps_token_id: Some(NO_TS),
-            eos_token_id: EosIds::One(EOT),
+            eos_token_id: Some(TokenIds::One(EOT)),
             max_length,
+            ..Default::default()
         }
     }
 
@@ -285,6 +264,12 @@ mod tests {
         assert!(GreedyRules::new(&config(Some(2))).is_err());
         let mut bad = config(None);
         bad.forced_decoder_ids = Some(vec![(1, None)]);
+        assert!(GreedyRules::new(&bad).is_err());
+        let mut bad = config(None);
+        bad.eos_token_id = None;
+        assert!(GreedyRules::new(&bad).is_err());
+        let mut bad = config(None);
+        bad.decoder_start_token_id = None;
         assert!(GreedyRules::new(&bad).is_err());
     }
 

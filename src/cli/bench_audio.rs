@@ -1,0 +1,168 @@
+//! `milkit bench AUDIO --models DIR`: one transcription timed by stage (after a warm-up run),
+//! the decoder's bytes per token, the read bandwidth of this machine for exactly that working
+//! set, and the floor they imply; optionally faster-whisper on the same audio in the same run.
+
+use anyhow::{bail, Context, Result};
+use milkit::report::{AudioBenchReport, FasterWhisperRun};
+use milkit::transcribe::{cost, Transcriber, Transcript, DECODER_FILE};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// Passes over the bandwidth buffer; the best counts.
+const BANDWIDTH_PASSES: usize = 30;
+/// Where the faster-whisper companion script lives, relative to the crate.
+const FW_SCRIPT: &str = "tools/faster_whisper_bench.py";
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Decoder bytes per token: stored weights (see [`cost::weight_bytes_per_call`]) plus the
+/// precomputed cross-attention inputs when the decoder takes them.
+fn decoder_bytes_per_token(tr: &Transcriber) -> Result<u64> {
+    let path = tr.dir().join(DECODER_FILE);
+    let m = milkit::package::load_package(&path)?;
+    let mut bytes = cost::weight_bytes_per_call(&m)
+        .with_context(|| format!("counting the weights of {}", path.display()))?;
+    for f in &tr.decoder_session().description().inputs {
+        if f.name.starts_with("encoder_attn_") {
+            bytes += (f.shape.iter().product::<usize>() * f.dtype.to_dtype().bits() / 8) as u64;
+        }
+    }
+    Ok(bytes)
+}
+
+fn find_script() -> Option<PathBuf> {
+    [
+        PathBuf::from(FW_SCRIPT),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(FW_SCRIPT),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+}
+
+/// Runs `PYTHON tools/faster_whisper_bench.py AUDIO`; it prints one JSON line with
+/// `total_ms` and `text`. None (with a note on stderr) when the script is absent.
+fn faster_whisper(python: &Path, audio: &Path) -> Result<Option<(f64, String)>> {
+    let Some(script) = find_script() else {
+        eprintln!("skipping the faster-whisper comparison: {FW_SCRIPT} not found");
+        return Ok(None);
+    };
+    let o = Command::new(python)
+        .arg(&script)
+        .arg(audio)
+        .output()
+        .with_context(|| format!("cannot run {} {}", python.display(), script.display()))?;
+    if !o.status.success() {
+        bail!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("{} printed no JSON line", script.display()))?;
+    let v: serde_json::Value = serde_json::from_str(line)
+        .with_context(|| format!("{}: bad JSON line `{line}`", script.display()))?;
+    let total = v["total_ms"]
+        .as_f64()
+        .with_context(|| format!("{}: no numeric total_ms", script.display()))?;
+    Ok(Some((total, v["text"].as_str().unwrap_or("").to_string())))
+}
+
+pub fn run(
+    audio: &Path,
+    models: &Path,
+    runs: usize,
+    json: bool,
+    compare: Option<&Path>,
+) -> Result<u8> {
+    let t_start = Instant::now();
+    let mut tr = Transcriber::open(models)
+        .with_context(|| format!("opening models folder {}", models.display()))?;
+    let samples = milkit::whisper::audio::load_wav(audio)?;
+    // The first run pages weights in and starts the thread pool: it is the cold, whole-job
+    // number; the timed runs come after it.
+    let cold = tr.transcribe(&samples)?;
+    let cold_ms = ms(t_start.elapsed());
+    let mut best: Option<Transcript> = None;
+    for _ in 0..runs.max(1) {
+        let r = tr.transcribe(&samples)?;
+        if best
+            .as_ref()
+            .is_none_or(|b| r.timings.total < b.timings.total)
+        {
+            best = Some(r);
+        }
+    }
+    let r = best.unwrap_or(cold);
+    let bytes = decoder_bytes_per_token(&tr)?;
+    let bw = cost::stream_bandwidth_gbps(bytes, BANDWIDTH_PASSES);
+    let t = &r.timings;
+    let mut report = AudioBenchReport {
+        mel_ms: ms(t.mel),
+        encoder_ms: ms(t.encoder + t.cross_kv),
+        decoder_ms_per_token: ms(t.decoder) / t.decoder_steps.max(1) as f64,
+        decoder_bytes_per_token: bytes,
+        bandwidth_gbps: bw,
+        floor_ms_per_token: bytes as f64 / (bw * 1e9) * 1e3,
+        total_ms: ms(t.total),
+        faster_whisper: None,
+    };
+    if let Some(py) = compare {
+        if let Some((total, text)) = faster_whisper(py, audio)? {
+            report.faster_whisper = Some(FasterWhisperRun {
+                total_ms: total,
+                text,
+                ratio: report.total_ms / total,
+            });
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(0);
+    }
+    println!("{}", r.text.trim());
+    println!("| stage | milkit |");
+    println!("|---|---|");
+    println!("| mel | {:.1} ms |", report.mel_ms);
+    println!("| encoder | {:.1} ms |", report.encoder_ms);
+    println!(
+        "| decoder | {:.2} ms/token × {} calls |",
+        report.decoder_ms_per_token, t.decoder_steps
+    );
+    println!(
+        "| decoder bytes/token | {:.1} MB |",
+        report.decoder_bytes_per_token as f64 / 1e6
+    );
+    println!(
+        "| bandwidth (same working set) | {:.1} GB/s |",
+        report.bandwidth_gbps
+    );
+    println!(
+        "| floor | {:.3} ms/token (decoder at {:.2}× floor) |",
+        report.floor_ms_per_token,
+        report.decoder_ms_per_token / report.floor_ms_per_token
+    );
+    println!(
+        "| total (models loaded, best of {}) | {:.1} ms |",
+        runs.max(1),
+        report.total_ms
+    );
+    println!("| load + first transcription | {cold_ms:.1} ms |");
+    if let Some(fw) = &report.faster_whisper {
+        println!(
+            "| faster-whisper total | {:.1} ms (milkit/fw: {:.2}× loaded, {:.2}× load + first) |",
+            fw.total_ms,
+            fw.ratio,
+            cold_ms / fw.total_ms
+        );
+        println!("faster-whisper text: {}", fw.text.trim());
+    }
+    Ok(0)
+}

@@ -1,0 +1,126 @@
+//! `milkit eval`: corpus word error rate of a models folder on a manifest of clips, with the
+//! runtime's transcription (`crate::transcribe`) and the normalisation of `whisper::wer`.
+
+use crate::transcribe::Transcriber;
+use crate::whisper::wer::{normalize, word_errors};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+/// One clip's result.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct ClipResult {
+    /// The clip's path as the manifest names it.
+    pub audio: String,
+    /// The manifest's transcript.
+    pub reference: String,
+    /// milkit's transcript.
+    pub hypothesis: String,
+    /// Word edits (substitutions + deletions + insertions) after normalisation.
+    pub errors: usize,
+    /// Words in the normalised reference.
+    pub words: usize,
+    /// errors / words.
+    pub wer: f64,
+}
+
+/// `milkit eval --json`.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct EvalReport {
+    /// The models folder evaluated.
+    pub models: String,
+    /// The manifest read.
+    pub manifest: String,
+    /// How texts are normalised before scoring.
+    pub normalization: String,
+    pub clips: Vec<ClipResult>,
+    /// Corpus totals: Σ errors / Σ words.
+    pub errors: usize,
+    pub words: usize,
+    pub wer: f64,
+}
+
+/// The normalisation, in words (also in `milkit eval --help`).
+pub const NORMALIZATION: &str = "lowercase; punctuation dropped (dashes and slashes become spaces); letters and digits kept; whitespace collapsed";
+
+/// (audio path, reference text) per manifest line; paths relative to the manifest.
+pub fn read_manifest(path: &Path) -> Result<Vec<(String, PathBuf, String)>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading manifest {}", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{}: line {} is not JSON", path.display(), i + 1))?;
+        let (Some(a), Some(t)) = (
+            v.get("audio").and_then(|a| a.as_str()),
+            v.get("text").and_then(|t| t.as_str()),
+        ) else {
+            bail!("{}: line {} needs \"audio\" and \"text\" strings", path.display(), i + 1);
+        };
+        out.push((a.to_string(), base.join(a), t.to_string()));
+    }
+    if out.is_empty() {
+        bail!("{}: no clips", path.display());
+    }
+    Ok(out)
+}
+
+/// Transcribes every clip of `manifest` with the models in `models` and scores it.
+pub fn evaluate(
+    models: &Path,
+    manifest: &Path,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<EvalReport> {
+    let clips = read_manifest(manifest)?;
+    let mut t = Transcriber::open(models)?;
+    let mut rows = Vec::new();
+    for (i, (name, path, reference)) in clips.iter().enumerate() {
+        let hyp = t
+            .transcribe_file(path)
+            .with_context(|| format!("transcribing {}", path.display()))?
+            .text
+            .trim()
+            .to_string();
+        let (errors, words) = word_errors(reference, &hyp);
+        rows.push(ClipResult {
+            audio: name.clone(),
+            reference: reference.clone(),
+            hypothesis: hyp,
+            errors,
+            words,
+            wer: errors as f64 / words.max(1) as f64,
+        });
+        progress(i + 1, clips.len());
+    }
+    let errors = rows.iter().map(|r| r.errors).sum();
+    let words = rows.iter().map(|r| r.words).sum();
+    Ok(EvalReport {
+        models: models.display().to_string(),
+        manifest: manifest.display().to_string(),
+        normalization: NORMALIZATION.into(),
+        clips: rows,
+        errors,
+        words,
+        wer: errors as f64 / (words as f64).max(1.0),
+    })
+}
+
+impl EvalReport {
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        for r in &self.clips {
+            s += &format!("{:>7.2}%  {:>3}/{:<3}  {}\n", r.wer * 100.0, r.errors, r.words, r.audio);
+        }
+        s += &format!(
+            "corpus WER {:.2}% ({} errors / {} words, {} clips)\n",
+            self.wer * 100.0,
+            self.errors,
+            self.words,
+            self.clips.len()
+        );
+        s
+    }
+}

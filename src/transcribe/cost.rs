@@ -1,0 +1,172 @@
+//! What a one-token decoder call must read, and how fast this machine reads it: the inputs
+//! of the weight-stream floor that `milkit bench` reports.
+
+use crate::ir::{Arg, Model, Value};
+use crate::package::convert::goes_to_blob;
+use anyhow::{anyhow, Result};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Bytes of stored weights one call of `m`'s main function reads: every blob constant
+/// (a `constexpr_*` weight counts its stored inputs, i.e. compressed bytes), except tables that
+/// only `gather` reads (embeddings), which count one row per call.
+pub fn weight_bytes_per_call(m: &Model) -> Result<u64> {
+    let f = m
+        .program
+        .main()
+        .ok_or_else(|| anyhow!("the program has no functions"))?;
+    // Stored bytes and row count of every weight-carrying variable.
+    let mut weights: HashMap<&str, (u64, u64)> = HashMap::new();
+    // Per weight: (gather reads, other reads).
+    let mut uses: HashMap<&str, (usize, usize)> = HashMap::new();
+    let ops = f.block.walk();
+    for op in &ops {
+        if let Some(Value::Tensor(t)) = op.const_val() {
+            if goes_to_blob(t) {
+                if let Some(out) = op.outputs.first() {
+                    let rows = t.shape.first().copied().unwrap_or(1).max(1) as u64;
+                    weights.insert(out.name.as_str(), (t.data.len() as u64, rows));
+                }
+            }
+            continue;
+        }
+        let mut inline = 0u64;
+        let mut fed = 0u64;
+        for (param, args) in &op.inputs {
+            for a in args {
+                match a {
+                    Arg::Value(Value::Tensor(t)) if goes_to_blob(t) => {
+                        inline += t.data.len() as u64
+                    }
+                    Arg::Var(v) if weights.contains_key(v.as_str()) => {
+                        if op.op_type.starts_with("constexpr_") {
+                            fed += weights.get(v.as_str()).map_or(0, |w| w.0);
+                        } else {
+                            let u = uses.entry(v.as_str()).or_default();
+                            if op.op_type == "gather" && param == "x" {
+                                u.0 += 1;
+                            } else {
+                                u.1 += 1;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if op.op_type.starts_with("constexpr_") {
+            // The decompressed weight stands for its stored inputs.
+            for a in op.inputs.values().flatten() {
+                if let Arg::Var(v) = a {
+                    weights.remove(v.as_str());
+                }
+            }
+            if let Some(out) = op.outputs.first() {
+                let rows = out
+                    .ty
+                    .as_tensor()
+                    .and_then(|t| t.fixed_shape())
+                    .and_then(|s| s.first().copied())
+                    .unwrap_or(1)
+                    .max(1) as u64;
+                weights.insert(out.name.as_str(), (fed + inline, rows));
+            }
+        } else if inline > 0 {
+            weights.insert(op.name.as_str(), (inline, 1));
+            uses.entry(op.name.as_str()).or_default().1 += 1;
+        }
+    }
+    Ok(weights
+        .iter()
+        .map(|(name, &(bytes, rows))| match uses.get(name) {
+            None => 0,
+            Some(&(g, 0)) if g > 0 => bytes.div_ceil(rows),
+            Some(_) => bytes,
+        })
+        .sum())
+}
+
+/// Best read bandwidth (10^9 bytes/s) over `passes` passes of summing a buffer of `bytes`
+/// bytes with all rayon threads, as the decoder's kernels read weights. The same working set
+/// matters: a buffer that fits a large last-level cache streams far faster than DRAM.
+pub fn stream_bandwidth_gbps(bytes: u64, passes: usize) -> f64 {
+    let n = (bytes / 8).max(512) as usize;
+    let buf: Vec<u64> = (0..n as u64).collect();
+    let chunk = n.div_ceil(rayon::current_num_threads() * 4).max(512);
+    let mut best = f64::INFINITY;
+    for _ in 0..passes.max(1) {
+        let t0 = Instant::now();
+        let s: u64 = buf
+            .par_chunks(chunk)
+            .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+            .reduce(|| 0, u64::wrapping_add);
+        let dt = t0.elapsed().as_secs_f64();
+        std::hint::black_box(s);
+        best = best.min(dt);
+    }
+    (n * 8) as f64 / best.max(1e-9) / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Opset;
+    use crate::ir::{DType, Description, Function, Program, Tensor, ValueType};
+    use crate::ops::{Builder, In};
+
+    /// embed [100, 64] gathered, head [100, 64] in a linear: one row + the whole head.
+    #[test]
+    fn gathered_tables_count_one_row() {
+        let mut b = Builder::new(Opset::Ios17);
+        let ids = b.input("ids", ValueType::tensor(DType::I32, &[1]));
+        let table = b.konst(
+            "embed",
+            Value::Tensor(Tensor::f16(&[100, 64], &[half::f16::ONE; 6400])),
+        );
+        let row = b
+            .op1(
+                "gather",
+                "row",
+                vec![
+                    ("x", In::V(table)),
+                    ("indices", In::V(ids)),
+                    ("axis", In::C(Value::i32_scalar(0))),
+                ],
+            )
+            .unwrap();
+        let head = b.konst(
+            "head",
+            Value::Tensor(Tensor::f16(&[100, 64], &[half::f16::ONE; 6400])),
+        );
+        let y = b
+            .op1(
+                "linear",
+                "logits",
+                vec![("x", In::V(row)), ("weight", In::V(head))],
+            )
+            .unwrap();
+        let (inputs, block) = b.finish(&[(y, "logits")]).unwrap();
+        let mut program = Program::default();
+        program.functions.insert(
+            "main".into(),
+            Function {
+                inputs,
+                opset: Opset::Ios17,
+                block,
+            },
+        );
+        let m = Model {
+            spec_version: 8,
+            description: Description::default(),
+            program,
+        };
+        assert_eq!(weight_bytes_per_call(&m).unwrap(), 64 * 2 + 6400 * 2);
+    }
+
+    #[test]
+    fn bandwidth_is_positive_and_finite() {
+        let g = stream_bandwidth_gbps(1 << 20, 3);
+        assert!(g.is_finite() && g > 0.1, "{g}");
+    }
+}

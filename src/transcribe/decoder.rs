@@ -1,0 +1,288 @@
+//! Drives a WhisperKit-ABI `TextDecoder` package one token at a time: host-side self-attention
+//! caches (`key_cache`/`value_cache` in, `*_cache_updates` out) or Core ML states, cross
+//! attention from `encoder_output_embeds` or from precomputed `encoder_attn_*_cache` inputs.
+//! The variant is read from the package's description, never from its file name.
+
+use crate::ir::{Dim, ValueType};
+use crate::runtime::{Session, Tensor};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use candle_core::Device;
+use half::f16;
+use std::path::Path;
+
+/// The additive padding-mask value of hidden cache positions (WhisperKit's).
+const MASK_HIDDEN: f32 = -1e4;
+
+/// Where the self-attention caches live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheKind {
+    /// `key_cache`/`value_cache` are inputs; the decoder returns the new column.
+    Io,
+    /// `key_cache`/`value_cache` are Core ML states updated in-graph.
+    State,
+}
+
+/// The cross-attention source the decoder takes once per window.
+#[derive(Clone, Debug)]
+pub enum Cross {
+    /// `encoder_output_embeds` [1, d, 1, n_audio].
+    Encoder(Tensor),
+    /// `encoder_attn_key_cache`/`encoder_attn_value_cache` [1, d·layers, 1, n_audio].
+    Precomputed { key: Tensor, value: Tensor },
+}
+
+/// A loaded text decoder and its cache for the current window.
+pub struct TextDecoder {
+    session: Session,
+    kind: CacheKind,
+    precomputed_cross: bool,
+    /// Input names in the order the function lists them.
+    inputs: Vec<String>,
+    /// Cache channels (d_model · layers) and positions (448).
+    channels: usize,
+    positions: usize,
+    vocab: usize,
+    key: Vec<f16>,
+    value: Vec<f16>,
+    cross: Option<Cross>,
+}
+
+fn fixed_shape(name: &str, ty: &ValueType) -> Result<Vec<usize>> {
+    let t = ty
+        .as_tensor()
+        .ok_or_else(|| anyhow!("`{name}` is not a tensor"))?;
+    t.shape
+        .iter()
+        .map(|d| match d {
+            Dim::Fixed(n) => Ok(*n),
+            _ => bail!("`{name}` has a flexible shape ({t}); the decoder ABI fixes it"),
+        })
+        .collect()
+}
+
+impl TextDecoder {
+    /// Loads `path` and checks that it speaks the WhisperKit TextDecoder ABI.
+    pub fn load(path: &Path) -> Result<TextDecoder> {
+        let session = Session::load(path)?;
+        TextDecoder::new(session)
+            .with_context(|| format!("{}: not a usable text decoder", path.display()))
+    }
+
+    pub fn new(session: Session) -> Result<TextDecoder> {
+        let ins = session.inputs(None)?;
+        let outs = session.outputs(None)?;
+        let states = &session.description().states;
+        let has_state = states.iter().any(|s| s.name == "key_cache");
+        let cache_in = ins.iter().find(|(n, _)| n == "key_cache");
+        let (kind, cache_shape) = match (cache_in, has_state) {
+            (Some((n, ty)), _) => (CacheKind::Io, fixed_shape(n, ty)?),
+            (None, true) => {
+                let f = states
+                    .iter()
+                    .find(|s| s.name == "key_cache")
+                    .ok_or_else(|| anyhow!("state key_cache vanished"))?;
+                (CacheKind::State, f.shape.clone())
+            }
+            (None, false) => bail!(
+                "it has neither a `key_cache` input nor a `key_cache` state (inputs: {})",
+                ins.iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        ensure!(
+            cache_shape.len() == 4 && cache_shape[0] == 1 && cache_shape[2] == 1,
+            "key_cache has shape {cache_shape:?}, expected [1, d_model·layers, 1, positions]"
+        );
+        let (channels, positions) = (cache_shape[1], cache_shape[3]);
+        for (n, _) in &ins {
+            let known = matches!(
+                n.as_str(),
+                "input_ids"
+                    | "cache_length"
+                    | "key_cache"
+                    | "value_cache"
+                    | "kv_cache_update_mask"
+                    | "decoder_key_padding_mask"
+                    | "encoder_output_embeds"
+                    | "encoder_attn_key_cache"
+                    | "encoder_attn_value_cache"
+            );
+            ensure!(
+                known,
+                "input `{n}` is not part of the WhisperKit TextDecoder ABI"
+            );
+        }
+        for need in ["input_ids", "cache_length", "decoder_key_padding_mask"] {
+            ensure!(
+                ins.iter().any(|(n, _)| n == need),
+                "the decoder lacks the input `{need}`"
+            );
+        }
+        let precomputed_cross = ins.iter().any(|(n, _)| n == "encoder_attn_key_cache");
+        ensure!(
+            precomputed_cross || ins.iter().any(|(n, _)| n == "encoder_output_embeds"),
+            "the decoder takes neither encoder_output_embeds nor encoder_attn_key_cache"
+        );
+        let logits = outs
+            .iter()
+            .find(|(n, _)| n == "logits")
+            .ok_or_else(|| anyhow!("the decoder has no `logits` output"))?;
+        let vocab = *fixed_shape("logits", &logits.1)?
+            .last()
+            .ok_or_else(|| anyhow!("logits is a scalar"))?;
+        if kind == CacheKind::Io {
+            for o in ["key_cache_updates", "value_cache_updates"] {
+                ensure!(
+                    outs.iter().any(|(n, _)| n == o),
+                    "a cache-I/O decoder must output `{o}`"
+                );
+            }
+        }
+        let n = channels * positions;
+        Ok(TextDecoder {
+            inputs: ins.into_iter().map(|(n, _)| n).collect(),
+            session,
+            kind,
+            precomputed_cross,
+            channels,
+            positions,
+            vocab,
+            key: vec![f16::ZERO; if kind == CacheKind::Io { n } else { 0 }],
+            value: vec![f16::ZERO; if kind == CacheKind::Io { n } else { 0 }],
+            cross: None,
+        })
+    }
+
+    pub fn kind(&self) -> CacheKind {
+        self.kind
+    }
+
+    /// Whether the decoder wants the CrossKV model's outputs instead of the encoder output.
+    pub fn wants_precomputed_cross(&self) -> bool {
+        self.precomputed_cross
+    }
+
+    /// Cache positions: the longest sequence, prompt included.
+    pub fn positions(&self) -> usize {
+        self.positions
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Starts a window: clears the caches (host or state) and sets the cross-attention source.
+    pub fn begin(&mut self, cross: Cross) -> Result<()> {
+        match (&cross, self.precomputed_cross) {
+            (Cross::Encoder(_), false) | (Cross::Precomputed { .. }, true) => {}
+            (Cross::Encoder(_), true) => {
+                bail!("this decoder takes precomputed cross K/V (a CrossKV model is needed)")
+            }
+            (Cross::Precomputed { .. }, false) => {
+                bail!("this decoder takes encoder_output_embeds, not precomputed cross K/V")
+            }
+        }
+        self.key.fill(f16::ZERO);
+        self.value.fill(f16::ZERO);
+        self.session.reset_states()?;
+        self.cross = Some(cross);
+        Ok(())
+    }
+
+    fn host(v: Vec<f16>, shape: &[usize]) -> Result<Tensor> {
+        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
+    }
+
+    /// Feeds `token` at cache position `pos`; returns the next-token logits (f32).
+    pub fn step(&mut self, token: u32, pos: usize) -> Result<Vec<f32>> {
+        ensure!(
+            pos < self.positions,
+            "position {pos} is past the decoder's {} cache positions",
+            self.positions
+        );
+        let cross = self
+            .cross
+            .as_ref()
+            .ok_or_else(|| anyhow!("TextDecoder::step before begin"))?;
+        let (c, s) = (self.channels, self.positions);
+        let id = i32::try_from(token).context("token id out of range")?;
+        let mut feed: Vec<(&str, Tensor)> = Vec::with_capacity(self.inputs.len());
+        for name in &self.inputs {
+            let t = match name.as_str() {
+                "input_ids" => Tensor::from_vec(vec![id], 1, &Device::Cpu)?,
+                "cache_length" => Tensor::from_vec(vec![pos as i32], 1, &Device::Cpu)?,
+                "key_cache" => Self::host(self.key.clone(), &[1, c, 1, s])?,
+                "value_cache" => Self::host(self.value.clone(), &[1, c, 1, s])?,
+                "kv_cache_update_mask" => Self::host(
+                    (0..s)
+                        .map(|j| f16::from_f32((j == pos) as u8 as f32))
+                        .collect(),
+                    &[1, s],
+                )?,
+                "decoder_key_padding_mask" => Self::host(
+                    (0..s)
+                        .map(|j| f16::from_f32(if j <= pos { 0.0 } else { MASK_HIDDEN }))
+                        .collect(),
+                    &[1, s],
+                )?,
+                "encoder_output_embeds" => match cross {
+                    Cross::Encoder(t) => t.clone(),
+                    Cross::Precomputed { .. } => bail!("encoder output missing"),
+                },
+                "encoder_attn_key_cache" | "encoder_attn_value_cache" => match cross {
+                    Cross::Precomputed { key, value } => {
+                        if name == "encoder_attn_key_cache" {
+                            key.clone()
+                        } else {
+                            value.clone()
+                        }
+                    }
+                    Cross::Encoder(_) => bail!("precomputed cross K/V missing"),
+                },
+                other => bail!("no value for decoder input `{other}`"),
+            };
+            feed.push((name.as_str(), t));
+        }
+        let out = self
+            .session
+            .predict(&feed)
+            .with_context(|| format!("text decoder at position {pos}"))?;
+        let mut logits = None;
+        for (name, t) in out {
+            match name.as_str() {
+                "logits" => logits = Some(t),
+                "key_cache_updates" | "value_cache_updates" if self.kind == CacheKind::Io => {
+                    let col: Vec<f16> = t
+                        .to_dtype(candle_core::DType::F16)?
+                        .flatten_all()?
+                        .to_vec1()?;
+                    ensure!(
+                        col.len() == c,
+                        "`{name}` has {} values, expected {c}",
+                        col.len()
+                    );
+                    let cache = if name == "key_cache_updates" {
+                        &mut self.key
+                    } else {
+                        &mut self.value
+                    };
+                    for (ch, v) in col.into_iter().enumerate() {
+                        cache[ch * s + pos] = v;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let logits = logits.ok_or_else(|| anyhow!("the decoder returned no logits"))?;
+        Ok(logits
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1()?)
+    }
+}

@@ -1,0 +1,221 @@
+//! `milkit run` through the binary: a small fp16 package fed from NumPy files (fp32 data for
+//! an fp16 input, int32 for an fp16 mask, converted at the boundary) and from a safetensors
+//! tensor; outputs come back as .npy files that NumPy reads and checks against its own
+//! arithmetic; bad invocations fail with messages naming the input and the file.
+
+mod common;
+
+use milkit::ir::{
+    ArrayDType, DType, Description, Feature, Function, Model, Opset, Program, Value, ValueType,
+};
+use milkit::ops::{Builder, In};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// y = x · mask + 1 (fp16 [2, 3]), s = reduce_sum(x, axis 1) (fp16 [2]).
+fn package(dir: &Path) -> PathBuf {
+    let mut b = Builder::new(Opset::Ios17);
+    let x = b.input("x", ValueType::tensor(DType::F16, &[2, 3]));
+    let m = b.input("mask", ValueType::tensor(DType::F16, &[2, 3]));
+    let xm = b
+        .op1("mul", "xm", vec![("x", In::V(x.clone())), ("y", In::V(m))])
+        .unwrap();
+    let y = b
+        .op1(
+            "add",
+            "y",
+            vec![("x", In::V(xm)), ("y", In::C(Value::f16_scalar(1.0)))],
+        )
+        .unwrap();
+    let s = b
+        .op1(
+            "reduce_sum",
+            "s",
+            vec![
+                ("x", In::V(x)),
+                ("axes", In::C(Value::i32s(&[1]))),
+                ("keep_dims", In::C(Value::bool_scalar(false))),
+            ],
+        )
+        .unwrap();
+    let (inputs, block) = b.finish(&[(y, "y"), (s, "s")]).unwrap();
+    let mut program = Program::default();
+    program.functions.insert(
+        "main".into(),
+        Function {
+            inputs,
+            opset: Opset::Ios17,
+            block,
+        },
+    );
+    let m = Model {
+        spec_version: Opset::Ios17.spec_version(),
+        description: Description {
+            inputs: vec![
+                Feature::new("x", ArrayDType::F16, &[2, 3]),
+                Feature::new("mask", ArrayDType::F16, &[2, 3]),
+            ],
+            outputs: vec![
+                Feature::new("y", ArrayDType::F16, &[2, 3]),
+                Feature::new("s", ArrayDType::F16, &[2]),
+            ],
+            ..Default::default()
+        },
+        program,
+    };
+    let p = dir.join("small.mlpackage");
+    milkit::package::save_package(&m, &p, false, &mut |_| {}).unwrap();
+    p
+}
+
+fn python(code: &str, dir: &Path) -> String {
+    let py = common::python().expect("python");
+    let o = Command::new(py)
+        .arg("-c")
+        .arg(code)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn run_round_trips_numpy_with_boundary_conversions() {
+    if common::python().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pkg = package(d);
+    python(
+        "import numpy as np\n\
+         np.save('x.npy', np.array([[0.5, -1.25, 3.0], [2.0, 0.125, -4.5]], dtype=np.float32))\n\
+         np.save('mask.npy', np.array([[1, 0, 1], [0, 1, 1]], dtype=np.int32))\n",
+        d,
+    );
+    let out = d.join("out");
+    let o = common::milkit()
+        .arg("run")
+        .arg(&pkg)
+        .arg("--input")
+        .arg(format!("x={}", d.join("x.npy").display()))
+        .arg("--input")
+        .arg(format!("mask={}", d.join("mask.npy").display()))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "run failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let report = python(
+        "import numpy as np\n\
+         x = np.load('x.npy').astype(np.float16); m = np.load('mask.npy').astype(np.float16)\n\
+         y = np.load('out/y.npy'); s = np.load('out/s.npy')\n\
+         assert y.dtype == np.float16 and y.shape == (2, 3), (y.dtype, y.shape)\n\
+         assert s.dtype == np.float16 and s.shape == (2,), (s.dtype, s.shape)\n\
+         assert np.array_equal(y, x * m + np.float16(1)), y\n\
+         assert np.allclose(s.astype(np.float32), x.astype(np.float32).sum(1), atol=1e-3), s\n\
+         print('ok')\n",
+        d,
+    );
+    assert_eq!(report.trim(), "ok");
+
+    // The same input from a safetensors tensor (f32 data, fp16 input): same y.
+    let xs: Vec<u8> = [0.5f32, -1.25, 3.0, 2.0, 0.125, -4.5]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &xs).unwrap();
+    let st = d.join("in.safetensors");
+    safetensors::serialize_to_file([("features", view)], None, &st).unwrap();
+    let out2 = d.join("out2");
+    let o = common::milkit()
+        .arg("run")
+        .arg(&pkg)
+        .arg("--input")
+        .arg(format!("x={}:features", st.display()))
+        .arg("--input")
+        .arg(format!("mask={}", d.join("mask.npy").display()))
+        .arg("--out")
+        .arg(&out2)
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read(out.join("y.npy")).unwrap(),
+        std::fs::read(out2.join("y.npy")).unwrap()
+    );
+}
+
+fn run_err(pkg: &Path, inputs: &[String], out: &Path) -> String {
+    let mut c = common::milkit();
+    c.arg("run").arg(pkg).arg("--out").arg(out);
+    for i in inputs {
+        c.arg("--input").arg(i);
+    }
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(2), "expected failure: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+#[test]
+fn run_errors_name_the_input_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pkg = package(d);
+    let out = d.join("out");
+    let good = |name: &str, shape: &[usize]| {
+        let t =
+            candle_core::Tensor::zeros(shape, candle_core::DType::F32, &candle_core::Device::Cpu)
+                .unwrap();
+        let p = d.join(format!("{name}.npy"));
+        milkit::runtime::io::write_npy(&p, &t).unwrap();
+        p
+    };
+    let x = good("x", &[2, 3]);
+    let wrong = good("wrong", &[3, 2]);
+    let garbage = d.join("garbage.npy");
+    std::fs::write(&garbage, b"not numpy").unwrap();
+    let m = good("mask", &[2, 3]);
+    let spec = |n: &str, p: &Path| format!("{n}={}", p.display());
+
+    // Wrong shape: names the input and its file.
+    let e = run_err(&pkg, &[spec("x", &wrong), spec("mask", &m)], &out);
+    assert!(e.contains("`x`") && e.contains("wrong.npy"), "{e}");
+    // Unreadable file.
+    let e = run_err(&pkg, &[spec("x", &garbage), spec("mask", &m)], &out);
+    assert!(e.contains("`x`") && e.contains("garbage.npy"), "{e}");
+    // Missing input, unknown input, malformed spec, safetensors without a tensor name.
+    let e = run_err(&pkg, &[spec("x", &x)], &out);
+    assert!(e.contains("mask"), "{e}");
+    let e = run_err(
+        &pkg,
+        &[spec("x", &x), spec("mask", &m), spec("z", &x)],
+        &out,
+    );
+    assert!(e.contains("no input `z`") && e.contains("mask"), "{e}");
+    let e = run_err(&pkg, &["x".into()], &out);
+    assert!(e.contains("NAME=FILE"), "{e}");
+    let e = run_err(
+        &pkg,
+        &[
+            format!("x={}", d.join("a.safetensors").display()),
+            spec("mask", &m),
+        ],
+        &out,
+    );
+    assert!(e.contains("a.safetensors"), "{e}");
+    assert!(!out.exists(), "nothing written on failure");
+}

@@ -1,0 +1,307 @@
+//! End-to-end transcription with the bundled runtime: milkit's fp16 tiny.en packages in a
+//! WhisperKit-style folder (built here with the library until `export --component all`
+//! lands) transcribe the reference clips to exactly the Hugging Face greedy text; the stateful
+//! decoder agrees; audio over 30 s is decoded window by window; bad audio is an error that
+//! names the file; `milkit bench --json` follows its schema and its byte count matches an
+//! independent count from the checkpoint.
+
+mod common;
+
+use milkit::ir::Opset;
+use milkit::package::save_package;
+use milkit::transcribe::Transcriber;
+use milkit::whisper::decoder::{
+    alignment_heads_from_json, build_decoder, min_head_chunks, CrossKv, DecoderDims,
+    DecoderOptions, KvCache,
+};
+use milkit::whisper::encoder::EncoderAbi;
+use milkit::whisper::export::export_encoder;
+use milkit::whisper::weights::WhisperWeights;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+const CLIPS: [&str; 4] = [
+    "jfk",
+    "librivox_ss01_0870",
+    "ljspeech_LJ001-0001",
+    "ljspeech_LJ001-0006",
+];
+
+fn json(p: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+fn reference_text(fx: &Path, clip: &str) -> String {
+    json(&fx.join(format!("reference/tiny.en-{clip}.json")))["text"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// (cache-I/O folder, stateful folder), built once per test run.
+fn folders(fx: &Path) -> &'static (PathBuf, PathBuf) {
+    static DIRS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    DIRS.get_or_init(|| {
+        let ckpt = fx.join("models/whisper-tiny.en");
+        // Under target/ (rebuilt by every run) rather than a temporary directory the static
+        // would never remove.
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("transcribe-models");
+        let _ = std::fs::remove_dir_all(&root);
+        let enc =
+            export_encoder(&ckpt, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+        let (cfg, w) = WhisperWeights::open(&ckpt).unwrap();
+        let dims = DecoderDims {
+            d_model: cfg.d_model,
+            layers: cfg.decoder_layers,
+            heads: cfg.decoder_attention_heads,
+            ffn: cfg.decoder_ffn_dim,
+            vocab: cfg.vocab_size,
+            n_text_ctx: cfg.max_target_positions,
+            n_audio_ctx: cfg.max_source_positions,
+        };
+        let gen = json(&ckpt.join("generation_config.json"));
+        let mut dirs = vec![];
+        for (name, kv) in [("io", KvCache::Io), ("state", KvCache::State)] {
+            let dir = root.join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            let opts = DecoderOptions {
+                alignment_heads: alignment_heads_from_json(&gen["alignment_heads"]).unwrap(),
+                head_chunks: min_head_chunks(dims.vocab),
+                kv_cache: kv,
+                cross_kv: CrossKv::InGraph,
+            };
+            let dec = build_decoder(&dims, &w, &opts, Opset::Ios18).unwrap();
+            save_package(
+                &enc,
+                &dir.join("AudioEncoder.mlpackage"),
+                false,
+                &mut |_| {},
+            )
+            .unwrap();
+            save_package(&dec, &dir.join("TextDecoder.mlpackage"), false, &mut |_| {}).unwrap();
+            for f in [
+                "config.json",
+                "generation_config.json",
+                "tokenizer.json",
+                "preprocessor_config.json",
+            ] {
+                std::fs::copy(ckpt.join(f), dir.join(f)).unwrap();
+            }
+            dirs.push(dir);
+        }
+        (dirs[0].clone(), dirs[1].clone())
+    })
+}
+
+#[test]
+fn cli_transcribes_reference_clips_exactly() {
+    let Some(fx) = common::fixtures() else { return };
+    let (io, _) = folders(&fx);
+    let mut cmd = common::milkit();
+    cmd.arg("transcribe").arg("--models").arg(io);
+    for c in CLIPS {
+        cmd.arg(fx.join(format!("audio/{c}.wav")));
+    }
+    let o = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "transcribe failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        o.stderr.is_empty(),
+        "stderr without --verbose: {:?}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), CLIPS.len(), "one line per file: {stdout}");
+    for (c, line) in CLIPS.iter().zip(lines) {
+        assert_eq!(line, reference_text(&fx, c).trim(), "clip {c}");
+    }
+}
+
+#[test]
+fn stateful_decoder_and_library_agree_with_reference() {
+    let Some(fx) = common::fixtures() else { return };
+    let (io, state) = folders(&fx);
+    let want = reference_text(&fx, "jfk");
+    let wav = fx.join("audio/jfk.wav");
+    let mut a = Transcriber::open(io).unwrap();
+    assert!(!a.stateful_decoder());
+    let ra = a.transcribe_file(&wav).unwrap();
+    assert_eq!(ra.text, want, "cache-I/O decoder, library");
+    let mut b = Transcriber::open(state).unwrap();
+    assert!(b.stateful_decoder());
+    let rb = b.transcribe_file(&wav).unwrap();
+    assert_eq!(rb.text, want, "stateful decoder");
+    assert_eq!(ra.windows, rb.windows, "same tokens");
+    // Tokens are the reference's generated ones (prompt and end-of-text dropped).
+    let refj = json(&fx.join("reference/tiny.en-jfk.json"));
+    let toks: Vec<u32> = refj["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(ra.windows[0].0, toks[2..toks.len() - 1]);
+    // A second file through the same stateful session: states were reset between files.
+    let rb2 = b.transcribe_file(&wav).unwrap();
+    assert_eq!(rb2.text, want);
+    println!(
+        "jfk: stateful decoder {:.1} ms/step, cache I/O {:.1} ms/step",
+        rb.timings.decoder.as_secs_f64() * 1e3 / rb.timings.decoder_steps as f64,
+        ra.timings.decoder.as_secs_f64() * 1e3 / ra.timings.decoder_steps as f64
+    );
+}
+
+#[test]
+fn long_audio_is_decoded_in_30_second_windows() {
+    let Some(fx) = common::fixtures() else { return };
+    let (io, _) = folders(&fx);
+    // jfk, silence up to exactly 30 s, then LJ001-0006: the first window is jfk zero-padded
+    // (what the reference extractor does), the second LJ001-0006 alone.
+    let a = milkit::whisper::audio::load_wav(fx.join("audio/jfk.wav")).unwrap();
+    let b = milkit::whisper::audio::load_wav(fx.join("audio/ljspeech_LJ001-0006.wav")).unwrap();
+    let mut samples = a.clone();
+    samples.resize(milkit::whisper::audio::N_SAMPLES, 0.0);
+    samples.extend_from_slice(&b);
+    assert!(samples.len() > milkit::whisper::audio::N_SAMPLES);
+    let dir = tempfile::tempdir().unwrap();
+    let wav = dir.path().join("long.wav");
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16_000,
+        bits_per_sample: 32,
+        sample_format: hound::SampleFormat::Float,
+    };
+    let mut w = hound::WavWriter::create(&wav, spec).unwrap();
+    for s in &samples {
+        w.write_sample(*s).unwrap();
+    }
+    w.finalize().unwrap();
+    let mut t = Transcriber::open(io).unwrap();
+    let r = t.transcribe_file(&wav).unwrap();
+    assert_eq!(r.windows.len(), 2);
+    let (ra, rb) = (
+        reference_text(&fx, "jfk"),
+        reference_text(&fx, "ljspeech_LJ001-0006"),
+    );
+    assert_eq!(r.windows[0].1, ra);
+    assert_eq!(r.windows[1].1, rb);
+    assert_eq!(r.text, format!("{ra}{rb}"));
+}
+
+#[test]
+fn bad_audio_is_an_error_naming_the_file() {
+    let Some(fx) = common::fixtures() else { return };
+    let (io, _) = folders(&fx);
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("song.mp3");
+    std::fs::write(&fake, b"ID3\x03\x00\x00\x00 not a wav at all").unwrap();
+    let missing = dir.path().join("missing.wav");
+    for bad in [&fake, &missing] {
+        let o = common::milkit()
+            .arg("transcribe")
+            .arg("--models")
+            .arg(io)
+            .arg(bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(&bad.display().to_string()), "{err}");
+        assert!(err.contains("WAV"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let o = common::milkit()
+        .arg("transcribe")
+        .arg("--models")
+        .arg(dir.path().join("nope"))
+        .arg(fx.join("audio/jfk.wav"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("nope"), "{err}");
+}
+
+/// Bytes of the decoder weights one token reads, counted from the checkpoint: every decoder
+/// tensor at fp16, the embedding tables as one row each, plus the vocabulary head (a copy of
+/// the token embedding in milkit's decoder).
+fn independent_decoder_bytes(ckpt: &Path) -> u64 {
+    let bytes = std::fs::read(ckpt.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut total = 0u64;
+    for (name, t) in st.tensors() {
+        if !name.starts_with("model.decoder.") {
+            continue;
+        }
+        let n: usize = t.shape().iter().product();
+        if name.contains("embed_") {
+            total += 2 * t.shape()[1] as u64;
+            if name.contains("embed_tokens") {
+                total += 2 * n as u64;
+            }
+        } else {
+            total += 2 * n as u64;
+        }
+    }
+    total
+}
+
+#[test]
+fn bench_json_follows_schema_and_counts_decoder_bytes() {
+    let Some(fx) = common::fixtures() else { return };
+    let (io, _) = folders(&fx);
+    let o = common::milkit()
+        .arg("bench")
+        .arg(fx.join("audio/jfk.wav"))
+        .arg("--models")
+        .arg(io)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let schema_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/bench-audio.schema.json");
+    let schema: serde_json::Value = json(&schema_path);
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+    assert!(
+        errors.is_empty(),
+        "bench report violates its schema: {errors:?}"
+    );
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "bandwidth_gbps",
+            "decoder_bytes_per_token",
+            "decoder_ms_per_token",
+            "encoder_ms",
+            "floor_ms_per_token",
+            "mel_ms",
+            "total_ms"
+        ]
+    );
+    let f = |k: &str| v[k].as_f64().unwrap();
+    let bytes = f("decoder_bytes_per_token");
+    let want = independent_decoder_bytes(&fx.join("models/whisper-tiny.en")) as f64;
+    assert!(
+        (bytes - want).abs() / want < 0.01,
+        "decoder bytes/token {bytes} vs {want} counted from the checkpoint"
+    );
+    let floor = bytes / (f("bandwidth_gbps") * 1e9) * 1e3;
+    assert!((floor - f("floor_ms_per_token")).abs() <= 1e-9 * floor.max(1.0));
+    assert!(f("bandwidth_gbps") > 0.5);
+    let parts = f("mel_ms") + f("encoder_ms");
+    assert!(parts > 0.0 && parts < f("total_ms"));
+    assert!(f("decoder_ms_per_token") > 0.0 && f("decoder_ms_per_token") < f("total_ms"));
+    println!("bench jfk: {v}");
+}
