@@ -10,6 +10,8 @@ pub enum Suite {
     /// Export of the encoder of a synthetic checkpoint (default large-v3-turbo): wall time and
     /// peak RSS of the `milkit export` process.
     Export,
+    /// Decoder ms per token against the weight-stream floor (needs --model HF_DIR).
+    Decode,
 }
 
 #[derive(Args)]
@@ -34,6 +36,7 @@ pub struct BenchArgs {
 pub fn run(a: &BenchArgs) -> Result<u8> {
     match a.suite {
         Suite::Export => bench_export(a),
+        Suite::Decode => super::bench_decode::run(a.model.as_deref(), a.json),
     }
 }
 
