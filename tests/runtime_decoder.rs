@@ -216,3 +216,72 @@ fn exported_decoder_packages_match_pytorch() {
         assert!(worst >= min_db, "{name}: {worst:.1} dB");
     }
 }
+
+/// WhisperKit's in-graph decoder re-projects `encoder_output_embeds` every token; with
+/// memoization (the default) a session reuses those projections while the input's bytes
+/// are unchanged. Same logits as a session without it, bit for bit, across a changed
+/// encoder output; and the memoized steps are faster.
+#[test]
+fn in_graph_decoder_memoizes_cross_projections() {
+    let Some(fx) = common::fixtures() else { return };
+    let d = dims(&fx);
+    let ck =
+        Checkpoint(std::fs::read(fx.join("models/whisper-tiny.en/model.safetensors")).unwrap());
+    let refs = fx.join("reference/tiny.en-jfk.safetensors");
+    let tokens = io::read_safetensors(&refs, "tokens")
+        .unwrap()
+        .to_vec1::<i32>()
+        .unwrap();
+    let enc = io::read_safetensors(&refs, "encoder_output").unwrap();
+    let enc = enc
+        .transpose(1, 2)
+        .unwrap()
+        .unsqueeze(2)
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    let enc2 = (&enc * 0.5).unwrap();
+    let opts = DecoderOptions {
+        alignment_heads: vec![],
+        head_chunks: 1,
+        kv_cache: KvCache::State,
+        cross_kv: CrossKv::InGraph,
+    };
+    let m = build_decoder(&d, &ck, &opts, Opset::Ios18).unwrap();
+    let mut memo = Session::from_model(m.clone()).unwrap();
+    let mut plain = Session::from_model(m).unwrap();
+    plain.set_memoize(false);
+    memo.enable_profiling(true);
+    plain.enable_profiling(true);
+    let n = d.n_text_ctx;
+    let (mut t_memo, mut t_plain) = (vec![], vec![]);
+    for (t, &tok) in tokens.iter().take(6).enumerate() {
+        let e = if t < 4 { &enc } else { &enc2 };
+        let pad = (0..n)
+            .map(|j| if j <= t { 0.0 } else { MASK_HIDDEN })
+            .collect();
+        let ins = [
+            ("input_ids", i32_host(tok)),
+            ("cache_length", i32_host(t as i32)),
+            ("decoder_key_padding_mask", f16_host(pad, &[1, n])),
+            ("encoder_output_embeds", e.clone()),
+        ];
+        let t0 = Instant::now();
+        let a = memo.predict(&ins).unwrap();
+        t_memo.push(t0.elapsed());
+        let t0 = Instant::now();
+        let b = plain.predict(&ins).unwrap();
+        t_plain.push(t0.elapsed());
+        assert_eq!(f32s(&a[0].1), f32s(&b[0].1), "token {t}: memoized vs plain");
+    }
+    println!("in-graph decoder per token, memoized: {t_memo:.1?}; plain: {t_plain:.1?}");
+    assert!(memo.memoized_values() > 0);
+    // Fewer contractions ran in the memoized session (the projections of tokens 1-3, 5).
+    let convs = |s: &Session| s.profile().iter().find(|p| p.0 == "conv").map(|p| p.1);
+    let (cm, cp) = (convs(&memo).unwrap_or(0), convs(&plain).unwrap_or(0));
+    println!("conv runs: memoized {cm}, plain {cp}");
+    assert!(
+        cm + 4 * 2 * d.layers <= cp,
+        "memoized {cm} vs plain {cp} conv runs"
+    );
+}

@@ -13,6 +13,8 @@ pub enum Suite {
     Export,
     /// LUT4 k-means g16 and int4 per-block-32 compression (src/cli/bench_compress.rs).
     Compress,
+    /// Decoder ms per token against the weight-stream floor (needs --model HF_DIR).
+    Decode,
 }
 
 #[derive(Args)]
@@ -66,6 +68,7 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
         Suite::Compress => {
             super::bench_compress::run(a.model.as_deref(), a.python.as_deref(), a.json)
         }
+        Suite::Decode => super::bench_decode::run(a.model.as_deref(), a.json),
     }
 }
 

@@ -131,6 +131,9 @@ pub fn attention(a: &Attention) -> Result<Tensor> {
     let mut batch = broadcast_shape(&a.x.dims()[..xr - 2], &a.y.dims()[..yr - 2])?;
     batch = broadcast_shape(&batch, &a.v.dims()[..vr - 2])?;
     let nb: usize = batch.iter().product();
+    if let Some(t) = few_rows(a, &batch, (m, n, k, d))? {
+        return Ok(t);
+    }
     let x = batched(&to_f32(a.x)?, &batch)?;
     let y = batched(&to_f32(a.y)?, &batch)?;
     let v = batched(&to_f32(a.v)?, &batch)?;
@@ -205,4 +208,109 @@ pub fn attention(a: &Attention) -> Result<Tensor> {
         shape.extend([d, m]);
     }
     from_vec(out, &shape)
+}
+
+/// Query rows up to which [`few_rows`] runs (a decode step has one).
+const FEW: usize = 4;
+
+/// Rows of a contiguous fp16 or f32 buffer, converted to f32 one row at a time.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    H(&'a [f16]),
+    F(&'a [f32]),
+}
+
+impl Rows<'_> {
+    fn row(&self, i: usize, n: usize, buf: &mut [f32]) {
+        match self {
+            Rows::H(s) => s[i * n..(i + 1) * n].convert_to_f32_slice(buf),
+            Rows::F(s) => buf.copy_from_slice(&s[i * n..(i + 1) * n]),
+        }
+    }
+}
+
+fn with_rows<R>(t: &Tensor, f: impl FnOnce(Rows) -> Result<R>) -> Result<Option<R>> {
+    Ok(Some(match t.dtype() {
+        DType::F16 => super::data::with_slice(t, |s: &[f16]| f(Rows::H(s)))??,
+        DType::F32 => super::data::with_slice(t, |s: &[f32]| f(Rows::F(s)))??,
+        _ => return Ok(None),
+    }))
+}
+
+/// The decode-step form: a few query rows against keys `[.., K, N]` and values `[.., D, N]`
+/// (Whisper's head layout, result `[.., D, M]`), reading keys and values in their storage
+/// dtype row by row — no f32 copy of a 1500-position cross-attention cache per token.
+/// `None` when the operands have another layout.
+fn few_rows(
+    a: &Attention,
+    batch: &[usize],
+    (m, n, k, d): (usize, usize, usize, usize),
+) -> Result<Option<Tensor>> {
+    if m > FEW || a.ty || a.tv || a.probs_left || a.y.dtype() != a.v.dtype() {
+        return Ok(None);
+    }
+    let nb: usize = batch.iter().product();
+    let q = op(batched(&to_f32(a.x)?, batch)?, a.tx)?;
+    let q = super::data::to_vec::<f32>(&q.contiguous()?)?; // [nb, m, k]
+    let mask = match a.mask {
+        Some(mk) => {
+            let mut full = batch.to_vec();
+            full.extend([m, n]);
+            let mut mk = to_f32(mk)?;
+            while mk.rank() < full.len() {
+                mk = mk.unsqueeze(0)?;
+            }
+            Some(super::data::to_vec::<f32>(
+                &mk.broadcast_as(full)?.contiguous()?,
+            )?)
+        }
+        None => None,
+    };
+    let (y, v) = (batched(a.y, batch)?, batched(a.v, batch)?);
+    let out = with_rows(&y, |ky| {
+        with_rows(&v, |vv| {
+            Ok((0..nb)
+                .into_par_iter()
+                .map(|b| {
+                    let mut buf = vec![0f32; n];
+                    let mut s = vec![0f32; m * n];
+                    for r in 0..k {
+                        ky.row(b * k + r, n, &mut buf);
+                        for i in 0..m {
+                            let qv = q[(b * m + i) * k + r];
+                            let si = &mut s[i * n..(i + 1) * n];
+                            si.iter_mut().zip(&buf).for_each(|(s, y)| *s += qv * y);
+                        }
+                    }
+                    round_to(&mut s, a.round[0]);
+                    if let Some(mk) = &mask {
+                        let mb = &mk[b * m * n..(b + 1) * m * n];
+                        s.iter_mut().zip(mb).for_each(|(s, m)| *s += m);
+                        round_to(&mut s, a.round[1]);
+                    }
+                    for row in s.chunks_mut(n) {
+                        let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        row.iter_mut().for_each(|e| *e = fastmath::exp(*e - mx));
+                        let inv = 1.0 / row.iter().sum::<f32>();
+                        row.iter_mut().for_each(|e| *e *= inv);
+                    }
+                    round_to(&mut s, a.round[2]);
+                    let mut o = vec![0f32; d * m];
+                    for r in 0..d {
+                        vv.row(b * d + r, n, &mut buf);
+                        for i in 0..m {
+                            o[r * m + i] = buf.iter().zip(&s[i * n..]).map(|(a, b)| a * b).sum();
+                        }
+                    }
+                    o
+                })
+                .flatten()
+                .collect::<Vec<f32>>())
+        })?
+        .ok_or_else(|| anyhow::anyhow!("values are neither fp16 nor f32"))
+    })?;
+    let Some(out) = out else { return Ok(None) };
+    let mut shape = batch.to_vec();
+    shape.extend([d, m]);
+    Ok(Some(from_vec(out, &shape)?))
 }

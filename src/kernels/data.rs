@@ -34,6 +34,23 @@ pub fn with_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Res
     Ok(f(&s[a..b]))
 }
 
+/// Calls `f` with the raw little-endian bytes of `t`'s elements in row-major order (a
+/// view of the storage when `t` is contiguous).
+pub fn with_bytes<R>(t: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+    match t.dtype() {
+        DType::U8 => with_slice(t, |s: &[u8]| f(s)),
+        DType::U32 => with_slice(t, |s: &[u32]| f(bytemuck::cast_slice(s))),
+        DType::I16 => with_slice(t, |s: &[i16]| f(bytemuck::cast_slice(s))),
+        DType::I32 => with_slice(t, |s: &[i32]| f(bytemuck::cast_slice(s))),
+        DType::I64 => with_slice(t, |s: &[i64]| f(bytemuck::cast_slice(s))),
+        DType::F16 => with_slice(t, |s: &[f16]| f(bytemuck::cast_slice(s))),
+        DType::BF16 => with_slice(t, |s: &[half::bf16]| f(bytemuck::cast_slice(s))),
+        DType::F32 => with_slice(t, |s: &[f32]| f(bytemuck::cast_slice(s))),
+        DType::F64 => with_slice(t, |s: &[f64]| f(bytemuck::cast_slice(s))),
+        d => bail!("no byte view of {d:?} tensors"),
+    }
+}
+
 /// A copy of the elements of `t` as `T` (any candle dtype is converted by candle).
 pub fn to_vec<T: WithDType>(t: &Tensor) -> Result<Vec<T>> {
     if t.dtype() == T::DTYPE {

@@ -8,6 +8,7 @@ pub mod attention;
 pub mod data;
 pub mod elementwise;
 pub mod fastmath;
+pub mod gemv;
 pub mod index;
 pub mod linalg;
 pub mod norm;
@@ -17,6 +18,7 @@ pub use data::{cast, from_f32, from_vec, to_f32, to_f32_vec, to_vec, unpack_bits
 pub use elementwise::{
     binary, broadcast_shape, compare, logical, map_f32, map_i64, select, BinOp, CmpOp, LogicOp,
 };
+pub use gemv::{Packed, PackedWeight};
 pub use index::{pad, strided_assign, strided_slice, take, take_along, PadMode, Span};
 pub use linalg::{conv, einsum, matmul, ConvParams};
 pub use norm::{channel_affine, layer_norm, reduce, softmax, Reduce};

@@ -192,6 +192,10 @@ pub struct Bound<'a> {
     pub konst: Option<&'a Value>,
     /// Where an f32 copy of a constant tensor is kept between calls.
     pub f32_cache: Option<&'a OnceLock<Tensor>>,
+    /// A constant weight the plan keeps in its stored (fp16 / compressed) form; `val` is
+    /// then a placeholder and readers go through [`EvalCx::weight_f32`] or the packed
+    /// kernels.
+    pub packed: Option<&'a kernels::PackedWeight>,
 }
 
 /// Everything one op's evaluation reads.
@@ -259,6 +263,18 @@ impl<'a> EvalCx<'a> {
                 Ok(v)
             }
             None => kernels::to_f32(t),
+        }
+    }
+    /// The packed form of a constant weight, when the plan kept one.
+    pub fn packed(&self, name: &str) -> Option<&'a kernels::PackedWeight> {
+        self.one(name).ok().and_then(|b| b.packed)
+    }
+    /// A weight as a dense f32 tensor: decoded from its packed form on each call (no f32
+    /// copy is kept, see `kernels::gemv`), else as [`EvalCx::f32`].
+    pub fn weight_f32(&self, name: &str) -> Result<Tensor> {
+        match self.packed(name) {
+            Some(p) => kernels::from_vec(p.to_f32(), &p.shape),
+            None => self.f32(name),
         }
     }
     pub fn opt_f32(&self, name: &str) -> Result<Option<Tensor>> {

@@ -336,7 +336,11 @@ fn usizes(v: Vec<i64>, what: &str) -> Result<Vec<usize>> {
 
 fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let w = cx.f32("weight")?;
+    let packed = cx.packed("weight");
+    let wdims = match packed {
+        Some(p) => p.shape.clone(),
+        None => cx.t("weight")?.dims().to_vec(),
+    };
     let nsp = x.rank().saturating_sub(2);
     let strides = usizes(cx.opt_ints("strides")?.unwrap_or(vec![1; nsp]), "stride")?;
     let dilations = usizes(
@@ -352,7 +356,7 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
     let pads = conv_pads(
         pad_type,
         &x.dims()[2..],
-        &w.dims()[2..],
+        wdims.get(2..).unwrap_or(&[]),
         &strides,
         &dilations,
         &custom,
@@ -365,12 +369,36 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
         pads,
         groups: groups as usize,
     };
-    let y = kernels::conv(x, &w, cx.opt_f32("bias")?.as_ref(), &p)?;
+    let bias = cx.opt_f32("bias")?;
+    // A decode-sized 1x1 conv on a kept (fp16 / compressed) weight: the GEMV kernels.
+    let pointwise = wdims.len() == x.rank()
+        && wdims[2..].iter().all(|&k| k == 1)
+        && p.strides.iter().all(|&s| s == 1)
+        && p.pads.iter().all(|&(a, b)| a + b == 0)
+        && p.groups == 1;
+    if let (Some(pw), true) = (packed, pointwise) {
+        if let Some(y) = kernels::gemv::conv1x1(x, pw)? {
+            let y = match &bias {
+                Some(b) => {
+                    let mut bs = vec![1; y.rank()];
+                    bs[1] = b.elem_count();
+                    kernels::binary(&y, &b.reshape(bs)?, kernels::BinOp::Add)?
+                }
+                None => y,
+            };
+            return out0(cx, y);
+        }
+    }
+    let w = cx.weight_f32("weight")?;
+    let y = kernels::conv(x, &w, bias.as_ref(), &p)?;
     out0(cx, y)
 }
 
 fn eval_linear(cx: &EvalCx) -> Result<Vec<RValue>> {
-    let y = kernels::matmul(cx.t("x")?, &cx.f32("weight")?, false, true)?;
+    let y = match cx.packed("weight") {
+        Some(p) => kernels::gemv::linear(cx.t("x")?, p)?,
+        None => kernels::matmul(cx.t("x")?, &cx.f32("weight")?, false, true)?,
+    };
     let y = match cx.opt_f32("bias")? {
         Some(b) => kernels::binary(&y, &b, kernels::BinOp::Add)?,
         None => y,

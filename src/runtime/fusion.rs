@@ -228,7 +228,15 @@ fn eval_fused_attention(cx: &EvalCx) -> Result<Vec<RValue>> {
             crate::ir::DType::from_name(name).ok_or_else(|| anyhow!("unknown dtype `{name}`"))?,
         )
     };
-    let (x, y, v) = (cx.f32("x")?, cx.f32("y")?, cx.f32("v")?);
+    // Constants through their cached f32 copy; computed values as they are (the kernel
+    // reads fp16 keys/values of a decode step without widening them first).
+    let get = |n: &str| -> Result<candle_core::Tensor> {
+        match cx.all(n).first().and_then(|b| b.f32_cache) {
+            Some(_) => cx.f32(n),
+            None => Ok(cx.t(n)?.clone()),
+        }
+    };
+    let (x, y, v) = (get("x")?, get("y")?, get("v")?);
     let mask = cx.opt_t("mask")?;
     let a = Attention {
         x: &x,

@@ -6,6 +6,8 @@
 
 pub mod fusion;
 pub mod io;
+pub mod memo;
+pub mod pack;
 pub mod plan;
 
 use crate::ir::{Description, Model, ValueType};
@@ -41,6 +43,9 @@ pub struct Session {
     default_function: String,
     states: BTreeMap<String, (ValueType, StateCell)>,
     profile: Option<BTreeMap<String, (usize, Duration)>>,
+    /// Per function: input-invariant values kept across calls (see [`memo`]); `None`
+    /// when memoization is off.
+    memo: Option<BTreeMap<String, memo::Memo>>,
 }
 
 impl Session {
@@ -101,6 +106,7 @@ impl Session {
             default_function,
             states,
             profile: None,
+            memo: Some(BTreeMap::new()),
         })
     }
 
@@ -167,6 +173,23 @@ impl Session {
             cell.set(zero_state(name, ty)?);
         }
         Ok(())
+    }
+
+    /// Turns reuse of input-invariant values across calls on (the default) or off.
+    pub fn set_memoize(&mut self, on: bool) {
+        self.memo = on.then(BTreeMap::new);
+    }
+
+    /// Values currently kept by memoization (all functions).
+    pub fn memoized_values(&self) -> usize {
+        self.memo.iter().flatten().map(|(_, m)| m.cached()).sum()
+    }
+
+    /// Bytes of constant weights one run of `function` reads in its contractions (packed
+    /// weights at their stored size; see [`pack::streamed_bytes`]).
+    pub fn streamed_bytes(&self, function: Option<&str>) -> Result<usize> {
+        let p = self.plan(function)?;
+        Ok(pack::streamed_bytes(&p.consts, &p.steps))
     }
 
     /// Starts (or stops) accumulating time per op type; see [`Session::profile`].
@@ -238,7 +261,18 @@ impl Session {
             slots[i.slot] = Some(RValue::T(conform(&i.name, &i.ty, t.clone())?));
         }
         let mut profile = self.profile.take();
-        let res = run_steps(plan, &mut slots, profile.as_mut());
+        let mut memo = match self.memo.as_mut() {
+            Some(m) => {
+                if !m.contains_key(&fname) {
+                    if let Some(new) = memo::Memo::new(plan) {
+                        m.insert(fname.clone(), new);
+                    }
+                }
+                m.get_mut(&fname)
+            }
+            None => None,
+        };
+        let res = run_steps(plan, &mut slots, profile.as_mut(), memo.as_deref_mut());
         self.profile = profile;
         res?;
         let mut out = Vec::new();
@@ -266,8 +300,19 @@ fn run_steps(
     plan: &Plan,
     slots: &mut [Option<RValue>],
     mut profile: Option<&mut BTreeMap<String, (usize, Duration)>>,
+    mut memo: Option<&mut memo::Memo>,
 ) -> Result<()> {
-    for st in &plan.steps {
+    let cp = memo.as_mut().map(|m| m.begin(plan, slots));
+    for (si, st) in plan.steps.iter().enumerate() {
+        if let (Some(m), Some(cp)) = (memo.as_ref(), cp.as_ref()) {
+            if !cp.run[si] {
+                m.restore(plan, si, cp, slots);
+                for k in &st.free {
+                    slots[*k] = None;
+                }
+                continue;
+            }
+        }
         let t0 = Instant::now();
         let outs = {
             let cx = make_cx(st, plan.opset, &plan.consts, slots)?;
@@ -275,6 +320,9 @@ fn run_steps(
         };
         for (k, v) in st.outs.iter().zip(outs) {
             slots[*k] = Some(v);
+        }
+        if let (Some(m), Some(cp)) = (memo.as_mut(), cp.as_ref()) {
+            m.store(plan, si, cp, slots);
         }
         for k in &st.free {
             slots[*k] = None;

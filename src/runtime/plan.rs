@@ -17,6 +17,9 @@ pub struct Const {
     pub val: RValue,
     pub konst: Option<Value>,
     pub f32: OnceLock<Tensor>,
+    /// A contraction weight kept in its stored form (see [`super::pack`]); `val` is then
+    /// a placeholder.
+    pub packed: Option<crate::kernels::PackedWeight>,
 }
 
 /// Where a binding's value lives.
@@ -73,6 +76,7 @@ pub fn make_cx<'a>(
                         val: &c.val,
                         konst: c.konst.as_ref(),
                         f32_cache: Some(&c.f32),
+                        packed: c.packed.as_ref(),
                     })
                 }
                 Src::Slot(i) => slots[i]
@@ -81,6 +85,7 @@ pub fn make_cx<'a>(
                         val: v,
                         konst: None,
                         f32_cache: None,
+                        packed: None,
                     })
                     .ok_or_else(|| {
                         anyhow!("input `{p}` was freed or never computed (interpreter bug)")
@@ -126,6 +131,7 @@ pub fn compile(f: &Function, fuse: bool) -> Result<Plan> {
     let mut steps = Vec::new();
     let mut nslots = 0;
     let mut inputs = Vec::new();
+    let mut origins = super::pack::Origins::new();
     for v in &f.inputs {
         names.insert(v.name.clone(), Src::Slot(nslots));
         inputs.push(PlanInput {
@@ -169,6 +175,7 @@ pub fn compile(f: &Function, fuse: bool) -> Result<Plan> {
                             val,
                             konst: Some(v.clone()),
                             f32: OnceLock::new(),
+                            packed: None,
                         });
                         Src::Const(consts.len() - 1)
                     }
@@ -204,8 +211,12 @@ pub fn compile(f: &Function, fuse: bool) -> Result<Plan> {
                     val,
                     konst,
                     f32: OnceLock::new(),
+                    packed: None,
                 });
                 names.insert(o.name.clone(), Src::Const(consts.len() - 1));
+                if op.op_type.starts_with("constexpr_") {
+                    origins.insert(consts.len() - 1, (op.op_type.clone(), step.args.clone()));
+                }
             }
             continue;
         }
@@ -242,6 +253,7 @@ pub fn compile(f: &Function, fuse: bool) -> Result<Plan> {
         super::fusion::fuse_attention(&mut steps, &consts, &outs);
     }
     schedule_frees(&mut steps, &outputs, nslots);
+    super::pack::pack_weights(&mut consts, &steps, &outputs, &origins)?;
     drop_unused_consts(&mut consts, &steps, &outputs);
     widen_weights(&mut consts, &steps, &outputs)?;
     Ok(Plan {

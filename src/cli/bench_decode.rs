@@ -1,0 +1,233 @@
+//! `milkit bench --suite decode --model HF_DIR`: per-token decode speed of tiny-sized
+//! Whisper text decoders built in memory (stateful KV cache, precomputed cross K/V) in four
+//! weight forms — fp16, head-only LUT4, all-LUT4, int4 per block of 32 — against the
+//! weight-stream floor: bytes read per token ÷ memory bandwidth measured in the same run on
+//! a buffer of exactly that many bytes.
+
+use anyhow::{ensure, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use milkit::ir::{Model, Opset};
+use milkit::passes::compress::{compress, Method, Selection};
+use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
+use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
+use milkit::runtime::Session;
+use milkit::whisper::decoder::{
+    build_decoder, CrossKv, DecoderDims, DecoderOptions, KvCache, MASK_HIDDEN,
+};
+use milkit::whisper::export::open_checked;
+use milkit::whisper::weights::Component;
+use rayon::prelude::*;
+use std::path::Path;
+use std::time::Instant;
+
+/// Warm-up steps (not timed) and timed steps, starting at this cache position.
+const WARMUP: usize = 8;
+const STEPS: usize = 32;
+const START: usize = 200;
+
+/// One measured decoder.
+pub struct DecodeRow {
+    pub variant: String,
+    pub load_ms: f64,
+    pub first_call_ms: f64,
+    pub ms_per_token: f64,
+    pub weight_bytes: usize,
+    pub cross_kv_bytes: usize,
+    pub bandwidth_gbps: f64,
+}
+
+impl DecodeRow {
+    pub fn bytes(&self) -> usize {
+        self.weight_bytes + self.cross_kv_bytes
+    }
+    pub fn floor_ms(&self) -> f64 {
+        self.bytes() as f64 / (self.bandwidth_gbps * 1e9) * 1e3
+    }
+}
+
+/// Builds, loads and times the four decoders of the checkpoint at `model_dir`.
+pub fn measure(model_dir: &Path) -> Result<Vec<DecodeRow>> {
+    let (cfg, w) = open_checked(model_dir, Component::Decoder)?;
+    let dims = DecoderDims {
+        d_model: cfg.d_model,
+        layers: cfg.decoder_layers,
+        heads: cfg.decoder_attention_heads,
+        ffn: cfg.decoder_ffn_dim,
+        vocab: cfg.vocab_size,
+        n_text_ctx: cfg.max_target_positions,
+        n_audio_ctx: cfg.max_source_positions,
+    };
+    ensure!(
+        START + WARMUP + STEPS <= dims.n_text_ctx,
+        "the text context ({}) is too short for the timed positions",
+        dims.n_text_ctx
+    );
+    let opts = DecoderOptions {
+        alignment_heads: vec![],
+        head_chunks: 1,
+        kv_cache: KvCache::State,
+        cross_kv: CrossKv::Precomputed,
+    };
+    let base = build_decoder(&dims, &w, &opts, Opset::Ios18)
+        .with_context(|| format!("building the decoder of {}", model_dir.display()))?;
+    let lut4 = Method::Palettize(LutConfig {
+        mode: LutMode::Kmeans,
+        nbits: 4,
+        granularity: LutGranularity::PerGroupedChannel(8),
+    });
+    let int4 = Method::Quantize(QuantConfig {
+        dtype: QuantDtype::Int4,
+        granularity: QuantGranularity::PerBlock(32),
+        symmetric: true,
+    });
+    let head = Selection {
+        op_names: vec!["lm_head".into()],
+        ..Selection::default()
+    };
+    let variants: Vec<(&str, Option<(&Method, &Selection)>)> = vec![
+        ("fp16", None),
+        ("head-LUT4", Some((&lut4, &head))),
+        ("all-LUT4", Some((&lut4, &Selection::default()))),
+        ("int4 block32", Some((&int4, &Selection::default()))),
+    ];
+    let mut rows = vec![];
+    for (name, how) in variants {
+        let mut m = base.clone();
+        if let Some((method, sel)) = how {
+            eprintln!("compressing the {name} decoder ...");
+            compress(&mut m, method, sel).with_context(|| format!("compressing {name}"))?;
+        }
+        rows.push(time_variant(name, m, &dims).with_context(|| format!("timing {name}"))?);
+    }
+    Ok(rows)
+}
+
+fn time_variant(name: &str, m: Model, d: &DecoderDims) -> Result<DecodeRow> {
+    let t0 = Instant::now();
+    let mut s = Session::from_model(m)?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let cpu = Device::Cpu;
+    let (dl, na, n) = (d.d_model * d.layers, d.n_audio_ctx, d.n_text_ctx);
+    // Cross K/V with small non-zero values (their content does not change the work).
+    let kv: Vec<f32> = (0..dl * na)
+        .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)
+        .collect();
+    let kv = Tensor::from_vec(kv, (1, dl, 1, na), &cpu)?.to_dtype(DType::F16)?;
+    let step = |s: &mut Session, pos: usize| -> Result<()> {
+        let mask: Vec<f32> = (0..n)
+            .map(|j| if j <= pos { 0.0 } else { MASK_HIDDEN })
+            .collect();
+        let token = 50257 + (pos % 100) as i32;
+        let inputs = [
+            ("input_ids", Tensor::new(&[token], &cpu)?),
+            ("cache_length", Tensor::new(&[pos as i32], &cpu)?),
+            (
+                "decoder_key_padding_mask",
+                Tensor::from_vec(mask, (1, n), &cpu)?.to_dtype(DType::F16)?,
+            ),
+            ("encoder_attn_key_cache", kv.clone()),
+            ("encoder_attn_value_cache", kv.clone()),
+        ];
+        let out = s.predict(&inputs)?;
+        ensure!(
+            out.iter()
+                .any(|(k, v)| k == "logits" && v.elem_count() == d.vocab),
+            "the decoder returned no logits"
+        );
+        Ok(())
+    };
+    let t1 = Instant::now();
+    step(&mut s, 0)?;
+    let first_call_ms = t1.elapsed().as_secs_f64() * 1e3;
+    for p in START..START + WARMUP {
+        step(&mut s, p)?;
+    }
+    // The timed steps continue at fresh cache positions, each a complete one-token run.
+    let t2 = Instant::now();
+    for p in START + WARMUP..START + WARMUP + STEPS {
+        step(&mut s, p)?;
+    }
+    let ms_per_token = t2.elapsed().as_secs_f64() * 1e3 / STEPS as f64;
+    let weight_bytes = s.streamed_bytes(None)?;
+    let cross_kv_bytes = 2 * dl * na * 2;
+    let bandwidth_gbps = stream_bandwidth(weight_bytes + cross_kv_bytes);
+    Ok(DecodeRow {
+        variant: name.to_string(),
+        load_ms,
+        first_call_ms,
+        ms_per_token,
+        weight_bytes,
+        cross_kv_bytes,
+        bandwidth_gbps,
+    })
+}
+
+/// Read bandwidth (GB/s) over a buffer of `bytes` bytes, all threads, best of 12 passes.
+pub fn stream_bandwidth(bytes: usize) -> f64 {
+    let n = (bytes / 4).max(1024);
+    let buf: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let chunk = (n / (4 * rayon::current_num_threads().max(1))).max(4096);
+    let mut best = f64::INFINITY;
+    let mut sink = 0f32;
+    for _ in 0..12 {
+        let t = Instant::now();
+        let s: f32 = buf
+            .par_chunks(chunk)
+            .map(|c| {
+                // Eight independent sums so the loop is load-bound, not add-latency-bound.
+                let mut acc = [0f32; 8];
+                for v in c.chunks_exact(8) {
+                    for (a, x) in acc.iter_mut().zip(v) {
+                        *a += x;
+                    }
+                }
+                acc.iter().sum::<f32>()
+            })
+            .sum();
+        best = best.min(t.elapsed().as_secs_f64());
+        sink += s;
+    }
+    std::hint::black_box(sink);
+    (n * 4) as f64 / best / 1e9
+}
+
+/// Runs the suite and prints the table (or JSON).
+pub fn run(model: Option<&Path>, json: bool) -> Result<u8> {
+    let model = model.context("the decode suite needs --model HF_DIR (e.g. whisper-tiny.en)")?;
+    let rows = measure(model)?;
+    if json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "variant": r.variant, "ms_per_token": r.ms_per_token,
+                    "bytes_per_token": r.bytes(), "weight_bytes": r.weight_bytes,
+                    "cross_kv_bytes": r.cross_kv_bytes, "bandwidth_gbps": r.bandwidth_gbps,
+                    "floor_ms_per_token": r.floor_ms(), "ratio": r.ms_per_token / r.floor_ms(),
+                    "load_ms": r.load_ms, "first_call_ms": r.first_call_ms,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({"suite": "decode", "rows": v}));
+        return Ok(0);
+    }
+    println!(
+        "decode: {WARMUP} warm-up + {STEPS} timed steps from cache position {START}, {} threads",
+        rayon::current_num_threads()
+    );
+    println!("| variant | ms/token | bytes/token | GB/s | floor ms | ratio | first call ms |");
+    println!("|---------|----------|-------------|------|----------|-------|---------------|");
+    for r in &rows {
+        println!(
+            "| {} | {:.2} | {:.1} MB | {:.1} | {:.2} | {:.2}× | {:.1} |",
+            r.variant,
+            r.ms_per_token,
+            r.bytes() as f64 / 1e6,
+            r.bandwidth_gbps,
+            r.floor_ms(),
+            r.ms_per_token / r.floor_ms(),
+            r.first_call_ms
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,365 @@
+//! Decode-path contractions: `y = x · Wᵀ` for a few activation rows against a weight kept
+//! in the form it is stored in — fp32, fp16 (converted in registers), 4-bit palette indices
+//! with one 16-entry palette per group of output rows (LUT4, never expanded), or 4-bit
+//! integers with one scale/zero per output row and block of input columns (int4). Batch-1
+//! decoding reads every weight once per token, so these kernels are written to stream the
+//! weight bytes once: AVX2/FMA/F16C inner loops (runtime-detected, scalar fallback) and
+//! rayon over output rows in chunks large enough to amortise the fork/join.
+
+use anyhow::{ensure, Result};
+use candle_core::Tensor;
+use half::f16;
+use rayon::prelude::*;
+
+/// How a packed weight's elements are stored.
+#[derive(Clone, Debug)]
+pub enum Packed {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    /// Two indices a byte (low nibble first), `n·k/2` bytes; `lut` holds 16 f32 entries per
+    /// group of `rows_per_group` consecutive output rows.
+    Lut4 {
+        idx: Vec<u8>,
+        lut: Vec<f32>,
+        rows_per_group: usize,
+    },
+    /// Unsigned 4-bit codes two a byte (low nibble first); element = `scale·(code − zero)`
+    /// with one scale/zero per output row and block of `block` input columns.
+    Int4 {
+        q: Vec<u8>,
+        scale: Vec<f32>,
+        zero: Vec<f32>,
+        block: usize,
+    },
+}
+
+/// An `[n, k]` weight (`n` output rows of `k` inputs) in one of the [`Packed`] forms; `shape`
+/// is the tensor's own shape (e.g. `[n, k, 1, 1]` for a 1x1 conv kernel).
+#[derive(Clone, Debug)]
+pub struct PackedWeight {
+    pub n: usize,
+    pub k: usize,
+    pub shape: Vec<usize>,
+    pub data: Packed,
+}
+
+fn rows_cols(shape: &[usize]) -> Result<(usize, usize)> {
+    ensure!(!shape.is_empty(), "a packed weight needs rank ≥ 1");
+    Ok((shape[0], shape[1..].iter().product()))
+}
+
+/// Packs one code per byte (each < 16) into nibbles, low nibble first.
+fn pack_nibbles(codes: &[u8]) -> Vec<u8> {
+    codes
+        .chunks(2)
+        .map(|c| (c[0] & 15) | (c.get(1).copied().unwrap_or(0) & 15) << 4)
+        .collect()
+}
+
+impl PackedWeight {
+    pub fn from_f32(shape: &[usize], w: Vec<f32>) -> Result<PackedWeight> {
+        let (n, k) = rows_cols(shape)?;
+        ensure!(w.len() == n * k, "{} values for shape {shape:?}", w.len());
+        Ok(PackedWeight {
+            n,
+            k,
+            shape: shape.to_vec(),
+            data: Packed::F32(w),
+        })
+    }
+
+    pub fn from_f16(shape: &[usize], w: Vec<f16>) -> Result<PackedWeight> {
+        let (n, k) = rows_cols(shape)?;
+        ensure!(w.len() == n * k, "{} values for shape {shape:?}", w.len());
+        Ok(PackedWeight {
+            n,
+            k,
+            shape: shape.to_vec(),
+            data: Packed::F16(w),
+        })
+    }
+
+    /// `codes`: one palette index (< `palette`/16 entries) per element, row-major; `lut`:
+    /// `groups × 16` entries (a shorter palette padded by the caller), groups dividing `n`.
+    pub fn lut4(shape: &[usize], codes: &[u8], lut: Vec<f32>) -> Result<PackedWeight> {
+        let (n, k) = rows_cols(shape)?;
+        ensure!(codes.len() == n * k, "{} codes for {shape:?}", codes.len());
+        ensure!(k % 2 == 0, "LUT4 packing needs an even row length, has {k}");
+        ensure!(codes.iter().all(|&c| c < 16), "LUT4 code out of range");
+        let groups = lut.len() / 16;
+        ensure!(
+            lut.len() % 16 == 0 && groups >= 1 && n % groups == 0,
+            "{} palette entries for {n} rows",
+            lut.len()
+        );
+        Ok(PackedWeight {
+            n,
+            k,
+            shape: shape.to_vec(),
+            data: Packed::Lut4 {
+                idx: pack_nibbles(codes),
+                lut,
+                rows_per_group: n / groups,
+            },
+        })
+    }
+
+    /// `codes`: unsigned 4-bit values (< 16) row-major; `scale`/`zero`: `n × (k / block)`.
+    pub fn int4(
+        shape: &[usize],
+        codes: &[u8],
+        scale: Vec<f32>,
+        zero: Vec<f32>,
+        block: usize,
+    ) -> Result<PackedWeight> {
+        let (n, k) = rows_cols(shape)?;
+        ensure!(codes.len() == n * k, "{} codes for {shape:?}", codes.len());
+        ensure!(
+            block >= 2 && block % 2 == 0 && k % block == 0,
+            "int4 block {block} must be even and divide the row length {k}"
+        );
+        ensure!(codes.iter().all(|&c| c < 16), "int4 code out of range");
+        let nb = n * (k / block);
+        ensure!(
+            scale.len() == nb && zero.len() == nb,
+            "int4 needs {nb} scales and zeros, has {} and {}",
+            scale.len(),
+            zero.len()
+        );
+        Ok(PackedWeight {
+            n,
+            k,
+            shape: shape.to_vec(),
+            data: Packed::Int4 {
+                q: pack_nibbles(codes),
+                scale,
+                zero,
+                block,
+            },
+        })
+    }
+
+    /// Bytes one full product reads from the weight (what a decode step streams).
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            Packed::F32(w) => w.len() * 4,
+            Packed::F16(w) => w.len() * 2,
+            Packed::Lut4 { idx, lut, .. } => idx.len() + lut.len() * 4,
+            Packed::Int4 { q, scale, zero, .. } => q.len() + (scale.len() + zero.len()) * 4,
+        }
+    }
+
+    /// Short name of the storage form (for reports).
+    pub fn form(&self) -> &'static str {
+        match &self.data {
+            Packed::F32(_) => "f32",
+            Packed::F16(_) => "f16",
+            Packed::Lut4 { .. } => "lut4",
+            Packed::Int4 { .. } => "int4",
+        }
+    }
+
+    /// Decodes output row `r` into `dst` (length `k`).
+    fn decode_row(&self, r: usize, dst: &mut [f32]) {
+        let k = self.k;
+        match &self.data {
+            Packed::F32(w) => dst.copy_from_slice(&w[r * k..(r + 1) * k]),
+            Packed::F16(w) => {
+                for (d, s) in dst.iter_mut().zip(&w[r * k..(r + 1) * k]) {
+                    *d = s.to_f32();
+                }
+            }
+            Packed::Lut4 {
+                idx,
+                lut,
+                rows_per_group,
+            } => {
+                let pal = &lut[(r / rows_per_group) * 16..][..16];
+                let row = &idx[r * k / 2..(r + 1) * k / 2];
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = pal[nibble(row, j)];
+                }
+            }
+            Packed::Int4 {
+                q,
+                scale,
+                zero,
+                block,
+            } => {
+                let nb = k / block;
+                let row = &q[r * k / 2..(r + 1) * k / 2];
+                for (j, d) in dst.iter_mut().enumerate() {
+                    let b = r * nb + j / block;
+                    *d = scale[b] * (nibble(row, j) as f32 - zero[b]);
+                }
+            }
+        }
+    }
+
+    /// The dense `[n, k]` f32 weight (for GEMM-sized products, made per call).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.n * self.k];
+        out.par_chunks_mut(self.k.max(1))
+            .enumerate()
+            .for_each(|(r, d)| self.decode_row(r, d));
+        out
+    }
+
+    /// `y = x · Wᵀ` for `m` rows of `x` (`[m, k]` row-major); returns `[m, n]`.
+    pub fn gemv(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        let (n, k) = (self.n, self.k);
+        ensure!(
+            x.len() == m * k,
+            "{} activations for {m} rows of {k}",
+            x.len()
+        );
+        if n == 0 || m == 0 {
+            return Ok(vec![0.0; m * n]);
+        }
+        // int4: the zero-point term needs each block's activation sum, shared by all rows.
+        let xsum: Vec<f32> = match &self.data {
+            Packed::Int4 { block, .. } => x.chunks(*block).map(|c| c.iter().sum()).collect(),
+            _ => vec![],
+        };
+        let simd = simd::available();
+        // Each task streams ≥ 64 KiB of weight (fork/join costs microseconds), and there
+        // are at least as many tasks as threads when the matrix is big enough.
+        let row_bytes = (self.bytes() / n).max(1);
+        let threads = rayon::current_num_threads().max(1);
+        let rows = ((64 << 10) / row_bytes).clamp(1, n.div_ceil(threads).max(1));
+        let mut yt = vec![0f32; n * m];
+        let work = |(t, out): (usize, &mut [f32])| {
+            let r0 = t * rows;
+            for (i, o) in out.chunks_mut(m).enumerate() {
+                let r = r0 + i;
+                for (j, y) in o.iter_mut().enumerate() {
+                    let xs = &x[j * k..(j + 1) * k];
+                    *y = self.dot(r, xs, &xsum, j, simd);
+                }
+            }
+        };
+        if n <= rows {
+            work((0, &mut yt));
+        } else {
+            yt.par_chunks_mut(rows * m).enumerate().for_each(work);
+        }
+        if m == 1 {
+            return Ok(yt);
+        }
+        let mut y = vec![0f32; m * n];
+        for r in 0..n {
+            for j in 0..m {
+                y[j * n + r] = yt[r * m + j];
+            }
+        }
+        Ok(y)
+    }
+
+    /// Output row `r` dotted with one activation row `x` (row `j` of the call).
+    fn dot(&self, r: usize, x: &[f32], xsum: &[f32], j: usize, simd: bool) -> f32 {
+        let k = self.k;
+        match &self.data {
+            Packed::F32(w) => simd::dot_f32(&w[r * k..(r + 1) * k], x, simd),
+            Packed::F16(w) => simd::dot_f16(&w[r * k..(r + 1) * k], x, simd),
+            Packed::Lut4 {
+                idx,
+                lut,
+                rows_per_group,
+            } => {
+                let pal: &[f32; 16] = lut[(r / rows_per_group) * 16..][..16]
+                    .try_into()
+                    .unwrap_or(&[0.0; 16]);
+                simd::dot_lut4(&idx[r * k / 2..(r + 1) * k / 2], pal, x, simd)
+            }
+            Packed::Int4 {
+                q,
+                scale,
+                zero,
+                block,
+            } => {
+                let nb = k / block;
+                let (s, z) = (&scale[r * nb..(r + 1) * nb], &zero[r * nb..(r + 1) * nb]);
+                let xs = &xsum[j * nb..(j + 1) * nb];
+                let qs = &q[r * k / 2..(r + 1) * k / 2];
+                let mut acc = simd::dot_int4_blocks(qs, s, *block, x, simd);
+                for b in 0..nb {
+                    acc -= s[b] * z[b] * xs[b];
+                }
+                acc
+            }
+        }
+    }
+}
+
+/// Activation rows up to which the packed kernels run. Above it the product is a GEMM: the
+/// weight is decoded to a dense f32 `[n, k]` for that call and handed to candle's gemm.
+/// Decoding costs O(n·k) against the product's O(m·n·k), i.e. at most 1/9 of it here and
+/// ~0.1% for an encoder's 1500 rows, while keeping no f32 copy saves 4 bytes per weight
+/// element for the session's lifetime (an fp16 weight stays 2 bytes, a LUT4 one ½).
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// `x [..., k] · Wᵀ → [..., n]` in f32 (a `linear` without bias).
+pub fn linear(x: &Tensor, p: &PackedWeight) -> Result<Tensor> {
+    let d = x.dims();
+    ensure!(
+        d.last() == Some(&p.k),
+        "input {d:?} does not match a weight of {} columns",
+        p.k
+    );
+    let m = x.elem_count() / p.k.max(1);
+    let mut shape = d[..d.len() - 1].to_vec();
+    shape.push(p.n);
+    if m <= GEMV_MAX_ROWS {
+        let xs = super::to_f32_vec(x)?;
+        return super::from_vec(p.gemv(&xs, m)?, &shape);
+    }
+    let w = Tensor::from_vec(p.to_f32(), (p.n, p.k), x.device())?;
+    super::matmul(x, &w, false, true)
+}
+
+/// A 1x1, stride-1, unpadded, ungrouped convolution of `x [N, C, *S]` (S: spatial axes)
+/// with `W [O, C, 1..]`; returns f32 `[N, O, *S]`. `None` when the rows (N·ΠS) are too
+/// many for the GEMV path: the caller then runs its general convolution.
+pub fn conv1x1(x: &Tensor, p: &PackedWeight) -> Result<Option<Tensor>> {
+    let d = x.dims();
+    ensure!(
+        d.len() >= 2 && d[1] == p.k,
+        "conv input {d:?} for a 1x1 kernel of {} input channels",
+        p.k
+    );
+    let (nb, s): (usize, usize) = (d[0], d[2..].iter().product());
+    let m = nb * s;
+    if m > GEMV_MAX_ROWS {
+        return Ok(None);
+    }
+    // [N, C, S] → rows [N·S, C] (a copy of ≤ GEMV_MAX_ROWS columns).
+    let xs = super::to_f32_vec(x)?;
+    let mut rows = vec![0f32; m * p.k];
+    for b in 0..nb {
+        for c in 0..p.k {
+            for j in 0..s {
+                rows[(b * s + j) * p.k + c] = xs[(b * p.k + c) * s + j];
+            }
+        }
+    }
+    let y = p.gemv(&rows, m)?;
+    let mut out = vec![0f32; m * p.n];
+    for b in 0..nb {
+        for j in 0..s {
+            for o in 0..p.n {
+                out[(b * p.n + o) * s + j] = y[(b * s + j) * p.n + o];
+            }
+        }
+    }
+    let mut shape = d.to_vec();
+    shape[1] = p.n;
+    Ok(Some(super::from_vec(out, &shape)?))
+}
+
+/// Code `j` of a nibble-packed row.
+#[inline]
+fn nibble(row: &[u8], j: usize) -> usize {
+    ((row[j / 2] >> ((j & 1) * 4)) & 15) as usize
+}
+
+mod simd;

@@ -1,0 +1,164 @@
+//! Reusing input-invariant work across calls. A decoder that projects
+//! `encoder_output_embeds` (1500 × d) in-graph would redo that projection every token
+//! although the input is the same for the whole window. [`Memo`] remembers each fed
+//! input's bytes from the previous call; a step whose inputs (transitively) are all
+//! unchanged fed inputs — no state, no changed input — is skipped when the values it
+//! hands to the rest of the program are cached. Only those frontier values are kept (not
+//! every intermediate), and an entry is dropped as soon as one of its inputs changes.
+
+use super::plan::{Plan, Src};
+use crate::ir::ValueType;
+use crate::kernels;
+use crate::ops::RValue;
+use candle_core::DType;
+use std::collections::HashMap;
+
+/// Per-function memo state held by the session.
+pub struct Memo {
+    /// Per step: the fed inputs it depends on (bit i = `plan.inputs[i]`), `None` when it
+    /// depends on a state or on no input at all (never cached).
+    deps: Vec<Option<u128>>,
+    /// Per slot: the steps reading it.
+    readers: Vec<Vec<usize>>,
+    /// Slots that are block outputs.
+    is_output: Vec<bool>,
+    /// Previous call's (dtype, shape, bytes) of each input; `None` if unseen.
+    last: Vec<Option<(DType, Vec<usize>, Vec<u8>)>>,
+    cache: HashMap<usize, (u128, RValue)>,
+}
+
+/// What one call may skip, from [`Memo::begin`].
+pub struct CallPlan {
+    /// Per step: run it (else its needed outputs come from the cache).
+    pub run: Vec<bool>,
+    /// Per slot: needed by a step that runs or by the caller.
+    needed: Vec<bool>,
+    /// Per step: invariant this call (its outputs may be stored).
+    inv: Vec<bool>,
+}
+
+impl Memo {
+    /// `None` when the function has more fed inputs than the bitsets hold.
+    pub fn new(plan: &Plan) -> Option<Memo> {
+        if plan.inputs.len() > 128 {
+            return None;
+        }
+        let mut slot_deps: Vec<Option<u128>> = vec![Some(0); plan.nslots];
+        for (i, inp) in plan.inputs.iter().enumerate() {
+            slot_deps[inp.slot] = match inp.ty {
+                ValueType::State(_) => None,
+                _ => Some(1u128 << i),
+            };
+        }
+        let mut readers = vec![Vec::new(); plan.nslots];
+        let mut deps = Vec::with_capacity(plan.steps.len());
+        for (si, st) in plan.steps.iter().enumerate() {
+            let mut d = Some(0u128);
+            for (_, srcs) in &st.args {
+                for s in srcs {
+                    if let Src::Slot(k) = *s {
+                        readers[k].push(si);
+                        d = match (d, slot_deps[k]) {
+                            (Some(a), Some(b)) => Some(a | b),
+                            _ => None,
+                        };
+                    }
+                }
+            }
+            let d = d.filter(|&b| b != 0);
+            for &o in &st.outs {
+                slot_deps[o] = d;
+            }
+            deps.push(d);
+        }
+        let mut is_output = vec![false; plan.nslots];
+        for (_, s, _) in &plan.outputs {
+            if let Src::Slot(k) = *s {
+                is_output[k] = true;
+            }
+        }
+        Some(Memo {
+            deps,
+            readers,
+            is_output,
+            last: vec![None; plan.inputs.len()],
+            cache: HashMap::new(),
+        })
+    }
+
+    /// Compares the bound inputs with the previous call's, drops stale entries, and decides
+    /// which steps run.
+    pub fn begin(&mut self, plan: &Plan, slots: &[Option<RValue>]) -> CallPlan {
+        let mut changed = 0u128;
+        for (i, inp) in plan.inputs.iter().enumerate() {
+            let Some(RValue::T(t)) = &slots[inp.slot] else {
+                continue;
+            };
+            let same = kernels::data::with_bytes(t, |b| {
+                let same = matches!(&self.last[i], Some((d, s, old))
+                    if *d == t.dtype() && s.as_slice() == t.dims() && old.as_slice() == b);
+                if !same {
+                    self.last[i] = Some((t.dtype(), t.dims().to_vec(), b.to_vec()));
+                }
+                same
+            })
+            .unwrap_or(false);
+            if !same {
+                changed |= 1u128 << i;
+            }
+        }
+        self.cache.retain(|_, (d, _)| *d & changed == 0);
+        let inv: Vec<bool> = self
+            .deps
+            .iter()
+            .map(|d| d.is_some_and(|d| d & changed == 0))
+            .collect();
+        let mut needed = self.is_output.clone();
+        let mut run = vec![true; plan.steps.len()];
+        for (si, st) in plan.steps.iter().enumerate().rev() {
+            run[si] = !inv[si]
+                || st
+                    .outs
+                    .iter()
+                    .any(|o| needed[*o] && !self.cache.contains_key(o));
+            if run[si] {
+                for (_, srcs) in &st.args {
+                    for s in srcs {
+                        if let Src::Slot(k) = *s {
+                            needed[k] = true;
+                        }
+                    }
+                }
+            }
+        }
+        CallPlan { run, needed, inv }
+    }
+
+    /// Fills the needed outputs of a skipped step from the cache.
+    pub fn restore(&self, plan: &Plan, si: usize, cp: &CallPlan, slots: &mut [Option<RValue>]) {
+        for &o in &plan.steps[si].outs {
+            if cp.needed[o] {
+                slots[o] = self.cache.get(&o).map(|(_, v)| v.clone());
+            }
+        }
+    }
+
+    /// Keeps the frontier outputs of an invariant step that ran: values read by a step
+    /// that is not invariant this call, or handed to the caller.
+    pub fn store(&mut self, plan: &Plan, si: usize, cp: &CallPlan, slots: &[Option<RValue>]) {
+        let (true, Some(d)) = (cp.inv[si], self.deps[si]) else {
+            return;
+        };
+        for &o in &plan.steps[si].outs {
+            let frontier = self.is_output[o] || self.readers[o].iter().any(|&r| !cp.inv[r]);
+            if let (true, Some(v @ RValue::T(_))) = (frontier, &slots[o]) {
+                self.cache.insert(o, (d, v.clone()));
+            }
+        }
+    }
+
+    /// Number of cached values (for tests and reports).
+    pub fn cached(&self) -> usize {
+        self.cache.len()
+    }
+}

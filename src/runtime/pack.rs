@@ -1,0 +1,207 @@
+//! Keeping contraction weights in their stored form. A constant that only feeds `linear` /
+//! `conv` weights becomes a [`PackedWeight`]: LUT4 codes + per-group palettes when it came
+//! from an iOS18 `constexpr_lut_to_dense` with ≤ 16 entries per output-row group, 4-bit
+//! codes + per-row/block scales when it came from a `constexpr_blockwise_shift_scale` whose
+//! data fits in 4 bits, else fp16 (or f32) as stored. Decode-sized products then stream
+//! those bytes (see `kernels::gemv`); the dense decode made while folding is released.
+
+use super::plan::{Const, Src, Step};
+use crate::ir::ValueType;
+use crate::kernels::{self, PackedWeight};
+use crate::ops::RValue;
+use anyhow::Result;
+use candle_core::DType;
+use half::f16;
+use std::collections::HashMap;
+
+/// Constant index → the constexpr op (type, arguments) that folded into it.
+pub type Origins = HashMap<usize, (String, Vec<(String, Vec<Src>)>)>;
+
+/// (op type, parameter) pairs whose evaluation accepts a packed weight.
+const PACKED_PARAMS: &[(&str, &str)] = &[("linear", "weight"), ("conv", "weight")];
+
+/// Packs every constant read only through [`PACKED_PARAMS`].
+pub fn pack_weights(
+    consts: &mut [Const],
+    steps: &[Step],
+    outputs: &[(String, Src, ValueType)],
+    origins: &Origins,
+) -> Result<()> {
+    let mut only = vec![None::<bool>; consts.len()];
+    for st in steps {
+        for (p, srcs) in &st.args {
+            let ok = PACKED_PARAMS.contains(&(st.op_type.as_str(), p.as_str()));
+            for s in srcs {
+                if let Src::Const(i) = s {
+                    only[*i] = Some(only[*i].unwrap_or(true) && ok);
+                }
+            }
+        }
+    }
+    for (_, s, _) in outputs {
+        if let Src::Const(i) = s {
+            only[*i] = Some(false);
+        }
+    }
+    for i in 0..consts.len() {
+        if only[i] != Some(true) {
+            continue;
+        }
+        let RValue::T(t) = &consts[i].val else {
+            continue;
+        };
+        if !kernels::data::is_float(t.dtype()) || t.rank() < 2 {
+            continue;
+        }
+        let shape = t.dims().to_vec();
+        let compressed = match origins.get(&i) {
+            Some((op, args)) => from_origin(op, args, consts, &shape).unwrap_or(None),
+            None => None,
+        };
+        let p = match compressed {
+            Some(p) => p,
+            None if t.dtype() == DType::F16 => {
+                PackedWeight::from_f16(&shape, kernels::to_vec::<f16>(t)?)?
+            }
+            None => PackedWeight::from_f32(&shape, kernels::to_f32_vec(t)?)?,
+        };
+        consts[i].packed = Some(p);
+        consts[i].val = RValue::Str(vec![]);
+    }
+    Ok(())
+}
+
+fn arg<'a>(args: &'a [(String, Vec<Src>)], consts: &'a [Const], name: &str) -> Option<&'a Const> {
+    match args.iter().find(|(p, _)| p == name)?.1.as_slice() {
+        [Src::Const(i)] => consts.get(*i),
+        _ => None,
+    }
+}
+
+fn tensor(c: &Const) -> Option<&candle_core::Tensor> {
+    match &c.val {
+        RValue::T(t) => Some(t),
+        _ => None,
+    }
+}
+
+/// The compressed form of a weight of `shape` folded from `op`, when it has one of the
+/// layouts the kernels take: groups / blocks along output rows (axis 0) and, for int4,
+/// blocks along axis 1 with unit trailing axes (1x1 conv kernels).
+fn from_origin(
+    op: &str,
+    args: &[(String, Vec<Src>)],
+    consts: &[Const],
+    shape: &[usize],
+) -> Result<Option<PackedWeight>> {
+    let r = shape.len();
+    let (n, k) = (shape[0], shape[1..].iter().product::<usize>());
+    match op {
+        // iOS16's form carries `shape` and packed bytes; only iOS18's is taken here.
+        "constexpr_lut_to_dense" if arg(args, consts, "shape").is_none() => {
+            let (Some(it), Some(lt)) = (
+                arg(args, consts, "indices").and_then(tensor),
+                arg(args, consts, "lut").and_then(tensor),
+            ) else {
+                return Ok(None);
+            };
+            let l = lt.dims();
+            let ok = it.dims() == shape
+                && it.dtype() == DType::U8
+                && l.len() == r + 2
+                && l[r] <= 16
+                && l[r + 1] == 1
+                && l[1..r].iter().all(|&g| g == 1)
+                && l[0] >= 1
+                && n % l[0] == 0
+                && k % 2 == 0;
+            if !ok {
+                return Ok(None);
+            }
+            let (groups, pal) = (l[0], l[r]);
+            let vals = kernels::to_f32_vec(lt)?;
+            let mut lut = vec![0f32; groups * 16];
+            for g in 0..groups {
+                lut[g * 16..g * 16 + pal].copy_from_slice(&vals[g * pal..(g + 1) * pal]);
+            }
+            let codes = kernels::to_vec::<u8>(it)?;
+            if codes.iter().any(|&c| c as usize >= pal) {
+                return Ok(None);
+            }
+            Ok(Some(PackedWeight::lut4(shape, &codes, lut)?))
+        }
+        "constexpr_blockwise_shift_scale" => {
+            let (Some(dt), Some(st)) = (
+                arg(args, consts, "data").and_then(tensor),
+                arg(args, consts, "scale").and_then(tensor),
+            ) else {
+                return Ok(None);
+            };
+            let sd = st.dims();
+            let ok = dt.dims() == shape
+                && r >= 2
+                && sd.len() == r
+                && sd[0] == n
+                && sd[1] >= 1
+                && shape[1] % sd[1] == 0
+                && shape[2..].iter().all(|&d| d == 1)
+                && sd[2..].iter().all(|&d| d == 1);
+            if !ok {
+                return Ok(None);
+            }
+            let block = shape[1] / sd[1];
+            // Signed data is stored shifted by 8 so every code is a nibble.
+            let shift: i64 = match dt.dtype() {
+                DType::I16 => 8,
+                DType::U8 => 0,
+                _ => return Ok(None),
+            };
+            let raw = kernels::to_vec::<i64>(dt)?;
+            if block % 2 != 0 || raw.iter().any(|&v| !(0..16).contains(&(v + shift))) {
+                return Ok(None);
+            }
+            let codes: Vec<u8> = raw.iter().map(|&v| (v + shift) as u8).collect();
+            let shift = shift as f32;
+            let scale = kernels::to_f32_vec(st)?;
+            let zero = match arg(args, consts, "offset").and_then(tensor) {
+                Some(o) if o.dims() == sd => kernels::to_f32_vec(o)?
+                    .into_iter()
+                    .map(|z| z + shift)
+                    .collect(),
+                Some(_) => return Ok(None),
+                None => vec![shift; scale.len()],
+            };
+            Ok(Some(PackedWeight::int4(shape, &codes, scale, zero, block)?))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Bytes a run's contractions read from constants: packed weights at their stored size,
+/// other constant operands of `linear` / `conv` / `matmul` (biases, f32 weights) in f32.
+pub fn streamed_bytes(consts: &[Const], steps: &[Step]) -> usize {
+    let mut seen = vec![false; consts.len()];
+    let mut total = 0;
+    for st in steps {
+        let contraction = matches!(st.op_type.as_str(), "linear" | "conv" | "matmul");
+        for (_, srcs) in &st.args {
+            for s in srcs {
+                let Src::Const(i) = *s else { continue };
+                if seen[i] {
+                    continue;
+                }
+                let c = &consts[i];
+                if let Some(p) = &c.packed {
+                    total += p.bytes();
+                    seen[i] = true;
+                } else if let (true, RValue::T(t)) = (contraction, &c.val) {
+                    if t.elem_count() > 1 {
+                        total += t.elem_count() * t.dtype().size_in_bytes();
+                        seen[i] = true;
+                    }
+                }
+            }
+        }
+    }
+    total
+}

@@ -1,0 +1,345 @@
+//! The decode-path GEMV kernels (`kernels::gemv`) against straightforward f64 references
+//! built from the same codes, palettes and scales: every storage form, single and multi-row
+//! activations, row lengths with SIMD tails, and matrices big enough to run multi-threaded.
+
+use half::f16;
+use milkit::kernels::PackedWeight;
+
+/// xorshift64*: deterministic test data without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn code(&mut self) -> u8 {
+        (self.next() >> 60) as u8
+    }
+}
+
+/// `y[j, r] = Σ_c w(r, c) x[j, c]` in f64, plus the scale `Σ |w x|` the error is judged by.
+fn reference(
+    n: usize,
+    k: usize,
+    m: usize,
+    x: &[f32],
+    w: impl Fn(usize, usize) -> f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut y, mut mag) = (vec![0f64; m * n], vec![0f64; m * n]);
+    for j in 0..m {
+        for r in 0..n {
+            for c in 0..k {
+                let p = w(r, c) * x[j * k + c] as f64;
+                y[j * n + r] += p;
+                mag[j * n + r] += p.abs();
+            }
+        }
+    }
+    (y, mag)
+}
+
+/// f32 accumulation over k terms: allow 1e-5 of the magnitude sum (a few ulps per term).
+fn check(what: &str, got: &[f32], want: &(Vec<f64>, Vec<f64>)) {
+    assert_eq!(got.len(), want.0.len(), "{what}: length");
+    for (i, (g, (w, m))) in got.iter().zip(want.0.iter().zip(&want.1)).enumerate() {
+        let err = (*g as f64 - w).abs();
+        assert!(
+            err <= 1e-5 * m + 1e-6,
+            "{what}: element {i}: {g} vs {w} (err {err:e}, magnitude {m})"
+        );
+    }
+}
+
+const SIZES: &[(usize, usize)] = &[(1, 8), (5, 40), (37, 72), (64, 200), (3000, 384)];
+
+#[test]
+fn f16_and_f32_gemv_match_reference() {
+    let mut rng = Rng(7);
+    for &(n, k) in SIZES {
+        for m in [1, 3] {
+            let w: Vec<f16> = (0..n * k).map(|_| f16::from_f32(rng.f())).collect();
+            let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+            let want = reference(n, k, m, &x, |r, c| w[r * k + c].to_f64());
+            let p = PackedWeight::from_f16(&[n, k], w.clone()).unwrap();
+            check(&format!("f16 {n}x{k} m{m}"), &p.gemv(&x, m).unwrap(), &want);
+            let w32: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+            let p = PackedWeight::from_f32(&[n, k, 1, 1], w32.clone()).unwrap();
+            check(&format!("f32 {n}x{k} m{m}"), &p.gemv(&x, m).unwrap(), &want);
+            assert_eq!(p.to_f32(), w32);
+            assert_eq!(p.bytes(), n * k * 4);
+        }
+    }
+}
+
+#[test]
+fn lut4_gemv_reads_packed_codes_and_group_palettes() {
+    let mut rng = Rng(11);
+    for &(n, k) in SIZES {
+        // One palette per group of 8 rows when 8 divides n, else a single palette.
+        let groups = if n % 8 == 0 { n / 8 } else { 1 };
+        let rpg = n / groups;
+        let lut: Vec<f32> = (0..groups * 16).map(|_| rng.f()).collect();
+        let codes: Vec<u8> = (0..n * k).map(|_| rng.code()).collect();
+        let p = PackedWeight::lut4(&[n, k], &codes, lut.clone()).unwrap();
+        assert_eq!(p.bytes(), n * k / 2 + groups * 64, "LUT4 bytes");
+        let dense = |r: usize, c: usize| lut[(r / rpg) * 16 + codes[r * k + c] as usize] as f64;
+        for m in [1, 2] {
+            let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+            let want = reference(n, k, m, &x, dense);
+            check(
+                &format!("lut4 {n}x{k} m{m}"),
+                &p.gemv(&x, m).unwrap(),
+                &want,
+            );
+        }
+        let d = p.to_f32();
+        assert!((0..n * k).all(|i| d[i] as f64 == dense(i / k, i % k)));
+    }
+}
+
+#[test]
+fn int4_gemv_per_channel_and_per_block() {
+    let mut rng = Rng(13);
+    for &(n, k) in SIZES {
+        // Per block of 8 (SIMD path), per block of 2 (scalar path) and per channel.
+        for block in [8, 2, k] {
+            if k % block != 0 || block % 2 != 0 {
+                continue;
+            }
+            let nb = n * (k / block);
+            let scale: Vec<f32> = (0..nb).map(|_| rng.f() * 0.1).collect();
+            let zero: Vec<f32> = (0..nb).map(|_| (rng.code() % 16) as f32).collect();
+            let codes: Vec<u8> = (0..n * k).map(|_| rng.code()).collect();
+            let p =
+                PackedWeight::int4(&[n, k], &codes, scale.clone(), zero.clone(), block).unwrap();
+            let dense = |r: usize, c: usize| {
+                let b = r * (k / block) + c / block;
+                scale[b] as f64 * (codes[r * k + c] as f64 - zero[b] as f64)
+            };
+            for m in [1, 3] {
+                let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+                let want = reference(n, k, m, &x, dense);
+                let what = format!("int4 {n}x{k} block {block} m{m}");
+                check(&what, &p.gemv(&x, m).unwrap(), &want);
+            }
+            let d = p.to_f32();
+            for i in 0..n * k {
+                let err = (d[i] as f64 - dense(i / k, i % k)).abs();
+                assert!(err <= 1e-6 * dense(i / k, i % k).abs() + 1e-7, "decode {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn packing_rejects_bad_shapes() {
+    assert!(
+        PackedWeight::lut4(&[2, 3], &[0; 6], vec![0.0; 16]).is_err(),
+        "odd k"
+    );
+    assert!(
+        PackedWeight::lut4(&[2, 4], &[16; 8], vec![0.0; 16]).is_err(),
+        "code 16"
+    );
+    assert!(
+        PackedWeight::lut4(&[3, 4], &[0; 12], vec![0.0; 32]).is_err(),
+        "2 ∤ 3 rows"
+    );
+    assert!(PackedWeight::int4(&[2, 6], &[0; 12], vec![0.0; 4], vec![0.0; 4], 4).is_err());
+    assert!(PackedWeight::from_f16(&[2, 2], vec![f16::ZERO; 3]).is_err());
+    let p = PackedWeight::from_f32(&[2, 2], vec![1.0; 4]).unwrap();
+    assert!(p.gemv(&[1.0; 3], 1).is_err(), "activation length");
+}
+
+// ---- The interpreter with packed weights and memoization ----
+
+mod runtime_common;
+
+use milkit::ir::{DType, Opset, Tensor as ITensor, Value};
+use milkit::ops::{Builder, In};
+use milkit::package::blob::{pack_i4, pack_sub_byte, BlobDType};
+use milkit::runtime::Session;
+use runtime_common::*;
+
+fn q16(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
+}
+
+/// One fp16 rounding of an f32 sum: 1e-3 relative (+ 1e-3 absolute near zero).
+fn close16(got: &[f32], want: &[f64], what: &str) {
+    assert_close(got, want, 1e-3, what);
+}
+
+/// A LUT4 conv 1x1 (two palettes of 8 output rows) and an int4 per-block linear, both on
+/// iOS18 constexpr weights, each run with a decode-sized input (GEMV on the packed form)
+/// and an encoder-sized one (decoded per call, GEMM), against loops over the codes.
+#[test]
+fn compressed_weights_run_packed_for_decode_and_dense_for_gemm() {
+    let mut r = Lcg(21);
+    let (n, k) = (16, 32);
+    let codes: Vec<u8> = (0..n * k)
+        .map(|_| ((r.next() + 1.0) * 8.0) as u8 % 16)
+        .collect();
+    let lut: Vec<f32> = r.vec(2 * 16).into_iter().map(q16).collect();
+    let (ln, bs) = (12, 16);
+    let data: Vec<i8> = (0..ln * k)
+        .map(|_| ((r.next() * 8.0).floor() as i8).clamp(-8, 7))
+        .collect();
+    let scale: Vec<f32> = r.vec(ln * 2).into_iter().map(|v| q16(v * 0.1)).collect();
+    let offs: Vec<i8> = (0..ln * 2).map(|i| (i % 5) as i8 - 2).collect();
+
+    let mut b = Builder::new(Opset::Ios18);
+    let packed = pack_sub_byte(BlobDType::U4, &codes).unwrap();
+    let idx = ITensor::new(
+        DType::U4,
+        vec![n, k, 1, 1],
+        milkit::ir::Bytes::from_vec(packed),
+    );
+    let wl = b
+        .op1(
+            "constexpr_lut_to_dense",
+            "wl",
+            vec![
+                ("indices", In::Inline(Value::Tensor(idx.unwrap()))),
+                ("lut", In::Inline(f16_tensor(&[2, 1, 1, 1, 16, 1], &lut))),
+            ],
+        )
+        .unwrap();
+    let i4 = |v: &[i8], s: Vec<usize>| {
+        let bytes = milkit::ir::Bytes::from_vec(pack_i4(v).unwrap());
+        In::Inline(Value::Tensor(ITensor::new(DType::I4, s, bytes).unwrap()))
+    };
+    let wq = b
+        .op1(
+            "constexpr_blockwise_shift_scale",
+            "wq",
+            vec![
+                ("data", i4(&data, vec![ln, k])),
+                ("scale", In::Inline(f16_tensor(&[ln, 2], &scale))),
+                ("offset", i4(&offs, vec![ln, 2])),
+            ],
+        )
+        .unwrap();
+    let mut outs = vec![];
+    for (name, s) in [("c1", 1usize), ("c20", 20)] {
+        let x = b.input(&format!("x_{name}"), tin(DType::F16, &[1, k, 1, s]));
+        let y = b
+            .op1(
+                "conv",
+                name,
+                vec![("x", x.into()), ("weight", In::from(&wl))],
+            )
+            .unwrap();
+        outs.push((y, name));
+    }
+    for (name, m) in [("l1", 1usize), ("l24", 24)] {
+        let x = b.input(&format!("x_{name}"), tin(DType::F16, &[m, k]));
+        let y = b
+            .op1(
+                "linear",
+                name,
+                vec![("x", x.into()), ("weight", In::from(&wq))],
+            )
+            .unwrap();
+        outs.push((y, name));
+    }
+    let names: Vec<(milkit::ops::V, &str)> = outs.iter().map(|(v, n)| (v.clone(), *n)).collect();
+    let mut s = Session::from_model(model(b, &names)).unwrap();
+    let xs: Vec<Vec<f32>> = [k, 20 * k, k, 24 * k]
+        .iter()
+        .map(|&len| r.vec(len).into_iter().map(q16).collect())
+        .collect();
+    let inputs = [
+        ("x_c1", host(&xs[0], &[1, k, 1, 1])),
+        ("x_c20", host(&xs[1], &[1, k, 1, 20])),
+        ("x_l1", host(&xs[2], &[1, k])),
+        ("x_l24", host(&xs[3], &[24, k])),
+    ];
+    let out = s.predict(&inputs).unwrap();
+    // The session streams LUT4 and int4 bytes, not dense fp16.
+    let lut_bytes = n * k / 2 + 2 * 16 * 4;
+    let int4_bytes = ln * k / 2 + ln * 2 * 8;
+    assert_eq!(s.streamed_bytes(None).unwrap(), lut_bytes + int4_bytes);
+    let wlut = |o: usize, c: usize| lut[(o / 8) * 16 + codes[o * k + c] as usize] as f64;
+    let wint = |o: usize, c: usize| {
+        let bi = o * 2 + c / bs;
+        scale[bi] as f64 * (data[o * k + c] as f64 - offs[bi] as f64)
+    };
+    for (sp, x, got) in [(1, &xs[0], &out[0].1), (20, &xs[1], &out[1].1)] {
+        let mut want = vec![0f64; n * sp];
+        for o in 0..n {
+            for j in 0..sp {
+                want[o * sp + j] = (0..k).map(|c| wlut(o, c) * x[c * sp + j] as f64).sum();
+            }
+        }
+        close16(&f32s(got), &want, &format!("lut4 conv, {sp} columns"));
+    }
+    for (m, x, got) in [(1, &xs[2], &out[2].1), (24, &xs[3], &out[3].1)] {
+        let mut want = vec![0f64; m * ln];
+        for i in 0..m {
+            for o in 0..ln {
+                want[i * ln + o] = (0..k).map(|c| wint(o, c) * x[i * k + c] as f64).sum();
+            }
+        }
+        close16(&f32s(got), &want, &format!("int4 linear, {m} rows"));
+    }
+}
+
+/// `score = q · (enc · W)ᵀ`: the projection of `enc` is invariant while `enc` is. With
+/// memoization the projection runs once per distinct `enc`; outputs are bit-identical to a
+/// session without it, across a changed `enc`.
+#[test]
+fn memoized_session_matches_plain_across_changed_inputs() {
+    let mut r = Lcg(5);
+    let (t, d, h) = (64, 32, 16);
+    let w: Vec<f32> = r.vec(h * d).into_iter().map(q16).collect();
+    let build = || {
+        let mut b = Builder::new(Opset::Ios17);
+        let enc = b.input("enc", tin(DType::F16, &[t, d]));
+        let q = b.input("q", tin(DType::F16, &[1, h]));
+        let wc = b.konst("w", f16_tensor(&[h, d], &w));
+        let kp = b
+            .op1(
+                "linear",
+                "k",
+                vec![("x", enc.into()), ("weight", wc.into())],
+            )
+            .unwrap();
+        let y = b
+            .op1(
+                "matmul",
+                "score",
+                vec![
+                    ("x", q.into()),
+                    ("y", kp.into()),
+                    ("transpose_y", In::C(Value::bool_scalar(true))),
+                ],
+            )
+            .unwrap();
+        model(b, &[(y, "score")])
+    };
+    let mut memo = Session::from_model(build()).unwrap();
+    memo.enable_profiling(true);
+    let mut plain = Session::from_model(build()).unwrap();
+    plain.set_memoize(false);
+    let (enc1, enc2) = (r.vec(t * d), r.vec(t * d));
+    let calls = [&enc1, &enc1, &enc2, &enc2, &enc1];
+    for (i, enc) in calls.iter().enumerate() {
+        let ins = [("enc", host(enc, &[t, d])), ("q", host(&r.vec(h), &[1, h]))];
+        let a = memo.predict(&ins).unwrap();
+        let b = plain.predict(&ins).unwrap();
+        assert_eq!(f32s(&a[0].1), f32s(&b[0].1), "call {i}: memoized vs plain");
+    }
+    let linear_runs = memo.profile().iter().find(|p| p.0 == "linear").map(|p| p.1);
+    assert_eq!(
+        linear_runs,
+        Some(3),
+        "projection once per distinct enc (3 changes)"
+    );
+    assert!(memo.memoized_values() >= 1);
+}
