@@ -2,7 +2,7 @@
 //! runtime's transcription (`crate::transcribe`) and the normalisation of `whisper::wer`.
 
 use crate::transcribe::Transcriber;
-use crate::whisper::wer::{normalize, word_errors};
+use crate::whisper::wer::word_errors;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
