@@ -84,11 +84,12 @@ pub fn measure(model_dir: &Path) -> Result<Vec<DecodeRow>> {
         op_names: vec!["lm_head".into()],
         ..Selection::default()
     };
+    let all = Selection::default();
     let variants: Vec<(&str, Option<(&Method, &Selection)>)> = vec![
         ("fp16", None),
         ("head-LUT4", Some((&lut4, &head))),
-        ("all-LUT4", Some((&lut4, &Selection::default()))),
-        ("int4 block32", Some((&int4, &Selection::default()))),
+        ("all-LUT4", Some((&lut4, &all))),
+        ("int4 block32", Some((&int4, &all))),
     ];
     let mut rows = vec![];
     for (name, how) in variants {
