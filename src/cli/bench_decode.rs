@@ -84,11 +84,12 @@ pub fn measure(model_dir: &Path) -> Result<Vec<DecodeRow>> {
         op_names: vec!["lm_head".into()],
         ..Selection::default()
     };
+    let all = Selection::default();
     let variants: Vec<(&str, Option<(&Method, &Selection)>)> = vec![
         ("fp16", None),
         ("head-LUT4", Some((&lut4, &head))),
-        ("all-LUT4", Some((&lut4, &Selection::default()))),
-        ("int4 block32", Some((&int4, &Selection::default()))),
+        ("all-LUT4", Some((&lut4, &all))),
+        ("int4 block32", Some((&int4, &all))),
     ];
     let mut rows = vec![];
     for (name, how) in variants {
@@ -148,6 +149,18 @@ fn time_variant(name: &str, m: Model, d: &DecoderDims) -> Result<DecodeRow> {
         step(&mut s, p)?;
     }
     let ms_per_token = t2.elapsed().as_secs_f64() * 1e3 / STEPS as f64;
+    // Where a step's time goes (a few more profiled steps, to stderr).
+    s.enable_profiling(true);
+    for p in START + WARMUP + STEPS..START + WARMUP + STEPS + 4 {
+        step(&mut s, p)?;
+    }
+    let prof: Vec<String> = s
+        .profile()
+        .iter()
+        .take(6)
+        .map(|(op, n, t)| format!("{op} {:.2} ms ({} calls)", t.as_secs_f64() * 250.0, n / 4))
+        .collect();
+    eprintln!("{name} per step: {}", prof.join(", "));
     let weight_bytes = s.streamed_bytes(None)?;
     let cross_kv_bytes = 2 * dl * na * 2;
     let bandwidth_gbps = stream_bandwidth(weight_bytes + cross_kv_bytes);

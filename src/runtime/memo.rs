@@ -33,8 +33,6 @@ pub struct CallPlan {
     pub run: Vec<bool>,
     /// Per slot: needed by a step that runs or by the caller.
     needed: Vec<bool>,
-    /// Per step: invariant this call (its outputs may be stored).
-    inv: Vec<bool>,
 }
 
 impl Memo {
@@ -131,7 +129,7 @@ impl Memo {
                 }
             }
         }
-        CallPlan { run, needed, inv }
+        CallPlan { run, needed }
     }
 
     /// Fills the needed outputs of a skipped step from the cache.
@@ -143,14 +141,17 @@ impl Memo {
         }
     }
 
-    /// Keeps the frontier outputs of an invariant step that ran: values read by a step
-    /// that is not invariant this call, or handed to the caller.
-    pub fn store(&mut self, plan: &Plan, si: usize, cp: &CallPlan, slots: &[Option<RValue>]) {
-        let (true, Some(d)) = (cp.inv[si], self.deps[si]) else {
+    /// Keeps the frontier outputs of a step that depends only on fed inputs: values read
+    /// by a step with other dependencies (so invalidated on a different schedule), or
+    /// handed to the caller. Stored on every run, so the next call with the same inputs
+    /// already skips the step.
+    pub fn store(&mut self, plan: &Plan, si: usize, slots: &[Option<RValue>]) {
+        let Some(d) = self.deps[si] else {
             return;
         };
         for &o in &plan.steps[si].outs {
-            let frontier = self.is_output[o] || self.readers[o].iter().any(|&r| !cp.inv[r]);
+            let frontier =
+                self.is_output[o] || self.readers[o].iter().any(|&r| self.deps[r] != Some(d));
             if let (true, Some(v @ RValue::T(_))) = (frontier, &slots[o]) {
                 self.cache.insert(o, (d, v.clone()));
             }

@@ -321,8 +321,8 @@ fn run_steps(
         for (k, v) in st.outs.iter().zip(outs) {
             slots[*k] = Some(v);
         }
-        if let (Some(m), Some(cp)) = (memo.as_mut(), cp.as_ref()) {
-            m.store(plan, si, cp, slots);
+        if let Some(m) = memo.as_mut() {
+            m.store(plan, si, slots);
         }
         for k in &st.free {
             slots[*k] = None;
