@@ -300,6 +300,10 @@ pub fn decode_lut(
     if numel == 0 {
         return Ok(Vec::new());
     }
+    // Trailing size-1 axes change no flat index (their grid dims are 1 as well); without them
+    // rows stay long, keeping per-row work and rayon's per-task cost off the per-element path.
+    let rank = super::quant::effective_rank(shape);
+    let (shape, blocks) = (&shape[..rank], &blocks[..rank]);
     // Row-major strides of the table grid (the first `rank` dims of lut).
     let mut gstride = vec![entries; rank];
     for a in (0..rank - 1).rev() {
@@ -314,6 +318,7 @@ pub fn decode_lut(
     out.par_chunks_mut(last)
         .zip(indices.par_chunks(last))
         .enumerate()
+        .with_min_len((4096 / last).max(1))
         .for_each(|(row, (dst, idx))| {
             let (mut rem, mut base) = (row, 0usize);
             for a in (0..outer.len()).rev() {

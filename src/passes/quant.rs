@@ -196,6 +196,10 @@ fn r16(x: f32) -> f32 {
 fn to_f16(x: f32) -> f16 {
     let b = x.to_bits();
     let a = b & 0x7fff_ffff;
+    if a == 0 {
+        // ±0 (every zero code decodes to it): keep the sign.
+        return f16::from_bits((b >> 16) as u16);
+    }
     if in_fp16_normal_range(a) {
         // Rebias the exponent from 127 to 15 and drop the rounded-off bits.
         let mag = (round_mantissa_to_fp16(a) >> 13) - (112 << 10);
@@ -397,8 +401,12 @@ pub fn decode_blockwise(
     if numel == 0 {
         return Ok(Vec::new());
     }
+    // Trailing size-1 axes (linear weights stored as [out, in, 1, 1]) change no flat index;
+    // without them rows stay long, so the per-row index arithmetic and rayon's per-task cost
+    // stay off the per-element path.
+    let rank = effective_rank(shape);
+    let (shape, scale_shape, blocks) = (&shape[..rank], &scale_shape[..rank], &blocks[..rank]);
     // Map every flat element to its scale index: row-major strides of the scale tensor.
-    let rank = shape.len();
     let mut sstride = vec![1usize; rank];
     for a in (0..rank.saturating_sub(1)).rev() {
         sstride[a] = sstride[a + 1] * scale_shape[a + 1];
@@ -409,23 +417,31 @@ pub fn decode_blockwise(
         .collect();
     let outer = &shape[..rank - 1];
     let mut out = vec![f16::ZERO; numel];
-    out.par_chunks_mut(last).enumerate().for_each(|(row, dst)| {
-        // Scale index contributed by the outer axes of this row.
-        let (mut rem, mut base) = (row, 0usize);
-        for a in (0..outer.len()).rev() {
-            let idx = rem % outer[a];
-            rem /= outer[a];
-            base += (idx / blocks[a]) * sstride[a];
-        }
-        for (i, o) in dst.iter_mut().enumerate() {
-            let s = base + last_map[i];
-            let q = data.get(row * last + i) - offset.map_or(0, |o| o.get(s));
-            // q − offset is a small integer (exact in fp16), and the f32 product of it with
-            // an fp16 scale is exact, so this is the single fp16 rounding numpy does.
-            *o = to_f16(scale[s].to_f32() * q as f32);
-        }
-    });
+    out.par_chunks_mut(last)
+        .enumerate()
+        .with_min_len((4096 / last).max(1))
+        .for_each(|(row, dst)| {
+            // Scale index contributed by the outer axes of this row.
+            let (mut rem, mut base) = (row, 0usize);
+            for a in (0..outer.len()).rev() {
+                let idx = rem % outer[a];
+                rem /= outer[a];
+                base += (idx / blocks[a]) * sstride[a];
+            }
+            for (i, o) in dst.iter_mut().enumerate() {
+                let s = base + last_map[i];
+                let q = data.get(row * last + i) - offset.map_or(0, |o| o.get(s));
+                // q − offset is a small integer (exact in fp16), and the f32 product of it with
+                // an fp16 scale is exact, so this is the single fp16 rounding numpy does.
+                *o = to_f16(scale[s].to_f32() * q as f32);
+            }
+        });
     Ok(out)
+}
+
+/// Rank of `shape` without its trailing size-1 axes (at least 1).
+pub(crate) fn effective_rank(shape: &[usize]) -> usize {
+    shape.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1)
 }
 
 /// rms(orig − decoded) / rms(orig), in f64. Zero when both are identical (even if all zero).
