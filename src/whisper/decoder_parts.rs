@@ -243,7 +243,7 @@ pub(super) fn head(
     let rows_per = vocab.div_ceil(chunks);
     let names = super::decoder_export::head_op_names(chunks);
     let mut parts = vec![];
-    for c in 0..chunks {
+    for (c, name) in names.iter().enumerate() {
         let (r0, r1) = (c * rows_per, ((c + 1) * rows_per).min(vocab));
         ensure!(
             r0 < r1,
@@ -255,7 +255,7 @@ pub(super) fn head(
             vec![r1 - r0, d, 1, 1],
             bytes,
         )?);
-        parts.push(conv1x1(b, &names[c], h, t, None)?);
+        parts.push(conv1x1(b, name, h, t, None)?);
     }
     let logits = if parts.len() == 1 {
         parts.remove(0)
