@@ -75,10 +75,12 @@ pub fn dot_int4_blocks(row: &[u8], scale: &[f32], block: usize, x: &[f32], simd:
     let _ = simd;
     let mut acc = 0f32;
     for (b, s) in scale.iter().enumerate() {
-        let mut p = 0f32;
-        for j in b * block..((b + 1) * block).min(x.len()) {
-            p += code(row, j) as f32 * x[j];
-        }
+        let (j0, j1) = (b * block, ((b + 1) * block).min(x.len()));
+        let p: f32 = x[j0..j1]
+            .iter()
+            .enumerate()
+            .map(|(i, v)| code(row, j0 + i) as f32 * v)
+            .sum();
         acc += s * p;
     }
     acc
