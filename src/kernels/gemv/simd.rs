@@ -218,7 +218,7 @@ mod avx {
         let nb = scale.len().min(x.len() / block).min(row.len() * 2 / block);
         unsafe {
             let mut tot = _mm256_setzero_ps();
-            for b in 0..nb {
+            for (b, &sc) in scale.iter().enumerate().take(nb) {
                 let mut acc = _mm256_setzero_ps();
                 let mut i = b * block;
                 while i < (b + 1) * block {
@@ -226,7 +226,7 @@ mod avx {
                     acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp.add(i)), acc);
                     i += 8;
                 }
-                tot = _mm256_fmadd_ps(_mm256_set1_ps(scale[b]), acc, tot);
+                tot = _mm256_fmadd_ps(_mm256_set1_ps(sc), acc, tot);
             }
             hsum(tot)
         }
