@@ -128,8 +128,8 @@ fn int4_gemv_per_channel_and_per_block() {
                 check(&what, &p.gemv(&x, m).unwrap(), &want);
             }
             let d = p.to_f32();
-            for i in 0..n * k {
-                let err = (d[i] as f64 - dense(i / k, i % k)).abs();
+            for (i, v) in d.iter().enumerate() {
+                let err = (*v as f64 - dense(i / k, i % k)).abs();
                 assert!(err <= 1e-6 * dense(i / k, i % k).abs() + 1e-7, "decode {i}");
             }
         }

@@ -281,11 +281,9 @@ impl PackedWeight {
                 let (s, z) = (&scale[r * nb..(r + 1) * nb], &zero[r * nb..(r + 1) * nb]);
                 let xs = &xsum[j * nb..(j + 1) * nb];
                 let qs = &q[r * k / 2..(r + 1) * k / 2];
-                let mut acc = simd::dot_int4_blocks(qs, s, *block, x, simd);
-                for b in 0..nb {
-                    acc -= s[b] * z[b] * xs[b];
-                }
-                acc
+                let acc = simd::dot_int4_blocks(qs, s, *block, x, simd);
+                let zterm: f32 = s.iter().zip(z).zip(xs).map(|((s, z), x)| s * z * x).sum();
+                acc - zterm
             }
         }
     }

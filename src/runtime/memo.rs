@@ -13,6 +13,9 @@ use crate::ops::RValue;
 use candle_core::DType;
 use std::collections::HashMap;
 
+/// An input as last seen: dtype, shape, bytes.
+type Seen = (DType, Vec<usize>, Vec<u8>);
+
 /// Per-function memo state held by the session.
 pub struct Memo {
     /// Per step: the fed inputs it depends on (bit i = `plan.inputs[i]`), `None` when it
@@ -23,7 +26,7 @@ pub struct Memo {
     /// Slots that are block outputs.
     is_output: Vec<bool>,
     /// Previous call's (dtype, shape, bytes) of each input; `None` if unseen.
-    last: Vec<Option<(DType, Vec<usize>, Vec<u8>)>>,
+    last: Vec<Option<Seen>>,
     cache: HashMap<usize, (u128, RValue)>,
 }
 

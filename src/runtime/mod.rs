@@ -261,7 +261,7 @@ impl Session {
             slots[i.slot] = Some(RValue::T(conform(&i.name, &i.ty, t.clone())?));
         }
         let mut profile = self.profile.take();
-        let mut memo = match self.memo.as_mut() {
+        let memo = match self.memo.as_mut() {
             Some(m) => {
                 if !m.contains_key(&fname) {
                     if let Some(new) = memo::Memo::new(plan) {
@@ -272,7 +272,7 @@ impl Session {
             }
             None => None,
         };
-        let res = run_steps(plan, &mut slots, profile.as_mut(), memo.as_deref_mut());
+        let res = run_steps(plan, &mut slots, profile.as_mut(), memo);
         self.profile = profile;
         res?;
         let mut out = Vec::new();

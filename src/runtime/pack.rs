@@ -43,8 +43,8 @@ pub fn pack_weights(
             only[*i] = Some(false);
         }
     }
-    for i in 0..consts.len() {
-        if only[i] != Some(true) {
+    for (i, flag) in only.into_iter().enumerate() {
+        if flag != Some(true) {
             continue;
         }
         let RValue::T(t) = &consts[i].val else {

@@ -75,10 +75,12 @@ pub fn dot_int4_blocks(row: &[u8], scale: &[f32], block: usize, x: &[f32], simd:
     let _ = simd;
     let mut acc = 0f32;
     for (b, s) in scale.iter().enumerate() {
-        let mut p = 0f32;
-        for j in b * block..((b + 1) * block).min(x.len()) {
-            p += code(row, j) as f32 * x[j];
-        }
+        let (j0, j1) = (b * block, ((b + 1) * block).min(x.len()));
+        let p: f32 = x[j0..j1]
+            .iter()
+            .enumerate()
+            .map(|(i, v)| code(row, j0 + i) as f32 * v)
+            .sum();
         acc += s * p;
     }
     acc
@@ -216,7 +218,7 @@ mod avx {
         let nb = scale.len().min(x.len() / block).min(row.len() * 2 / block);
         unsafe {
             let mut tot = _mm256_setzero_ps();
-            for b in 0..nb {
+            for (b, &sc) in scale.iter().enumerate().take(nb) {
                 let mut acc = _mm256_setzero_ps();
                 let mut i = b * block;
                 while i < (b + 1) * block {
@@ -224,7 +226,7 @@ mod avx {
                     acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp.add(i)), acc);
                     i += 8;
                 }
-                tot = _mm256_fmadd_ps(_mm256_set1_ps(scale[b]), acc, tot);
+                tot = _mm256_fmadd_ps(_mm256_set1_ps(sc), acc, tot);
             }
             hsum(tot)
         }
