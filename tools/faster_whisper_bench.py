@@ -1,7 +1,11 @@
 #!/usr/bin/env python
 """faster-whisper on the same clip, for `milkit bench --compare-faster-whisper PYTHON`.
 
-    python faster_whisper_bench.py --model HF_WHISPER_DIR --audio CLIP.wav [--cache DIR]
+    python faster_whisper_bench.py [--model HF_WHISPER_DIR] CLIP.wav [--cache DIR]
+
+--model defaults to $MILKIT_FIXTURES/models/whisper-tiny.en (MILKIT_FIXTURES defaults to
+../shared beside the repository), which is what `milkit bench AUDIO --compare-faster-whisper`
+relies on.
 
 Needs `pip install faster-whisper safetensors numpy` (no torch). faster-whisper runs
 CTranslate2 models, and CTranslate2's own converter loads checkpoints through torch; to stay
@@ -148,11 +152,18 @@ def convert(hf_dir, out_dir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="Hugging Face Whisper directory (safetensors)")
-    ap.add_argument("--audio", required=True)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    fixtures = os.environ.get("MILKIT_FIXTURES", os.path.join(repo, "..", "shared"))
+    ap.add_argument("--model", default=os.path.join(fixtures, "models", "whisper-tiny.en"),
+                    help="Hugging Face Whisper directory (safetensors)")
+    ap.add_argument("audio", nargs="?")
+    ap.add_argument("--audio", dest="audio_opt")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "milkit", "ct2"))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args()
+    a.audio = a.audio or a.audio_opt
+    if not a.audio:
+        ap.error("give the audio file")
 
     name = os.path.basename(os.path.normpath(a.model))
     ct2_dir = os.path.join(a.cache, name + "-float32")

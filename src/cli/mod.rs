@@ -2,8 +2,8 @@
 pub mod bench;
 pub mod bench_audio;
 pub mod bench_compress;
-pub mod calibrate;
 pub mod bench_decode;
+pub mod calibrate;
 pub mod compress;
 pub mod eval;
 pub mod export;

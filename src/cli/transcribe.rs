@@ -17,6 +17,10 @@ pub struct TranscribeArgs {
     /// tokenizer.json, optional config.json and preprocessor_config.json.
     #[arg(long)]
     pub models: PathBuf,
+    /// Make the log-mel with the folder's MelSpectrogram.mlpackage (fp16, as WhisperKit does)
+    /// instead of milkit's Rust front end (the default, which matches Hugging Face's).
+    #[arg(long)]
+    pub mel_package: bool,
     /// Timings and model details on stderr.
     #[arg(long, short)]
     pub verbose: bool,
@@ -24,7 +28,7 @@ pub struct TranscribeArgs {
 
 pub fn run(a: &TranscribeArgs) -> Result<u8> {
     let t0 = Instant::now();
-    let mut tr = Transcriber::open(&a.models)
+    let mut tr = Transcriber::open_with(&a.models, a.mel_package)
         .with_context(|| format!("opening models folder {}", a.models.display()))?;
     if a.verbose {
         eprintln!(

@@ -44,8 +44,8 @@ pub const NORMALIZATION: &str = "lowercase; punctuation dropped (dashes and slas
 
 /// (audio path, reference text) per manifest line; paths relative to the manifest.
 pub fn read_manifest(path: &Path) -> Result<Vec<(String, PathBuf, String)>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading manifest {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading manifest {}", path.display()))?;
     let base = path.parent().unwrap_or(Path::new("."));
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -58,7 +58,11 @@ pub fn read_manifest(path: &Path) -> Result<Vec<(String, PathBuf, String)>> {
             v.get("audio").and_then(|a| a.as_str()),
             v.get("text").and_then(|t| t.as_str()),
         ) else {
-            bail!("{}: line {} needs \"audio\" and \"text\" strings", path.display(), i + 1);
+            bail!(
+                "{}: line {} needs \"audio\" and \"text\" strings",
+                path.display(),
+                i + 1
+            );
         };
         out.push((a.to_string(), base.join(a), t.to_string()));
     }
@@ -112,7 +116,13 @@ impl EvalReport {
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         for r in &self.clips {
-            s += &format!("{:>7.2}%  {:>3}/{:<3}  {}\n", r.wer * 100.0, r.errors, r.words, r.audio);
+            s += &format!(
+                "{:>7.2}%  {:>3}/{:<3}  {}\n",
+                r.wer * 100.0,
+                r.errors,
+                r.words,
+                r.audio
+            );
         }
         s += &format!(
             "corpus WER {:.2}% ({} errors / {} words, {} clips)\n",

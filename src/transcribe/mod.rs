@@ -103,8 +103,16 @@ fn load(dir: &Path, file: &str) -> Result<Session> {
 }
 
 impl Transcriber {
-    /// Loads every package and json file of `dir` (see the module doc).
+    /// Loads every package and json file of `dir` (see the module doc). The log-mel is
+    /// computed in Rust (it matches Hugging Face's feature extractor to ~1e-5); a
+    /// MelSpectrogram package in the folder is used only with [`Transcriber::open_with`].
     pub fn open(dir: &Path) -> Result<Transcriber> {
+        Transcriber::open_with(dir, false)
+    }
+
+    /// [`Transcriber::open`]; with `mel_package`, the folder's MelSpectrogram.mlpackage (fp16,
+    /// as WhisperKit runs it) makes the features when present.
+    pub fn open_with(dir: &Path, mel_package: bool) -> Result<Transcriber> {
         ensure!(
             dir.is_dir(),
             "models folder {} does not exist (expected {ENCODER_FILE}, {DECODER_FILE}, \
@@ -158,7 +166,7 @@ impl Transcriber {
         } else {
             None
         };
-        let mel = if dir.join(MEL_FILE).exists() {
+        let mel = if mel_package && dir.join(MEL_FILE).exists() {
             Some(load(dir, MEL_FILE)?)
         } else {
             None
