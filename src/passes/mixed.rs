@@ -5,9 +5,11 @@
 //! Sensitivity is measured on calibration audio: with `m` the input channels' second moments
 //! (see [`super::calibrate`]), a weight palettized at `b` bits has the relative output error
 //! `e(b) = Σᵢⱼ mⱼ·ΔWᵢⱼ² / Σᵢⱼ mⱼ·Wᵢⱼ²` (the diagonal estimate of E‖ΔW·x‖² / E‖W·x‖²).
-//! Allocation is greedy on the lower convex hull of each weight's (bits, error) curve:
-//! everyone starts at the fewest bits, then the upgrade with the largest error drop per extra
-//! stored bit is taken while the budget allows.
+//! Allocation is greedy: every weight starts at the base width (`--nbits`, never lower: on
+//! tiny.en, letting the diagonal estimate push a weight down to 2 bits to pay for upgrades
+//! elsewhere cost 20 points of WER), then the upgrade with the largest error drop per extra
+//! stored bit is taken while the budget allows. All candidate widths are still measured and
+//! reported.
 
 use super::calibrate::Calibration;
 use super::compress::{selected_weights, Method, Selection};
@@ -115,20 +117,23 @@ pub fn plan_bits(
                 op: sw.op.clone(),
                 elements: w.len(),
                 curve,
-                chosen: cands[0],
+                chosen: base.nbits,
             })
         })
         .collect();
     let mut plans = measured.into_iter().collect::<Result<Vec<_>>>()?;
     let total_elems: u64 = plans.iter().map(|p| p.elements as u64).sum();
     let budget = (target_bits * total_elems as f64).floor() as u64;
-    // Position of each weight on its curve.
-    let mut at = vec![0usize; plans.len()];
-    let mut used: u64 = plans.iter().map(|p| p.curve[0].1).sum();
+    // Position of each weight on its curve: the first candidate at or above the base width.
+    let start = cands.iter().position(|&b| b >= base.nbits).with_context(|| {
+        format!("no candidate width at or above the base {} bits", base.nbits)
+    })?;
+    let mut at = vec![start; plans.len()];
+    let mut used: u64 = plans.iter().map(|p| p.curve[start].1).sum();
     if used > budget {
         bail!(
-            "--target-bits {target_bits} is below what the smallest width ({} bits) needs: {:.3} bits per weight",
-            cands[0],
+            "--target-bits {target_bits} is below what the base width ({} bits) needs: {:.3} bits per weight; lower --nbits",
+            cands[start],
             used as f64 / total_elems as f64
         );
     }
