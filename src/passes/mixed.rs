@@ -125,9 +125,15 @@ pub fn plan_bits(
     let total_elems: u64 = plans.iter().map(|p| p.elements as u64).sum();
     let budget = (target_bits * total_elems as f64).floor() as u64;
     // Position of each weight on its curve: the first candidate at or above the base width.
-    let start = cands.iter().position(|&b| b >= base.nbits).with_context(|| {
-        format!("no candidate width at or above the base {} bits", base.nbits)
-    })?;
+    let start = cands
+        .iter()
+        .position(|&b| b >= base.nbits)
+        .with_context(|| {
+            format!(
+                "no candidate width at or above the base {} bits",
+                base.nbits
+            )
+        })?;
     let mut at = vec![start; plans.len()];
     let mut used: u64 = plans.iter().map(|p| p.curve[start].1).sum();
     if used > budget {
