@@ -172,3 +172,44 @@ fn calibrated_kmeans_beats_plain_on_held_out_audio() {
         );
     }
 }
+
+#[test]
+fn mixed_bits_stay_within_budget_and_never_below_base() {
+    let Some(fx) = common::fixtures() else { return };
+    let hf = fx.join("models/whisper-tiny.en");
+    let m = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+    let Method::Palettize(base) = lut4() else {
+        unreachable!()
+    };
+    let sel = Selection::default();
+    let plan =
+        milkit::passes::mixed::plan_bits(&m, &base, &sel, None, 4.25, &[2, 3, 4, 6, 8]).unwrap();
+    assert_eq!(plan.weights.len(), 26);
+    assert!(plan.avg_bits <= 4.25, "{}", plan.avg_bits);
+    assert!(plan.weights.iter().all(|w| w.chosen >= 4));
+    assert!(
+        plan.weights.iter().any(|w| w.chosen > 4),
+        "budget left unused"
+    );
+    // Errors fall with more bits on every measured curve.
+    for w in &plan.weights {
+        assert!(
+            w.curve.windows(2).all(|c| c[1].2 <= c[0].2),
+            "{}: {:?}",
+            w.weight,
+            w.curve
+        );
+    }
+    // The compressed model stores exactly the bits the plan counted.
+    let mut c = m.clone();
+    let out = milkit::passes::compress::compress_mixed(&mut c, &lut4(), &sel, None, &plan.nbits())
+        .unwrap();
+    let stored: u64 = out.compressed.iter().map(|r| r.bytes_after).sum();
+    let elems: u64 = plan.weights.iter().map(|w| w.elements as u64).sum();
+    assert!((stored as f64 * 8.0 / elems as f64 - plan.avg_bits).abs() < 1e-9);
+    // A budget below the base width is refused with a clear message.
+    let e = milkit::passes::mixed::plan_bits(&m, &base, &sel, None, 3.5, &[2, 4])
+        .err()
+        .unwrap();
+    assert!(format!("{e:#}").contains("lower --nbits"), "{e:#}");
+}

@@ -90,11 +90,12 @@ pub struct CompressFlags {
     /// channels that carry signal keep more precision. Without it, plain k-means.
     #[arg(long, value_name = "STATS")]
     pub calibration: Option<PathBuf>,
-    /// Mixed precision (needs --calibration and --palettize kmeans): measure each weight's
-    /// output error at 2/3/4/6/8 bits on the calibration statistics and give more bits where
-    /// they buy the most accuracy, keeping the average stored bits per compressed weight
-    /// (tables included) within this budget, e.g. 4.25. The report lists the bits chosen.
-    #[arg(long, value_name = "BITS", requires = "calibration")]
+    /// Mixed precision (with --palettize kmeans): measure each weight's output error at
+    /// 2/3/4/6/8 bits (weighted by --calibration statistics when given, else plain weight
+    /// error) and give more bits where they buy the most accuracy, never fewer than --nbits,
+    /// keeping the average stored bits per compressed weight (tables included) within this
+    /// budget, e.g. 4.25. The report lists the bits chosen per op.
+    #[arg(long, value_name = "BITS")]
     pub target_bits: Option<f64>,
 }
 

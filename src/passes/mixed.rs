@@ -2,7 +2,8 @@
 //! weight (LUT overhead included), give each weight the bit width where it buys the most
 //! accuracy, like WhisperKit's mixed-bit recipes.
 //!
-//! Sensitivity is measured on calibration audio: with `m` the input channels' second moments
+//! Sensitivity is measured on calibration audio when statistics are given (without them
+//! every `m` is 1, i.e. plain weight error): with `m` the input channels' second moments
 //! (see [`super::calibrate`]), a weight palettized at `b` bits has the relative output error
 //! `e(b) = Σᵢⱼ mⱼ·ΔWᵢⱼ² / Σᵢⱼ mⱼ·Wᵢⱼ²` (the diagonal estimate of E‖ΔW·x‖² / E‖W·x‖²).
 //! Allocation is greedy: every weight starts at the base width (`--nbits`, never lower: on
@@ -67,7 +68,7 @@ pub fn plan_bits(
     model: &Model,
     base: &LutConfig,
     sel: &Selection,
-    calibration: &Calibration,
+    calibration: Option<&Calibration>,
     target_bits: f64,
     candidates: &[u32],
 ) -> Result<MixedPlan> {
@@ -85,12 +86,16 @@ pub fn plan_bits(
         .map(|sw| {
             let shape = &sw.tensor.shape;
             let w: Vec<f16> = sw.tensor.data.to_f16_vec();
-            let imp = calibration.importance(&sw.weight, shape)?.with_context(|| {
-                format!(
-                    "no calibration statistics for weight `{}`; run `milkit calibrate` on this model",
-                    sw.weight
-                )
-            })?;
+            // Without statistics every input channel counts the same (plain squared error).
+            let imp = match calibration {
+                Some(cal) => cal.importance(&sw.weight, shape)?.with_context(|| {
+                    format!(
+                        "no calibration statistics for weight `{}`; run `milkit calibrate` on this model",
+                        sw.weight
+                    )
+                })?,
+                None => vec![1.0; w.len() / shape[0].max(1)],
+            };
             let rest = imp.len();
             let signal: f64 = w
                 .iter()

@@ -109,9 +109,11 @@ impl Compression {
         };
         let mut nbits = std::collections::BTreeMap::new();
         if let Some(target) = self.target_bits {
-            let (Method::Palettize(cfg), Some(cal)) = (&self.method, &self.calibration) else {
-                bail!("--target-bits needs --palettize kmeans and --calibration");
+            let cfg = match &self.method {
+                Method::Palettize(c) if c.mode == crate::passes::lut::LutMode::Kmeans => c,
+                _ => bail!("--target-bits needs --palettize kmeans"),
             };
+            let cal = self.calibration.as_ref();
             nbits = plan_bits(m, cfg, &sel, cal, target, &DEFAULT_CANDIDATES)?.nbits();
         }
         compress_mixed(m, &self.method, &sel, self.calibration.as_ref(), &nbits)
