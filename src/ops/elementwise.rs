@@ -2,29 +2,14 @@
 //! comparisons, logical ops and unary math. Evaluation computes floats in f32 and rounds
 //! once to the output dtype (see `kernels::elementwise`).
 
-use super::eval::{one, value_from_ir, EvalCx, EvalFn, RValue};
+use super::def;
+use super::eval::{one, value_from_ir, EvalCx, RValue};
 use super::infer::{broadcast, float_only, tensor, InferCx};
 use super::{opt_c, req, req_c, OpDef};
-use crate::ir::{DType, Opset, ValueType};
+use crate::ir::{DType, ValueType};
 use crate::kernels::{self, fastmath, BinOp, CmpOp, LogicOp};
 use anyhow::{anyhow, bail, ensure, Result};
 use half::f16;
-
-const fn def(
-    name: &'static str,
-    inputs: &'static [super::InputSpec],
-    infer: fn(&InferCx) -> Result<Vec<ValueType>>,
-    eval: EvalFn,
-) -> OpDef {
-    OpDef {
-        name,
-        since: Opset::Ios15,
-        until: None,
-        inputs,
-        infer,
-        eval: Some(eval),
-    }
-}
 
 const XY: &[super::InputSpec] = &[req("x"), req("y")];
 const X: &[super::InputSpec] = &[req("x")];

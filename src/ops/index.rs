@@ -1,28 +1,13 @@
 //! Indexing ops: `slice_by_index`, `slice_by_size`, `gather`, `gather_along_axis`, `pad`,
 //! `band_part` — type inference and evaluation (index copies via `kernels::index`).
 
-use super::eval::{one, EvalCx, EvalFn, RValue};
+use super::def;
+use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
-use super::{opt, opt_c, req, req_c, InputSpec, OpDef};
-use crate::ir::{Dim, Opset, ValueType};
+use super::{opt, opt_c, req, req_c, OpDef};
+use crate::ir::{Dim, ValueType};
 use crate::kernels::{self, PadMode, Span};
 use anyhow::{bail, ensure, Result};
-
-const fn def(
-    name: &'static str,
-    inputs: &'static [InputSpec],
-    infer: fn(&InferCx) -> Result<Vec<ValueType>>,
-    eval: EvalFn,
-) -> OpDef {
-    OpDef {
-        name,
-        since: Opset::Ios15,
-        until: None,
-        inputs,
-        infer,
-        eval: Some(eval),
-    }
-}
 
 fn mask(cx: &InferCx, name: &str, rank: usize) -> Result<Vec<bool>> {
     Ok(cx

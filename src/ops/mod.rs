@@ -101,6 +101,23 @@ pub struct OpDef {
     pub eval: Option<EvalFn>,
 }
 
+/// An op that exists from iOS15 on and that the interpreter evaluates (most ops).
+pub(crate) const fn def(
+    name: &'static str,
+    inputs: &'static [InputSpec],
+    infer: fn(&InferCx) -> Result<Vec<ValueType>>,
+    eval: EvalFn,
+) -> OpDef {
+    OpDef {
+        name,
+        since: Opset::Ios15,
+        until: None,
+        inputs,
+        infer,
+        eval: Some(eval),
+    }
+}
+
 impl OpDef {
     pub fn input(&self, name: &str) -> Option<&InputSpec> {
         self.inputs.iter().find(|i| i.name == name)

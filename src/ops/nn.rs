@@ -1,28 +1,13 @@
 //! Neural-network ops: `conv`, `linear`, `matmul`, `einsum`, normalisations, activations
 //! with parameters, softmax and reductions.
 
-use super::eval::{one, out0, EvalCx, EvalFn, RValue};
+use super::def;
+use super::eval::{one, out0, EvalCx, RValue};
 use super::infer::{axis, broadcast, float_only, tensor, InferCx};
-use super::{opt, opt_c, req, req_c, InputSpec, OpDef};
-use crate::ir::{Dim, Opset, ValueType};
+use super::{opt, opt_c, req, req_c, OpDef};
+use crate::ir::{Dim, ValueType};
 use crate::kernels::{self, fastmath};
 use anyhow::{anyhow, bail, ensure, Result};
-
-const fn def(
-    name: &'static str,
-    inputs: &'static [InputSpec],
-    infer: fn(&InferCx) -> Result<Vec<ValueType>>,
-    eval: EvalFn,
-) -> OpDef {
-    OpDef {
-        name,
-        since: Opset::Ios15,
-        until: None,
-        inputs,
-        infer,
-        eval: Some(eval),
-    }
-}
 
 /// Output length of one convolution axis.
 pub fn conv_out_len(

@@ -1,29 +1,14 @@
 //! Reductions: `reduce_*` over axes and `reduce_argmax` / `reduce_argmin` — type inference
 //! and evaluation (rows reduced in f64 by `kernels::norm::reduce`).
 
-use super::eval::{one, EvalCx, EvalFn, RValue};
+use super::def;
+use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
 use super::nn::{norm_axes, sorted_axes};
 use super::{opt_c, req, InputSpec, OpDef};
-use crate::ir::{Dim, Opset, ValueType};
+use crate::ir::{Dim, ValueType};
 use crate::kernels::{self, Reduce};
 use anyhow::Result;
-
-const fn def(
-    name: &'static str,
-    inputs: &'static [InputSpec],
-    infer: fn(&InferCx) -> Result<Vec<ValueType>>,
-    eval: EvalFn,
-) -> OpDef {
-    OpDef {
-        name,
-        since: Opset::Ios15,
-        until: None,
-        inputs,
-        infer,
-        eval: Some(eval),
-    }
-}
 
 fn infer_reduce(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;

@@ -1,28 +1,13 @@
 //! Shape ops: reshape, transpose, expand/squeeze, concat/split/stack, fill, tile, range,
 //! shape (slicing, gather and pad are in `index`).
 
-use super::eval::{one, EvalCx, EvalFn, RValue};
+use super::def;
+use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
-use super::{opt, opt_c, req, req_c, var, InputSpec, OpDef};
-use crate::ir::{DType, Dim, Opset, ValueType};
+use super::{opt, opt_c, req, req_c, var, OpDef};
+use crate::ir::{DType, Dim, ValueType};
 use crate::kernels;
 use anyhow::{anyhow, bail, ensure, Result};
-
-const fn def(
-    name: &'static str,
-    inputs: &'static [InputSpec],
-    infer: fn(&InferCx) -> Result<Vec<ValueType>>,
-    eval: EvalFn,
-) -> OpDef {
-    OpDef {
-        name,
-        since: Opset::Ios15,
-        until: None,
-        inputs,
-        infer,
-        eval: Some(eval),
-    }
-}
 
 fn infer_reshape(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;

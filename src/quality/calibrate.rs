@@ -1,6 +1,7 @@
 //! `milkit calibrate`: second moments of every compressible op's input, per input channel,
 //! measured by running the fp16 encoder on real audio.
 
+use super::eval::read_manifest;
 use crate::ir::Opset;
 use crate::passes::calibrate::{instrument, Calibration, Moments, Probe};
 use crate::passes::compress::Selection;
@@ -13,25 +14,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Audio files named on the command line: WAV files, or `.jsonl` manifests whose lines
-/// carry an `audio` path relative to the manifest.
+/// carry an `audio` path relative to the manifest (read as `milkit eval` reads them).
 pub fn expand_audio_list(items: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for it in items {
         if it.extension().is_some_and(|e| e == "jsonl") {
-            let text = std::fs::read_to_string(it)
-                .with_context(|| format!("reading manifest {}", it.display()))?;
-            let base = it.parent().unwrap_or(Path::new("."));
-            for (i, line) in text.lines().enumerate() {
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let v: serde_json::Value = serde_json::from_str(line)
-                    .with_context(|| format!("{}: line {} is not JSON", it.display(), i + 1))?;
-                let Some(a) = v.get("audio").and_then(|a| a.as_str()) else {
-                    bail!("{}: line {} has no \"audio\" string", it.display(), i + 1);
-                };
-                out.push(base.join(a));
-            }
+            out.extend(read_manifest(it)?.into_iter().map(|c| c.path));
         } else {
             out.push(it.clone());
         }

@@ -42,8 +42,19 @@ pub struct EvalReport {
 /// The normalisation, in words (also in `milkit eval --help`).
 pub const NORMALIZATION: &str = "lowercase; punctuation dropped (dashes and slashes become spaces); letters and digits kept; whitespace collapsed";
 
-/// (audio path, reference text) per manifest line; paths relative to the manifest.
-pub fn read_manifest(path: &Path) -> Result<Vec<(String, PathBuf, String)>> {
+/// One line of a manifest.
+pub struct ManifestClip {
+    /// The `audio` field as written.
+    pub name: String,
+    /// That path resolved against the manifest's folder.
+    pub path: PathBuf,
+    /// The `text` field (the reference transcript), if any.
+    pub text: Option<String>,
+}
+
+/// The clips of a JSON-lines manifest (`audio` required, `text` optional); paths relative to
+/// the manifest.
+pub fn read_manifest(path: &Path) -> Result<Vec<ManifestClip>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading manifest {}", path.display()))?;
     let base = path.parent().unwrap_or(Path::new("."));
@@ -54,17 +65,14 @@ pub fn read_manifest(path: &Path) -> Result<Vec<(String, PathBuf, String)>> {
         }
         let v: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("{}: line {} is not JSON", path.display(), i + 1))?;
-        let (Some(a), Some(t)) = (
-            v.get("audio").and_then(|a| a.as_str()),
-            v.get("text").and_then(|t| t.as_str()),
-        ) else {
-            bail!(
-                "{}: line {} needs \"audio\" and \"text\" strings",
-                path.display(),
-                i + 1
-            );
+        let Some(a) = v.get("audio").and_then(|a| a.as_str()) else {
+            bail!("{}: line {} has no \"audio\" string", path.display(), i + 1);
         };
-        out.push((a.to_string(), base.join(a), t.to_string()));
+        out.push(ManifestClip {
+            name: a.to_string(),
+            path: base.join(a),
+            text: v.get("text").and_then(|t| t.as_str()).map(str::to_string),
+        });
     }
     if out.is_empty() {
         bail!("{}: no clips", path.display());
@@ -79,9 +87,22 @@ pub fn evaluate(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<EvalReport> {
     let clips = read_manifest(manifest)?;
+    // Every clip needs its reference before any transcription starts.
+    let mut refs = Vec::new();
+    for c in &clips {
+        match &c.text {
+            Some(t) => refs.push(t),
+            None => bail!(
+                "{}: clip {} has no \"text\" (the reference transcript)",
+                manifest.display(),
+                c.name
+            ),
+        }
+    }
     let mut t = Transcriber::open(models)?;
     let mut rows = Vec::new();
-    for (i, (name, path, reference)) in clips.iter().enumerate() {
+    for (i, (clip, reference)) in clips.iter().zip(refs).enumerate() {
+        let (name, path) = (&clip.name, &clip.path);
         let hyp = t
             .transcribe_file(path)
             .with_context(|| format!("transcribing {}", path.display()))?
