@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Audio benchmark: also time every op type of every package during one more
+    /// transcription and print where the time goes (stderr).
+    #[arg(long)]
+    pub profile: bool,
 }
 
 pub fn run(a: &BenchArgs) -> Result<u8> {
@@ -61,6 +65,7 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
             a.runs,
             a.json,
             a.compare_faster_whisper.as_deref(),
+            a.profile,
         );
     }
     match a.suite {

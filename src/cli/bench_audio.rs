@@ -81,6 +81,7 @@ pub fn run(
     runs: usize,
     json: bool,
     compare: Option<&Path>,
+    profile: bool,
 ) -> Result<u8> {
     let t_start = Instant::now();
     let mut tr = Transcriber::open(models)
@@ -101,6 +102,9 @@ pub fn run(
         }
     }
     let r = best.unwrap_or(cold);
+    if profile {
+        print_profile(&mut tr, &samples)?;
+    }
     let bytes = decoder_bytes_per_token(&tr)?;
     let bw = cost::stream_bandwidth_gbps(bytes, BANDWIDTH_PASSES);
     let t = &r.timings;
@@ -165,4 +169,33 @@ pub fn run(
         println!("faster-whisper text: {}", fw.text.trim());
     }
     Ok(0)
+}
+
+/// One more transcription with per-op timing on; per package, the op types that took at
+/// least 1 % of that package's time (to stderr, so `--json` stays parseable).
+fn print_profile(tr: &mut Transcriber, samples: &[f32]) -> Result<()> {
+    tr.enable_profiling(true);
+    let r = tr.transcribe(samples)?;
+    tr.enable_profiling(false);
+    let steps = r.timings.decoder_steps.max(1);
+    let prof = tr.profile();
+    let mut totals: std::collections::BTreeMap<&str, f64> = Default::default();
+    for (pkg, _, _, t) in &prof {
+        *totals.entry(pkg).or_default() += ms(*t);
+    }
+    eprintln!("profile (one transcription, {steps} decoder calls):");
+    eprintln!("| package | op | calls | ms | share |");
+    eprintln!("|---|---|---|---|---|");
+    for (pkg, op, n, t) in &prof {
+        let total = totals.get(pkg).copied().unwrap_or(0.0).max(1e-9);
+        if ms(*t) / total < 0.01 {
+            continue;
+        }
+        eprintln!(
+            "| {pkg} | {op} | {n} | {:.2} | {:.0} % |",
+            ms(*t),
+            100.0 * ms(*t) / total
+        );
+    }
+    Ok(())
 }

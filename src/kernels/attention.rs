@@ -291,7 +291,7 @@ fn few_rows(
                     for row in s.chunks_mut(n) {
                         let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                         row.iter_mut().for_each(|e| *e = fastmath::exp(*e - mx));
-                        let inv = 1.0 / row.iter().sum::<f32>();
+                        let inv = 1.0 / fastmath::sum(row);
                         row.iter_mut().for_each(|e| *e *= inv);
                     }
                     round_to(&mut s, a.round[2]);
@@ -299,7 +299,7 @@ fn few_rows(
                     for r in 0..d {
                         vv.row(b * d + r, n, &mut buf);
                         for i in 0..m {
-                            o[r * m + i] = buf.iter().zip(&s[i * n..]).map(|(a, b)| a * b).sum();
+                            o[r * m + i] = fastmath::dot(&buf, &s[i * n..(i + 1) * n]);
                         }
                     }
                     o

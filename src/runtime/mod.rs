@@ -272,7 +272,11 @@ impl Session {
             }
             None => None,
         };
-        let res = run_steps(plan, &mut slots, profile.as_mut(), memo);
+        // The whole call runs on a pool worker: each op's parallel loop then forks from
+        // inside the pool (work stealing from a thread that is already awake) instead of
+        // injecting its jobs from outside and blocking on a latch, a wake-up per op that
+        // costs about as much as a decode step's small GEMVs themselves.
+        let res = rayon::scope(|_| run_steps(plan, &mut slots, profile.as_mut(), memo));
         self.profile = profile;
         res?;
         let mut out = Vec::new();

@@ -177,6 +177,10 @@ impl TextDecoder {
         &self.session
     }
 
+    pub fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
     /// Starts a window: clears the caches (host or state) and sets the cross-attention source.
     pub fn begin(&mut self, cross: Cross) -> Result<()> {
         match (&cross, self.precomputed_cross) {

@@ -234,6 +234,36 @@ impl Transcriber {
         self.decoder.session()
     }
 
+    /// Starts (or stops) per-op timing in every package's session (see [`Session::profile`]).
+    pub fn enable_profiling(&mut self, on: bool) {
+        self.encoder.enable_profiling(on);
+        self.decoder.session_mut().enable_profiling(on);
+        for s in [self.cross_kv.as_mut(), self.mel.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            s.enable_profiling(on);
+        }
+    }
+
+    /// (package, op type, calls, total time) since profiling was enabled, per package slowest
+    /// op first.
+    pub fn profile(&self) -> Vec<(&'static str, String, usize, std::time::Duration)> {
+        let mut out = vec![];
+        let parts = [
+            ("MelSpectrogram", self.mel.as_ref()),
+            ("AudioEncoder", Some(&self.encoder)),
+            ("CrossKV", self.cross_kv.as_ref()),
+            ("TextDecoder", Some(self.decoder.session())),
+        ];
+        for (name, s) in parts {
+            for (op, n, t) in s.map(|s| s.profile()).unwrap_or_default() {
+                out.push((name, op, n, t));
+            }
+        }
+        out
+    }
+
     /// Reads a WAV file (any rate, resampled to 16 kHz) and transcribes it.
     pub fn transcribe_file(&mut self, path: &Path) -> Result<Transcript> {
         let samples = audio::load_wav(path)?;
