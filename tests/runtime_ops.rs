@@ -556,3 +556,81 @@ fn fused_attention_matches_op_by_op_and_naive() {
         "fused vs op-by-op (values on the left)",
     );
 }
+
+/// A decode step's cross attention whose probabilities are also read later (a decoder's
+/// alignment heads): still fused, the probabilities come out as a second output, and both
+/// equal op-by-op evaluation.
+#[test]
+fn fused_decode_attention_hands_out_probabilities() {
+    use milkit::runtime::{fusion::FUSED, Options};
+    let (h, n, k, d) = (3, 50, 8, 8);
+    let mut r = Lcg(21);
+    let (qa, ka, va) = (r.vec(h * k), r.vec(h * k * n), r.vec(h * d * n));
+    let build = || {
+        let mut b = Builder::new(Opset::Ios16);
+        let q = b.input("q", tin(DType::F16, &[1, h, k, 1]));
+        let kk = b.input("k", tin(DType::F16, &[1, h, k, n]));
+        let v = b.input("v", tin(DType::F16, &[1, h, d, n]));
+        let t = |v: bool| c(Value::bool_scalar(v));
+        let s = b
+            .op1(
+                "matmul",
+                "s",
+                vec![
+                    ("x", In::from(&q)),
+                    ("y", In::from(&kk)),
+                    ("transpose_x", t(true)),
+                ],
+            )
+            .unwrap();
+        let p = b
+            .op1(
+                "softmax",
+                "p",
+                vec![("x", s.into()), ("axis", In::C(Value::i32_scalar(-1)))],
+            )
+            .unwrap();
+        let o = b
+            .op1(
+                "matmul",
+                "o",
+                vec![
+                    ("x", v.into()),
+                    ("y", p.clone().into()),
+                    ("transpose_y", t(true)),
+                ],
+            )
+            .unwrap();
+        let later = b.op1("identity", "later", vec![("x", p.into())]).unwrap();
+        model(b, &[(o, "context"), (later, "probs")])
+    };
+    let inputs = [
+        ("q", host(&qa, &[1, h, k, 1])),
+        ("k", host(&ka, &[1, h, k, n])),
+        ("v", host(&va, &[1, h, d, n])),
+    ];
+    let run = |fuse: bool| {
+        let mut s = Session::from_model_with(
+            build(),
+            &Options {
+                fuse_attention: fuse,
+            },
+        )
+        .unwrap();
+        s.enable_profiling(true);
+        let out = s.predict(&inputs).unwrap();
+        let fused = s.profile().iter().any(|p| p.0 == FUSED);
+        (out, fused)
+    };
+    let (of, was_fused) = run(true);
+    let (op, _) = run(false);
+    assert!(
+        was_fused,
+        "the chain with a second reader of its probabilities fuses"
+    );
+    for (i, what) in [(0, "context"), (1, "probabilities")] {
+        assert_eq!(of[i].1.dims(), op[i].1.dims(), "{what} shape");
+        let want: Vec<f64> = f32s(&op[i].1).iter().map(|&v| v as f64).collect();
+        assert_close(&f32s(&of[i].1), &want, 2e-3, what);
+    }
+}

@@ -176,9 +176,10 @@ pub fn run(
 fn print_profile(tr: &mut Transcriber, samples: &[f32]) -> Result<()> {
     tr.enable_profiling(true);
     let r = tr.transcribe(samples)?;
-    tr.enable_profiling(false);
     let steps = r.timings.decoder_steps.max(1);
+    // Read before switching off: switching off drops the accumulated times.
     let prof = tr.profile();
+    tr.enable_profiling(false);
     let mut totals: std::collections::BTreeMap<&str, f64> = Default::default();
     for (pkg, _, _, t) in &prof {
         *totals.entry(pkg).or_default() += ms(*t);

@@ -102,6 +102,12 @@ impl OneBatch for Tensor {
 
 /// Computes the fused attention; returns f32.
 pub fn attention(a: &Attention) -> Result<Tensor> {
+    Ok(attention_probs(a, false)?.0)
+}
+
+/// [`attention`], and with `want_probs` also the probabilities `[.., M, N]` (f32, rounded
+/// to `round[2]`), for programs that read them elsewhere too (alignment heads).
+pub fn attention_probs(a: &Attention, want_probs: bool) -> Result<(Tensor, Option<Tensor>)> {
     let (xr, yr, vr) = (a.x.rank(), a.y.rank(), a.v.rank());
     ensure!(
         xr >= 2 && yr >= 2 && vr >= 2,
@@ -131,8 +137,8 @@ pub fn attention(a: &Attention) -> Result<Tensor> {
     let mut batch = broadcast_shape(&a.x.dims()[..xr - 2], &a.y.dims()[..yr - 2])?;
     batch = broadcast_shape(&batch, &a.v.dims()[..vr - 2])?;
     let nb: usize = batch.iter().product();
-    if let Some(t) = few_rows(a, &batch, (m, n, k, d))? {
-        return Ok(t);
+    if let Some(r) = few_rows(a, &batch, (m, n, k, d), want_probs)? {
+        return Ok(r);
     }
     let x = batched(&to_f32(a.x)?, &batch)?;
     let y = batched(&to_f32(a.y)?, &batch)?;
@@ -159,7 +165,7 @@ pub fn attention(a: &Attention) -> Result<Tensor> {
         .collect();
     let parts = blocks
         .par_iter()
-        .map(|&(b, r0)| -> Result<Vec<f32>> {
+        .map(|&(b, r0)| -> Result<(Vec<f32>, Vec<f32>)> {
             let rb = ROWS.min(m - r0);
             let xb = op(x.get(b)?, a.tx)?.narrow(0, r0, rb)?;
             let s = xb.matmul(&op(y.get(b)?, a.ty)?)?;
@@ -178,6 +184,7 @@ pub fn attention(a: &Attention) -> Result<Tensor> {
                 row.iter_mut().for_each(|e| *e *= inv);
             }
             round_to(&mut buf, a.round[2]);
+            let kept = if want_probs { buf.clone() } else { vec![] };
             let p = from_vec(buf, &[rb, n])?;
             let vb = op(v.get(b)?, a.tv)?;
             let o = if a.probs_left {
@@ -185,13 +192,21 @@ pub fn attention(a: &Attention) -> Result<Tensor> {
             } else {
                 vb.matmul(&p.t()?)?
             };
-            super::data::to_vec::<f32>(&o)
+            Ok((super::data::to_vec::<f32>(&o)?, kept))
         })
         .collect::<Result<Vec<_>>>()?;
+    let mut probs = if want_probs {
+        vec![0f32; nb * m * n]
+    } else {
+        vec![]
+    };
     // Assemble blocks: [nb, M, D] rows, or [nb, D, M] column strips.
     let mut out = vec![0f32; nb * m * d];
-    for (&(b, r0), part) in blocks.iter().zip(parts) {
+    for (&(b, r0), (part, pb)) in blocks.iter().zip(parts) {
         let rb = ROWS.min(m - r0);
+        if want_probs {
+            probs[(b * m + r0) * n..(b * m + r0 + rb) * n].copy_from_slice(&pb);
+        }
         if a.probs_left {
             out[(b * m + r0) * d..(b * m + r0 + rb) * d].copy_from_slice(&part);
         } else {
@@ -201,13 +216,16 @@ pub fn attention(a: &Attention) -> Result<Tensor> {
             }
         }
     }
+    let mut pshape = batch.clone();
+    pshape.extend([m, n]);
     let mut shape = batch;
     if a.probs_left {
         shape.extend([m, d]);
     } else {
         shape.extend([d, m]);
     }
-    from_vec(out, &shape)
+    let probs = want_probs.then(|| from_vec(probs, &pshape)).transpose()?;
+    Ok((from_vec(out, &shape)?, probs))
 }
 
 /// Query rows up to which [`few_rows`] runs (a decode step has one).
@@ -245,7 +263,8 @@ fn few_rows(
     a: &Attention,
     batch: &[usize],
     (m, n, k, d): (usize, usize, usize, usize),
-) -> Result<Option<Tensor>> {
+    want_probs: bool,
+) -> Result<Option<(Tensor, Option<Tensor>)>> {
     if m > FEW || a.ty || a.tv || a.probs_left || a.y.dtype() != a.v.dtype() {
         return Ok(None);
     }
@@ -302,15 +321,25 @@ fn few_rows(
                             o[r * m + i] = fastmath::dot(&buf, &s[i * n..(i + 1) * n]);
                         }
                     }
-                    o
+                    if !want_probs {
+                        s = vec![];
+                    }
+                    (o, s)
                 })
-                .flatten()
-                .collect::<Vec<f32>>())
+                .collect::<Vec<(Vec<f32>, Vec<f32>)>>())
         })?
         .ok_or_else(|| anyhow::anyhow!("values are neither fp16 nor f32"))
     })?;
-    let Some(out) = out else { return Ok(None) };
+    let Some(parts) = out else { return Ok(None) };
+    let (mut out, mut probs) = (Vec::with_capacity(nb * d * m), vec![]);
+    for (o, p) in parts {
+        out.extend(o);
+        probs.extend(p);
+    }
     let mut shape = batch.to_vec();
     shape.extend([d, m]);
-    Ok(Some(from_vec(out, &shape)?))
+    let mut pshape = batch.to_vec();
+    pshape.extend([m, n]);
+    let probs = want_probs.then(|| from_vec(probs, &pshape)).transpose()?;
+    Ok(Some((from_vec(out, &shape)?, probs)))
 }

@@ -230,6 +230,18 @@ impl PackedWeight {
         let mut yt = vec![0f32; n * m];
         let work = |(t, out): (usize, &mut [f32])| {
             let r0 = t * rows;
+            if let (Packed::F16(w), 1) = (&self.data, m) {
+                // One activation row: fp16 rows four at a time.
+                let done = out.len() / 4 * 4;
+                for (q, o) in out[..done].chunks_exact_mut(4).enumerate() {
+                    let r = r0 + 4 * q;
+                    o.copy_from_slice(&simd::dot4_f16(&w[r * k..(r + 4) * k], x, simd));
+                }
+                for (i, y) in out.iter_mut().enumerate().skip(done) {
+                    *y = self.dot(r0 + i, x, &xsum, 0, simd);
+                }
+                return;
+            }
             for (i, o) in out.chunks_mut(m).enumerate() {
                 let r = r0 + i;
                 for (j, y) in o.iter_mut().enumerate() {

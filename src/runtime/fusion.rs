@@ -1,14 +1,15 @@
 //! Plan-level fusion of the attention core `matmul → [add mask] → softmax(last axis) →
 //! matmul` into one step running `kernels::attention`, which works a block of query rows
 //! at a time instead of materialising the whole score matrix. Only fused when every
-//! intermediate value has exactly one use and is not a block output; the fused step keeps
+//! intermediate value has exactly one use and is not a block output (the probabilities may
+//! have later readers: they are then a second output of the fused step); the fused step keeps
 //! the unfused program's storage dtypes (scores, masked scores and probabilities are
 //! rounded to them), so results match op-by-op evaluation up to f32 summation order.
 
 use super::plan::{Const, Src, Step};
 use crate::ir::{Value, ValueType};
 use crate::kernels::{self, Attention};
-use crate::ops::eval::{one, storage_dtype, EvalCx, RValue};
+use crate::ops::eval::{storage_dtype, EvalCx, RValue};
 use anyhow::{anyhow, Result};
 use std::collections::{BTreeMap, HashMap};
 
@@ -71,10 +72,11 @@ pub fn fuse_attention(steps: &mut Vec<Step>, consts: &[Const], outputs: &[Src]) 
         Some([i]) if *i != usize::MAX => Some(*i),
         _ => None,
     };
+    let all_uses = |slot: usize| uses.get(&slot).cloned().unwrap_or_default();
     let mut removed = vec![false; steps.len()];
     let mut fused: Vec<(usize, Step)> = Vec::new();
     for i in 0..steps.len() {
-        let Some(chain) = match_chain(steps, consts, i, &only_use) else {
+        let Some(chain) = match_chain(steps, consts, i, &only_use, &all_uses) else {
             continue;
         };
         if chain.removed.iter().any(|&r| removed[r]) || removed[chain.last] {
@@ -110,6 +112,7 @@ fn match_chain(
     consts: &[Const],
     i: usize,
     only_use: &dyn Fn(usize) -> Option<usize>,
+    all_uses: &dyn Fn(usize) -> Vec<usize>,
 ) -> Option<Chain> {
     let mm = &steps[i];
     if mm.op_type != "matmul" || mm.outs.len() != 1 || rank(&mm.out_types[0]) < 2 {
@@ -153,7 +156,21 @@ fn match_chain(
     round.push(dtype_name(&sm.out_types[0])?);
     removed.push(cur);
     let p = sm.outs[0];
-    let last = only_use(p)?;
+    // The probabilities feed the second matmul and, in a decoder that reports alignment
+    // heads, later ops too: then the fused step hands them out as a second output. Every
+    // other reader must come after the matmul, where the fused step takes its place.
+    let readers = all_uses(p);
+    let last = *readers
+        .iter()
+        .filter(|&&j| j != usize::MAX && steps[j].op_type == "matmul")
+        .min()?;
+    let extra = readers.len() > 1;
+    if readers
+        .iter()
+        .any(|&j| j != last && j != usize::MAX && j < last)
+    {
+        return None;
+    }
     let mm2 = &steps[last];
     if mm2.op_type != "matmul" || rank(&mm2.out_types[0]) != r as usize {
         return None;
@@ -183,6 +200,12 @@ fn match_chain(
     ] {
         attributes.insert(k.to_string(), bool_attr(b));
     }
+    attributes.insert("probs_out".to_string(), bool_attr(extra));
+    let (mut out_types, mut outs) = (mm2.out_types.clone(), mm2.outs.clone());
+    if extra {
+        out_types.push(sm.out_types[0].clone());
+        outs.push(p);
+    }
     for (k, d) in ["round_scores", "round_masked", "round_probs"]
         .iter()
         .zip(round)
@@ -195,8 +218,8 @@ fn match_chain(
         eval: eval_fused_attention,
         args,
         attributes,
-        out_types: mm2.out_types.clone(),
-        outs: mm2.outs.clone(),
+        out_types,
+        outs,
         free: vec![],
     };
     Some(Chain {
@@ -249,5 +272,11 @@ fn eval_fused_attention(cx: &EvalCx) -> Result<Vec<RValue>> {
         tv: flag("tv")?,
         probs_left: flag("probs_left")?,
     };
-    one(kernels::cast(&kernels::attention(&a)?, cx.out_dtype(0)?)?)
+    let want = flag("probs_out")?;
+    let (out, probs) = kernels::attention_probs(&a, want)?;
+    let mut res = vec![RValue::T(kernels::cast(&out, cx.out_dtype(0)?)?)];
+    if let Some(p) = probs {
+        res.push(RValue::T(kernels::cast(&p, cx.out_dtype(1)?)?));
+    }
+    Ok(res)
 }
