@@ -47,6 +47,13 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Compress suite: only the methods whose bench name contains this (e.g. `int4`), and
+    /// with `--only-turbo` not the tiny.en encoder.
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Compress suite: skip the tiny.en encoder (and coremltools), run only the turbo synth.
+    #[arg(long)]
+    pub only_turbo: bool,
 }
 
 pub fn run(a: &BenchArgs) -> Result<u8> {
@@ -65,9 +72,15 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
     }
     match a.suite {
         Suite::Export => bench_export(a),
-        Suite::Compress => {
-            super::bench_compress::run(a.model.as_deref(), a.python.as_deref(), a.json)
-        }
+        Suite::Compress => super::bench_compress::run(
+            a.model.as_deref(),
+            a.python.as_deref(),
+            a.json,
+            &super::bench_compress::Filter {
+                method: a.only.clone(),
+                turbo_only: a.only_turbo,
+            },
+        ),
         Suite::Decode => super::bench_decode::run(a.model.as_deref(), a.json),
     }
 }

@@ -57,6 +57,15 @@ fn methods() -> [(&'static str, Method); 2] {
     ]
 }
 
+/// Which parts of the suite to run (all by default).
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only methods whose bench name contains this.
+    pub method: Option<String>,
+    /// Skip the tiny.en encoder.
+    pub turbo_only: bool,
+}
+
 /// CPU time of this process so far (Linux: /proc/self/stat utime + stime, in USER_HZ = 100
 /// ticks per second).
 fn cpu_seconds() -> Option<f64> {
@@ -110,7 +119,7 @@ fn export_encoder(exe: &Path, model: &Path, out: &Path) -> Result<()> {
 }
 
 /// milkit's rows for one encoder package.
-fn bench_milkit(pkg: &Path, label: &str, tmp: &Path) -> Result<Vec<Row>> {
+fn bench_milkit(pkg: &Path, label: &str, tmp: &Path, filter: &Filter) -> Result<Vec<Row>> {
     let before = weight_bin(pkg)?;
     let sel = Selection {
         // coremltools leaves weights it cannot divide uncompressed (tiny.en's 80-wide conv1 at
@@ -119,7 +128,8 @@ fn bench_milkit(pkg: &Path, label: &str, tmp: &Path) -> Result<Vec<Row>> {
         ..Selection::default()
     };
     let mut rows = Vec::new();
-    for (name, method) in methods() {
+    let wanted = |name: &str| filter.method.as_deref().is_none_or(|f| name.contains(f));
+    for (name, method) in methods().into_iter().filter(|(n, _)| wanted(n)) {
         let t0 = Instant::now();
         let mut m = load_package(pkg).with_context(|| format!("loading {}", pkg.display()))?;
         let (t1, c1) = (Instant::now(), cpu_seconds());
@@ -210,11 +220,11 @@ fn tiny_dir(model: Option<&Path>) -> Option<PathBuf> {
 }
 
 /// Runs the suite; prints a markdown table (or JSON with `json`).
-pub fn run(model: Option<&Path>, python: Option<&Path>, json: bool) -> Result<u8> {
+pub fn run(model: Option<&Path>, python: Option<&Path>, json: bool, filter: &Filter) -> Result<u8> {
     let exe = std::env::current_exe()?;
     let tmp = std::env::temp_dir().join(format!("milkit-bench-compress-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = run_in(&exe, &tmp, model, python);
+    let result = run_in(&exe, &tmp, model, python, filter);
     let _ = std::fs::remove_dir_all(&tmp);
     let rows = result?;
     if json {
@@ -225,14 +235,24 @@ pub fn run(model: Option<&Path>, python: Option<&Path>, json: bool) -> Result<u8
     Ok(0)
 }
 
-fn run_in(exe: &Path, tmp: &Path, model: Option<&Path>, python: Option<&Path>) -> Result<Vec<Row>> {
+fn run_in(
+    exe: &Path,
+    tmp: &Path,
+    model: Option<&Path>,
+    python: Option<&Path>,
+    filter: &Filter,
+) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
-    let tiny = tiny_dir(model);
+    let tiny = if filter.turbo_only {
+        None
+    } else {
+        tiny_dir(model)
+    };
     if let Some(dir) = &tiny {
         let pkg = tmp.join("tiny-encoder.mlpackage");
         eprintln!("exporting the encoder of {} ...", dir.display());
         export_encoder(exe, dir, &pkg)?;
-        rows.extend(bench_milkit(&pkg, "tiny.en encoder", tmp)?);
+        rows.extend(bench_milkit(&pkg, "tiny.en encoder", tmp, filter)?);
         if let Some(py) = python {
             eprintln!(
                 "running coremltools ({}) on the same package ...",
@@ -246,7 +266,7 @@ fn run_in(exe: &Path, tmp: &Path, model: Option<&Path>, python: Option<&Path>) -
             }
         }
         let _ = std::fs::remove_dir_all(&pkg);
-    } else {
+    } else if !filter.turbo_only {
         eprintln!("no tiny.en checkpoint (--model, or ../shared/models/whisper-tiny.en): skipped");
     }
     let ckpt = tmp.join("turbo");
@@ -267,7 +287,12 @@ fn run_in(exe: &Path, tmp: &Path, model: Option<&Path>, python: Option<&Path>) -
     eprintln!("exporting its encoder ...");
     export_encoder(exe, &ckpt, &pkg)?;
     let _ = std::fs::remove_dir_all(&ckpt);
-    rows.extend(bench_milkit(&pkg, "large-v3-turbo synth encoder", tmp)?);
+    rows.extend(bench_milkit(
+        &pkg,
+        "large-v3-turbo synth encoder",
+        tmp,
+        filter,
+    )?);
     Ok(rows)
 }
 
