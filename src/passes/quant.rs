@@ -494,13 +494,13 @@ mod tests {
                         .map(|o| o.to_storage_bytes(dtype).unwrap());
                     assert_eq!(p.offset, off, "{what}");
                     // The in-pass error against an explicit decode: identical where blocks
-                    // tile the error pieces, else equal up to summation order.
+                    // tile the error pieces, else equal up to summation order (f32 runs).
                     let want = relative_rms_error(&w, &q.decode().unwrap()).unwrap();
                     assert!(want > 0.0, "{what}");
                     if matches!(granularity, QuantGranularity::PerBlock(_)) && k == 0 {
                         assert_eq!(p.rel_rms_error, want, "{what}");
                     } else {
-                        assert!((p.rel_rms_error - want).abs() <= 1e-12 * want, "{what}");
+                        assert!((p.rel_rms_error - want).abs() <= 1e-6 * want, "{what}");
                     }
                 }
             }
