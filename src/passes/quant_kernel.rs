@@ -542,6 +542,55 @@ mod tests {
     }
 
     #[test]
+    fn avx2_build_equals_the_baseline_build() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !std::arch::is_x86_feature_detected!("avx2") {
+                eprintln!("SKIP: no AVX2 on this CPU");
+                return;
+            }
+            use super::super::quant::QuantDtype;
+            let n = 4096;
+            let w: Vec<u16> = (0..n)
+                .map(|i| {
+                    let v = ((i * 7919 % 2003) as f32 - 1001.0) / 1000.0;
+                    // Blocks of every magnitude, so both block paths run.
+                    f16::from_f32(v * 10f32.powi((i / 32 % 9) as i32 - 6)).to_bits()
+                })
+                .collect();
+            for (dtype, symmetric) in [(QuantDtype::Int4, true), (QuantDtype::Uint8, false)] {
+                let (qmin, qmax) = dtype.range(symmetric);
+                let p = Params {
+                    qmin: qmin as f32,
+                    qmax: qmax as f32,
+                    symmetric,
+                    unsigned_sym: symmetric && !dtype.is_signed(),
+                };
+                let nbits = dtype.nbits() as usize;
+                let run = |avx: bool| {
+                    let mut out = vec![0u8; n * nbits / 8];
+                    let (mut sc, mut zp) = (vec![f16::ZERO; n / 32], vec![0u8; n / 32]);
+                    let g = Group {
+                        bits: &w,
+                        out: &mut out,
+                        scale: &mut sc,
+                        zero: &mut zp,
+                    };
+                    let mut s = Scratch::default();
+                    let sums = if avx {
+                        // SAFETY: AVX2 was detected above.
+                        unsafe { quantize_group_avx2(&mut s, g, 32, &p, nbits) }
+                    } else {
+                        quantize_group(&mut s, g, 32, &p, nbits)
+                    };
+                    (out, sc, zp, sums.map(|s| s.map(f64::to_bits)))
+                };
+                assert_eq!(run(false), run(true), "{dtype:?}");
+            }
+        }
+    }
+
+    #[test]
     fn order_key_sorts_like_values() {
         let mut all: Vec<u16> = (0..=u16::MAX)
             .filter(|&b| f16::from_bits(b).is_finite())
