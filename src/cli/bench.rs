@@ -47,8 +47,7 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Compress suite: only the methods whose bench name contains this (e.g. `int4`), and
-    /// with `--only-turbo` not the tiny.en encoder.
+    /// Compress suite: only the methods whose bench name contains this (`int4`, `lut4`).
     #[arg(long)]
     pub only: Option<String>,
     /// Compress suite: skip the tiny.en encoder (and coremltools), run only the turbo synth.

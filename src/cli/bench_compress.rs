@@ -5,7 +5,8 @@
 //!
 //! Timed in-process on a loaded model: "pass" is the compression pass alone (what
 //! coremltools' `palettize_weights` / `linear_quantize_weights` call does on a loaded model);
-//! "end-to-end" adds loading the package and writing the compressed one.
+//! "end-to-end" adds loading the package and writing the compressed one. `--only METHOD` and
+//! `--only-turbo` narrow the run (e.g. to profile one method on the large model).
 
 use anyhow::{bail, Context, Result};
 use milkit::package::{load_package, save_package};
