@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// transcription and print where the time goes (stderr).
     #[arg(long)]
     pub profile: bool,
+    /// Compress suite: only the methods whose bench name contains this (`int4`, `lut4`).
+    pub only: Option<String>,
+    /// Compress suite: skip the tiny.en encoder (and coremltools), run only the turbo synth.
+    pub only_turbo: bool,
 }
 
 pub fn run(a: &BenchArgs) -> Result<u8> {
@@ -70,9 +74,15 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
     }
     match a.suite {
         Suite::Export => bench_export(a),
-        Suite::Compress => {
-            super::bench_compress::run(a.model.as_deref(), a.python.as_deref(), a.json)
-        }
+        Suite::Compress => super::bench_compress::run(
+            a.model.as_deref(),
+            a.python.as_deref(),
+            a.json,
+            &super::bench_compress::Filter {
+                method: a.only.clone(),
+                turbo_only: a.only_turbo,
+            },
+        ),
         Suite::Decode => super::bench_decode::run(a.model.as_deref(), a.json),
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! Timed in-process on a loaded model: "pass" is the compression pass alone (what
 //! coremltools' `palettize_weights` / `linear_quantize_weights` call does on a loaded model);
-//! "end-to-end" adds loading the package and writing the compressed one.
+//! "end-to-end" adds loading the package and writing the compressed one. `--only METHOD` and
+//! `--only-turbo` narrow the run (e.g. to profile one method on the large model).
 
 use anyhow::{bail, Context, Result};
 use milkit::package::{load_package, save_package};
@@ -55,6 +56,15 @@ fn methods() -> [(&'static str, Method); 2] {
             }),
         ),
     ]
+}
+
+/// Which parts of the suite to run (all by default).
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only methods whose bench name contains this.
+    pub method: Option<String>,
+    /// Skip the tiny.en encoder.
+    pub turbo_only: bool,
 }
 
 /// CPU time of this process so far (Linux: /proc/self/stat utime + stime, in USER_HZ = 100
@@ -110,7 +120,7 @@ fn export_encoder(exe: &Path, model: &Path, out: &Path) -> Result<()> {
 }
 
 /// milkit's rows for one encoder package.
-fn bench_milkit(pkg: &Path, label: &str, tmp: &Path) -> Result<Vec<Row>> {
+fn bench_milkit(pkg: &Path, label: &str, tmp: &Path, filter: &Filter) -> Result<Vec<Row>> {
     let before = weight_bin(pkg)?;
     let sel = Selection {
         // coremltools leaves weights it cannot divide uncompressed (tiny.en's 80-wide conv1 at
@@ -119,7 +129,8 @@ fn bench_milkit(pkg: &Path, label: &str, tmp: &Path) -> Result<Vec<Row>> {
         ..Selection::default()
     };
     let mut rows = Vec::new();
-    for (name, method) in methods() {
+    let wanted = |name: &str| filter.method.as_deref().is_none_or(|f| name.contains(f));
+    for (name, method) in methods().into_iter().filter(|(n, _)| wanted(n)) {
         let t0 = Instant::now();
         let mut m = load_package(pkg).with_context(|| format!("loading {}", pkg.display()))?;
         let (t1, c1) = (Instant::now(), cpu_seconds());
@@ -210,11 +221,11 @@ fn tiny_dir(model: Option<&Path>) -> Option<PathBuf> {
 }
 
 /// Runs the suite; prints a markdown table (or JSON with `json`).
-pub fn run(model: Option<&Path>, python: Option<&Path>, json: bool) -> Result<u8> {
+pub fn run(model: Option<&Path>, python: Option<&Path>, json: bool, filter: &Filter) -> Result<u8> {
     let exe = std::env::current_exe()?;
     let tmp = std::env::temp_dir().join(format!("milkit-bench-compress-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = run_in(&exe, &tmp, model, python);
+    let result = run_in(&exe, &tmp, model, python, filter);
     let _ = std::fs::remove_dir_all(&tmp);
     let rows = result?;
     if json {
@@ -225,14 +236,24 @@ pub fn run(model: Option<&Path>, python: Option<&Path>, json: bool) -> Result<u8
     Ok(0)
 }
 
-fn run_in(exe: &Path, tmp: &Path, model: Option<&Path>, python: Option<&Path>) -> Result<Vec<Row>> {
+fn run_in(
+    exe: &Path,
+    tmp: &Path,
+    model: Option<&Path>,
+    python: Option<&Path>,
+    filter: &Filter,
+) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
-    let tiny = tiny_dir(model);
+    let tiny = if filter.turbo_only {
+        None
+    } else {
+        tiny_dir(model)
+    };
     if let Some(dir) = &tiny {
         let pkg = tmp.join("tiny-encoder.mlpackage");
         eprintln!("exporting the encoder of {} ...", dir.display());
         export_encoder(exe, dir, &pkg)?;
-        rows.extend(bench_milkit(&pkg, "tiny.en encoder", tmp)?);
+        rows.extend(bench_milkit(&pkg, "tiny.en encoder", tmp, filter)?);
         if let Some(py) = python {
             eprintln!(
                 "running coremltools ({}) on the same package ...",
@@ -246,7 +267,7 @@ fn run_in(exe: &Path, tmp: &Path, model: Option<&Path>, python: Option<&Path>) -
             }
         }
         let _ = std::fs::remove_dir_all(&pkg);
-    } else {
+    } else if !filter.turbo_only {
         eprintln!("no tiny.en checkpoint (--model, or ../shared/models/whisper-tiny.en): skipped");
     }
     let ckpt = tmp.join("turbo");
@@ -267,7 +288,12 @@ fn run_in(exe: &Path, tmp: &Path, model: Option<&Path>, python: Option<&Path>) -
     eprintln!("exporting its encoder ...");
     export_encoder(exe, &ckpt, &pkg)?;
     let _ = std::fs::remove_dir_all(&ckpt);
-    rows.extend(bench_milkit(&pkg, "large-v3-turbo synth encoder", tmp)?);
+    rows.extend(bench_milkit(
+        &pkg,
+        "large-v3-turbo synth encoder",
+        tmp,
+        filter,
+    )?);
     Ok(rows)
 }
 

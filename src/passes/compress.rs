@@ -5,11 +5,12 @@
 
 use super::calibrate::Calibration;
 use super::lut::{palettize, LutConfig, LutGranularity, LutMode};
-use super::quant::{quantize, relative_rms_error, QuantConfig, QuantGranularity};
+use super::quant::{quantize_packed, QuantConfig, QuantDtype, QuantGranularity};
 use crate::ir::{Arg, DType, Model, Operation, Opset, Tensor, Value, ValueType, Var};
 use anyhow::{bail, Context, Result};
 use half::f16;
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 /// What to do with each selected weight.
@@ -376,6 +377,18 @@ pub fn selected_weights(
         .collect())
 }
 
+/// The fp16 values of `t`: its bytes viewed in place where they are aligned (on a
+/// little-endian machine, as the file stores them), else a copy.
+fn f16_values(t: &Tensor) -> Cow<'_, [f16]> {
+    let bytes = t.data.as_slice();
+    if cfg!(target_endian = "little") {
+        if let Ok(v) = bytemuck::try_cast_slice::<u8, f16>(bytes) {
+            return Cow::Borrowed(v);
+        }
+    }
+    Cow::Owned(t.data.to_f16_vec())
+}
+
 /// The constexpr op that replaces const `c` (same output variable), and its record.
 fn replace(
     c: &Operation,
@@ -383,14 +396,15 @@ fn replace(
     method: &Method,
     importance: Option<&[f32]>,
 ) -> Result<(Operation, Compressed)> {
-    let w: Vec<f16> = t.data.to_f16_vec();
+    let w = f16_values(t);
     let before = t.data.len() as u64;
     let out = Var {
         name: c.outputs[0].name.clone(),
         ty: ValueType::Tensor(t.tensor_type()),
     };
     let mut inputs = BTreeMap::new();
-    let (op_type, decoded, after) = match method {
+    // Each method measures its error from its own codes, without a decoded copy of the weight.
+    let (op_type, err, after) = match method {
         Method::Palettize(cfg) => {
             let p = palettize(&w, &t.shape, cfg, importance)?;
             let idx_dtype = match p.nbits {
@@ -402,6 +416,7 @@ fn replace(
                 8 => DType::U8,
                 n => bail!("unsupported nbits {n}"),
             };
+            let err = p.rel_rms_error(&w)?;
             let packed = p.packed_indices()?;
             let idx = Tensor::new(
                 idx_dtype,
@@ -412,38 +427,29 @@ fn replace(
             let after = (idx.data.len() + lut.data.len()) as u64;
             inputs.insert("indices".to_string(), vec![Arg::Value(Value::Tensor(idx))]);
             inputs.insert("lut".to_string(), vec![Arg::Value(Value::Tensor(lut))]);
-            ("constexpr_lut_to_dense", p.decode()?, after)
+            ("constexpr_lut_to_dense", err, after)
         }
         Method::Quantize(cfg) => {
-            let q = quantize(&w, &t.shape, cfg)?;
-            let dd = match q.dtype.mil_name() {
-                "int4" => DType::I4,
-                "uint4" => DType::U4,
-                "int8" => DType::I8,
-                _ => DType::U8,
+            let q = quantize_packed(&w, &t.shape, cfg)?;
+            let dd = match q.dtype {
+                QuantDtype::Int4 => DType::I4,
+                QuantDtype::Uint4 => DType::U4,
+                QuantDtype::Int8 => DType::I8,
+                QuantDtype::Uint8 => DType::U8,
             };
-            let data = Tensor::new(
-                dd,
-                t.shape.clone(),
-                crate::ir::Bytes::from_vec(q.data.to_storage_bytes(q.dtype)?),
-            )?;
+            let data = Tensor::new(dd, t.shape.clone(), crate::ir::Bytes::from_vec(q.data))?;
             let scale = Tensor::f16(&q.scale_shape, &q.scale);
             let mut after = (data.data.len() + scale.data.len()) as u64;
             inputs.insert("data".to_string(), vec![Arg::Value(Value::Tensor(data))]);
             inputs.insert("scale".to_string(), vec![Arg::Value(Value::Tensor(scale))]);
-            if let Some(o) = &q.offset {
-                let off = Tensor::new(
-                    dd,
-                    q.scale_shape.clone(),
-                    crate::ir::Bytes::from_vec(o.to_storage_bytes(q.dtype)?),
-                )?;
+            if let Some(o) = q.offset {
+                let off = Tensor::new(dd, q.scale_shape.clone(), crate::ir::Bytes::from_vec(o))?;
                 after += off.data.len() as u64;
                 inputs.insert("offset".to_string(), vec![Arg::Value(Value::Tensor(off))]);
             }
-            ("constexpr_blockwise_shift_scale", q.decode()?, after)
+            ("constexpr_blockwise_shift_scale", q.rel_rms_error, after)
         }
     };
-    let err = relative_rms_error(&w, &decoded)?;
     let suffix = if op_type == "constexpr_lut_to_dense" {
         "palettized"
     } else {

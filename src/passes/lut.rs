@@ -67,6 +67,57 @@ impl Palettized {
     pub fn decode(&self) -> Result<Vec<f16>> {
         decode_lut(&self.indices, &self.shape, &self.lut, &self.lut_shape)
     }
+    /// rms(weight − decode) / rms(weight) of this palettization of `weight`, straight from the
+    /// table (equal to [`super::quant::relative_rms_error`] of [`Self::decode`], without the
+    /// decoded copy).
+    pub fn rel_rms_error(&self, weight: &[f16]) -> Result<f64> {
+        use super::quant_kernel::{rel_from_sums, sq_sums, ERR_PIECE};
+        use half::slice::HalfFloatSliceExt;
+        let entries = 1usize << self.nbits;
+        let groups = self.lut_shape.first().copied().unwrap_or(0);
+        ensure!(
+            weight.len() == self.indices.len()
+                && groups > 0
+                && weight.len() % groups == 0
+                && self.lut.len() == groups * entries
+                && self.lut_shape.iter().product::<usize>() == self.lut.len(),
+            "palettized error: {} weights, {} indices, lut shape {:?} do not belong together",
+            weight.len(),
+            self.indices.len(),
+            self.lut_shape
+        );
+        if let Some(bad) = self.indices.iter().find(|&&i| usize::from(i) >= entries) {
+            bail!("palettized error: index {bad} outside a palette of {entries} entries");
+        }
+        // Groups are contiguous runs of `chunk` elements (axis-0 grouping).
+        let chunk = weight.len() / groups;
+        let sums: Vec<[f64; 2]> = weight
+            .par_chunks(ERR_PIECE)
+            .zip(self.indices.par_chunks(ERR_PIECE))
+            .enumerate()
+            .map_init(
+                || (vec![0.0f32; ERR_PIECE], vec![0.0f32; ERR_PIECE]),
+                |(fw, fd), (k, (w, idx))| {
+                    let n = w.len();
+                    w.convert_to_f32_slice(&mut fw[..n]);
+                    // The piece in runs of one group each (a division per run, not per
+                    // element).
+                    let (start, mut j) = (k * ERR_PIECE, 0);
+                    while j < n {
+                        let g = (start + j) / chunk;
+                        let end = ((g + 1) * chunk - start).min(n);
+                        let table = &self.lut[g * entries..(g + 1) * entries];
+                        for (d, &i) in fd[j..end].iter_mut().zip(&idx[j..end]) {
+                            *d = table[usize::from(i)].to_f32();
+                        }
+                        j = end;
+                    }
+                    sq_sums(&fw[..n], &fd[..n])
+                },
+            )
+            .collect();
+        Ok(rel_from_sums(&sums))
+    }
     /// Indices packed as `uint<nbits>` storage (LSB-first; raw bytes for 8 bits).
     pub fn packed_indices(&self) -> Result<Vec<u8>> {
         super::subbyte::pack_bits(&self.indices, self.nbits)
@@ -177,7 +228,14 @@ pub fn palettize(
         "palettize: nbits {} is not one of {LUT_NBITS:?}",
         cfg.nbits
     );
-    if let Some((i, v)) = weight.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+    // Checked in parallel (this runs over whole models); the serial search only on failure.
+    let all_finite = weight
+        .par_chunks(64 * 1024)
+        .all(|c| c.iter().all(|v| v.to_bits() & 0x7c00 != 0x7c00));
+    if let Some((i, v)) = (!all_finite)
+        .then(|| weight.iter().enumerate().find(|(_, v)| !v.is_finite()))
+        .flatten()
+    {
         bail!("palettize: weight of shape {shape:?} has non-finite element {i} ({v})");
     }
     let rest = numel / shape[0];
@@ -336,6 +394,26 @@ pub fn decode_lut(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn table_error_equals_the_error_of_the_decode() {
+        // Groups of 3 rows × 1500 do not tile the 4096-element error pieces.
+        let shape = [12usize, 1500];
+        let w: Vec<f16> = (0..12 * 1500)
+            .map(|i| f16::from_f32(((i * 7919) % 1000) as f32 / 700.0 - 0.6))
+            .collect();
+        for mode in [LutMode::Kmeans, LutMode::Uniform] {
+            let cfg = LutConfig {
+                mode,
+                nbits: 3,
+                granularity: LutGranularity::PerGroupedChannel(3),
+            };
+            let p = palettize(&w, &shape, &cfg, None).unwrap();
+            let want = super::super::quant::relative_rms_error(&w, &p.decode().unwrap()).unwrap();
+            assert!(want > 0.0);
+            assert_eq!(p.rel_rms_error(&w).unwrap(), want, "{mode:?}");
+        }
+    }
 
     #[test]
     fn nearest_rounding_is_exact() {

@@ -6,4 +6,5 @@ pub mod kmeans;
 pub mod lut;
 pub mod mixed;
 pub mod quant;
+mod quant_kernel;
 pub mod subbyte;

@@ -12,8 +12,12 @@
 //!   block) becomes 0, as numpy's cast does on x86-64.
 //!
 //! Decode (`constexpr_blockwise_shift_scale.decompress`): `fp16(scale · fp16(q − offset))`.
+//!
+//! The element loop itself (one parallel pass: scales, codes, packing, error) is in
+//! `quant_kernel`; this module owns the types, the shape rules, the decode and the error.
 
-use anyhow::{bail, ensure, Context, Result};
+use super::quant_kernel::{quantize_blocks, rel_from_sums, sq_sums, to_f16, ERR_PIECE};
+use anyhow::{bail, ensure, Result};
 use half::{f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
@@ -163,67 +167,6 @@ impl Quantized {
     }
 }
 
-/// The low 13 bits of an f32 mantissa rounded to nearest, ties to even: what is left is an
-/// fp16 value (for magnitudes in fp16's normal range).
-#[inline(always)]
-fn round_mantissa_to_fp16(b: u32) -> u32 {
-    (b + 0x0fff + ((b >> 13) & 1)) & !0x1fff
-}
-
-/// |x| bits in [2^-14, 65504): fp16 normal numbers, where fp16 rounding is a mantissa rounding.
-#[inline(always)]
-fn in_fp16_normal_range(a: u32) -> bool {
-    (0x3880_0000..0x477f_e000).contains(&a)
-}
-
-#[inline(always)]
-fn r16(x: f32) -> f32 {
-    // One fp16 rounding. The f32 inputs are fp16 values, and f32 carries more than twice
-    // fp16's precision, so an f32 op followed by this is numpy's correctly rounded fp16 op.
-    // Normal-range values are rounded in place by bit arithmetic (the conversion through
-    // `half` costs a call and a CPU-feature check per element); the rest (subnormal,
-    // overflow, NaN) take the exact library path.
-    let b = x.to_bits();
-    if in_fp16_normal_range(b & 0x7fff_ffff) {
-        f32::from_bits(round_mantissa_to_fp16(b))
-    } else {
-        f16::from_f32(x).to_f32()
-    }
-}
-
-/// `f16::from_f32` (nearest, ties to even) with the same fast path as [`r16`].
-#[inline(always)]
-fn to_f16(x: f32) -> f16 {
-    let b = x.to_bits();
-    let a = b & 0x7fff_ffff;
-    if a == 0 {
-        // ±0 (every zero code decodes to it): keep the sign.
-        return f16::from_bits((b >> 16) as u16);
-    }
-    if in_fp16_normal_range(a) {
-        // Rebias the exponent from 127 to 15 and drop the rounded-off bits.
-        let mag = (round_mantissa_to_fp16(a) >> 13) - (112 << 10);
-        f16::from_bits(((b >> 16) & 0x8000) as u16 | mag as u16)
-    } else {
-        f16::from_f32(x)
-    }
-}
-
-/// `x.round_ties_even()` without a libm call (baseline x86-64 has no rounding instruction):
-/// adding and subtracting 1.5·2^23 leaves x rounded to an integer in the default
-/// ties-to-even mode, exactly for |x| < 2^22; larger values are integers already, and NaN
-/// passes through. (A negative x rounding to zero gives +0 instead of -0; callers convert to
-/// an integer, where both are 0.)
-#[inline(always)]
-fn round_even(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    if x.abs() < 4_194_304.0 {
-        (x + MAGIC) - MAGIC
-    } else {
-        x
-    }
-}
-
 /// Largest divisor of `dim` not above `want` (for error messages suggesting a fix).
 fn divisor_at_most(dim: usize, want: usize) -> usize {
     (1..=want.min(dim))
@@ -232,20 +175,17 @@ fn divisor_at_most(dim: usize, want: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Quantizes an fp16 weight (output channels on axis 0, input channels on axis 1).
-pub fn quantize(weight: &[f16], shape: &[usize], cfg: &QuantConfig) -> Result<Quantized> {
+/// Elements per scale (contiguous in row-major order in every granularity) and the scale
+/// tensor's shape, or why `cfg` does not fit `shape`.
+fn layout(weight: &[f16], shape: &[usize], cfg: &QuantConfig) -> Result<(usize, Vec<usize>)> {
     let numel: usize = shape.iter().product();
     ensure!(
         !shape.is_empty() && numel == weight.len() && numel > 0,
         "quantize: weight has {} elements but shape {shape:?} holds {numel}",
         weight.len()
     );
-    if let Some((i, v)) = weight.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-        bail!("quantize: weight of shape {shape:?} has non-finite element {i} ({v})");
-    }
     let rank = shape.len();
     let mut scale_shape = vec![1usize; rank];
-    // Elements sharing a scale are contiguous in row-major order in every granularity.
     let chunk = match cfg.granularity {
         QuantGranularity::PerTensor => numel,
         QuantGranularity::PerChannel => {
@@ -272,89 +212,86 @@ pub fn quantize(weight: &[f16], shape: &[usize], cfg: &QuantConfig) -> Result<Qu
             block * shape[2..].iter().product::<usize>()
         }
     };
-    let (qmin, qmax) = cfg.dtype.range(cfg.symmetric);
-    let unsigned_sym = cfg.symmetric && !cfg.dtype.is_signed();
-
-    // Codes go straight into one byte buffer (an i8 code stored as its two's-complement byte)
-    // and the parameters into one array: no allocation per block, which at 32 elements a block
-    // would dominate the run time. Blocks are batched so rayon's per-task cost stays small.
-    let nblocks = numel / chunk;
-    let mut raw = vec![0u8; numel];
-    let mut params = vec![(f16::ZERO, 0i32); nblocks];
-    raw.par_chunks_mut(chunk)
-        .zip(weight.par_chunks(chunk))
-        .zip(params.par_iter_mut())
-        .with_min_len((4096 / chunk).max(1))
-        .for_each_init(Vec::new, |buf: &mut Vec<f32>, ((dst, w), p)| {
-            // Widen the block at once (vectorized by `half`) rather than element by element.
-            buf.clear();
-            buf.resize(w.len(), 0.0);
-            w.convert_to_f32_slice(buf);
-            let (scale, zp) = chunk_params(buf, qmin, qmax, cfg.symmetric, unsigned_sym);
-            for (o, &x) in dst.iter_mut().zip(buf.iter()) {
-                let mut q = round_even(r16(x / scale));
-                if let Some(z) = zp {
-                    q = r16(q + z);
-                }
-                // NaN (an all-zero block: 0/0) casts to 0, as numpy does on x86-64.
-                *o = (q.clamp(qmin as f32, qmax as f32) as i32) as u8;
-            }
-            *p = (f16::from_f32(scale), zp.map_or(0, |z| z as i32));
-        });
-
-    let scale: Vec<f16> = params.iter().map(|c| c.0).collect();
-    let has_offset = unsigned_sym || !cfg.symmetric;
-    let signed = cfg.dtype.is_signed();
-    let data = if signed {
-        QuantValues::Signed(raw.into_iter().map(|b| b as i8).collect())
-    } else {
-        QuantValues::Unsigned(raw)
-    };
-    let offset = has_offset.then(|| {
-        if signed {
-            QuantValues::Signed(params.iter().map(|c| c.1 as i8).collect())
-        } else {
-            QuantValues::Unsigned(params.iter().map(|c| c.1 as u8).collect())
-        }
-    });
-    Ok(Quantized {
-        dtype: cfg.dtype,
-        shape: shape.to_vec(),
-        data,
-        scale,
-        scale_shape,
-        offset,
-    })
+    Ok((chunk, scale_shape))
 }
 
-/// (scale, zero point before clipping) of one block, in coremltools' fp16 arithmetic.
-fn chunk_params(
-    w: &[f32],
-    qmin: i32,
-    qmax: i32,
-    symmetric: bool,
-    unsigned_sym: bool,
-) -> (f32, Option<f32>) {
-    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
-    for &v in w {
-        lo = lo.min(v);
-        hi = hi.max(v);
-    }
-    let span = (qmax - qmin) as f32;
-    if symmetric {
-        let a = lo.abs().max(hi.abs());
-        let scale = r16(r16(a - (-a)) / span);
-        // coremltools shifts unsigned symmetric data by qmax // 2.
-        (scale, unsigned_sym.then_some((qmax / 2) as f32))
+/// Quantizes an fp16 weight (output channels on axis 0, input channels on axis 1).
+pub fn quantize(weight: &[f16], shape: &[usize], cfg: &QuantConfig) -> Result<Quantized> {
+    Ok(quantize_with_error(weight, shape, cfg)?.0)
+}
+
+/// [`quantize`] and the relative RMS error of its decode (as [`relative_rms_error`] computes
+/// it), measured in the same pass.
+pub fn quantize_with_error(
+    weight: &[f16],
+    shape: &[usize],
+    cfg: &QuantConfig,
+) -> Result<(Quantized, f64)> {
+    let (chunk, scale_shape) = layout(weight, shape, cfg)?;
+    let raw = quantize_blocks(weight, shape, chunk, cfg, false)?;
+    let signed = cfg.dtype.is_signed();
+    // Codes and zero points arrive as two's-complement bytes.
+    let values = |v: Vec<u8>| {
+        if signed {
+            QuantValues::Signed(v.into_iter().map(|b| b as i8).collect())
+        } else {
+            QuantValues::Unsigned(v)
+        }
+    };
+    let offset = (!raw.zero.is_empty()).then(|| values(raw.zero));
+    let q = Quantized {
+        dtype: cfg.dtype,
+        shape: shape.to_vec(),
+        data: values(raw.data),
+        scale: raw.scale,
+        scale_shape,
+        offset,
+    };
+    Ok((q, raw.rel_rms_error))
+}
+
+/// A quantized weight in storage form, as the compression pass writes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedQuantized {
+    pub dtype: QuantDtype,
+    pub shape: Vec<usize>,
+    /// `data` as Core ML stores it (= `Quantized::data.to_storage_bytes(dtype)`).
+    pub data: Vec<u8>,
+    pub scale: Vec<f16>,
+    pub scale_shape: Vec<usize>,
+    /// `offset` as Core ML stores it, when the config has one.
+    pub offset: Option<Vec<u8>>,
+    /// rms(w − decode) / rms(w), as [`relative_rms_error`] computes it.
+    pub rel_rms_error: f64,
+}
+
+/// [`quantize`] straight to storage bytes, with the error of the decode: one parallel pass
+/// over the weight, which is how the compression pass runs it on multi-GB models.
+pub fn quantize_packed(
+    weight: &[f16],
+    shape: &[usize],
+    cfg: &QuantConfig,
+) -> Result<PackedQuantized> {
+    let (chunk, scale_shape) = layout(weight, shape, cfg)?;
+    let raw = quantize_blocks(weight, shape, chunk, cfg, true)?;
+    let offset = if raw.zero.is_empty() {
+        None
+    } else if cfg.dtype.nbits() == 8 {
+        Some(raw.zero)
     } else {
-        let (lo, hi) = (lo.min(0.0), hi.max(0.0));
-        let width = r16(hi - lo);
-        let scale = r16(width / span);
-        let num = r16(r16(qmin as f32 * hi) - r16(qmax as f32 * lo));
-        // Rounded and clipped before it is added to the codes (NaN for an all-zero block).
-        let zp = round_even(r16(num / width)).clamp(qmin as f32, qmax as f32);
-        (scale, Some(zp))
-    }
+        // Zero points are clipped to the code range, so their low nibbles are the values.
+        let nibbles: Vec<u8> = raw.zero.iter().map(|z| z & 0x0f).collect();
+        Some(super::subbyte::pack_bits(&nibbles, 4)?)
+    };
+    Ok(PackedQuantized {
+        dtype: cfg.dtype,
+        shape: shape.to_vec(),
+        data: raw.data,
+        scale: raw.scale,
+        scale_shape,
+        offset,
+        rel_rms_error: raw.rel_rms_error,
+    })
 }
 
 /// Core ML's materialization of `constexpr_blockwise_shift_scale` with integer `data` (and
@@ -445,6 +382,8 @@ pub(crate) fn effective_rank(shape: &[usize]) -> usize {
 }
 
 /// rms(orig − decoded) / rms(orig), in f64. Zero when both are identical (even if all zero).
+/// Summed in fixed pieces (deterministic, and equal to the error the quantization pass
+/// measures when its blocks tile a piece).
 pub fn relative_rms_error(orig: &[f16], decoded: &[f16]) -> Result<f64> {
     ensure!(
         orig.len() == decoded.len(),
@@ -452,77 +391,26 @@ pub fn relative_rms_error(orig: &[f16], decoded: &[f16]) -> Result<f64> {
         orig.len(),
         decoded.len()
     );
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    // Widen 1024 elements at a time (vectorized); f32 holds fp16 values and their
-    // differences exactly, and the sums are kept in f64.
-    let (mut fa, mut fb) = ([0.0f32; 1024], [0.0f32; 1024]);
-    for (ca, cb) in orig.chunks(1024).zip(decoded.chunks(1024)) {
-        let (fa, fb) = (&mut fa[..ca.len()], &mut fb[..ca.len()]);
-        ca.convert_to_f32_slice(fa);
-        cb.convert_to_f32_slice(fb);
-        for (&a, &b) in fa.iter().zip(fb.iter()) {
-            let (a, b) = (f64::from(a), f64::from(b));
-            num += (a - b) * (a - b);
-            den += a * a;
-        }
-    }
-    if num == 0.0 {
-        return Ok(0.0);
-    }
-    Ok((num / den).sqrt())
-}
-
-/// Convenience: quantize then report the relative RMS error of the decode.
-pub fn quantize_with_error(
-    weight: &[f16],
-    shape: &[usize],
-    cfg: &QuantConfig,
-) -> Result<(Quantized, f64)> {
-    let q = quantize(weight, shape, cfg)?;
-    let dec = q.decode().context("decoding freshly quantized weight")?;
-    let err = relative_rms_error(weight, &dec)?;
-    Ok((q, err))
+    let sums: Vec<[f64; 2]> = orig
+        .par_chunks(ERR_PIECE)
+        .zip(decoded.par_chunks(ERR_PIECE))
+        .map_init(
+            || (vec![0.0f32; ERR_PIECE], vec![0.0f32; ERR_PIECE]),
+            |(fa, fb), (a, b)| {
+                // Widen a piece at once (vectorized); f32 holds fp16 values exactly.
+                let (fa, fb) = (&mut fa[..a.len()], &mut fb[..a.len()]);
+                a.convert_to_f32_slice(fa);
+                b.convert_to_f32_slice(fb);
+                sq_sums(fa, fb)
+            },
+        )
+        .collect();
+    Ok(rel_from_sums(&sums))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fast_fp16_rounding_matches_half() {
-        // A sweep of f32 bit patterns (every 61st, plus all patterns next to fp16's range
-        // edges and rounding ties) against the library conversion.
-        let edges = [
-            0x3880_0000u32,
-            0x477f_e000,
-            0x3380_0000,
-            0x3f80_1000,
-            0x4780_0000,
-        ];
-        let near = edges
-            .iter()
-            .flat_map(|&e| (e - 0x4000..e + 0x4000).flat_map(|b| [b, b | 0x8000_0000]));
-        for b in (0..=u32::MAX).step_by(61).chain(near) {
-            let x = f32::from_bits(b);
-            let want = f16::from_f32(x);
-            let got = to_f16(x);
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "{x:e} ({b:#x}): {got} vs {want}"
-            );
-            let r = r16(x);
-            assert!(
-                r.to_bits() == want.to_f32().to_bits() || (r.is_nan() && x.is_nan()),
-                "{x:e} ({b:#x})"
-            );
-        }
-        for i in -40_000..40_000 {
-            let x = i as f32 * 0.25 + 0.5 * (i % 3) as f32;
-            assert_eq!(round_even(x), x.round_ties_even(), "{x}");
-        }
-        assert_eq!(round_even(1e9), 1e9);
-        assert!(round_even(f32::NAN).is_nan());
-    }
 
     #[test]
     fn ranges_match_coremltools() {
@@ -549,5 +437,84 @@ mod tests {
         let w80 = vec![f16::ONE; 2 * 80];
         let msg = quantize(&w80, &[2, 80], &cfg).unwrap_err().to_string();
         assert!(msg.contains("[2, 80]") && msg.contains("e.g. 20"), "{msg}");
+    }
+
+    /// Pseudo-random fp16 weights with a spread of magnitudes, some all-zero blocks, some
+    /// subnormals and ties.
+    fn weights(n: usize, seed: u32) -> Vec<f16> {
+        let mut st = seed;
+        (0..n)
+            .map(|i| {
+                st = st.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                let u = (st >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+                match (i / 32) % 7 {
+                    0 => 0.0,
+                    1 => u * 1e-6,
+                    2 => (u * 16.0).round() / 8.0,
+                    _ => u * (1 + (i % 5)) as f32 * 0.1,
+                }
+            })
+            .map(f16::from_f32)
+            .collect()
+    }
+
+    #[test]
+    fn packed_pass_equals_the_unpacked_codes_and_their_decode() {
+        // Block 32 (tiling error pieces), odd per-channel rows, per-tensor; every dtype/mode.
+        let cases: [(&[usize], QuantGranularity); 4] = [
+            (&[64, 256, 1, 1], QuantGranularity::PerBlock(32)),
+            (&[6, 96, 3], QuantGranularity::PerBlock(32)),
+            (&[7, 4097], QuantGranularity::PerChannel),
+            (&[9, 13], QuantGranularity::PerTensor),
+        ];
+        for (k, (shape, granularity)) in cases.into_iter().enumerate() {
+            let n: usize = shape.iter().product();
+            let w = weights(n, 7 + k as u32);
+            for dtype in [
+                QuantDtype::Int4,
+                QuantDtype::Uint4,
+                QuantDtype::Int8,
+                QuantDtype::Uint8,
+            ] {
+                for symmetric in [true, false] {
+                    let cfg = QuantConfig {
+                        dtype,
+                        granularity,
+                        symmetric,
+                    };
+                    let what = format!("{shape:?} {cfg:?}");
+                    let q = quantize(&w, shape, &cfg).unwrap();
+                    let p = quantize_packed(&w, shape, &cfg).unwrap();
+                    assert_eq!(p.data, q.data.to_storage_bytes(dtype).unwrap(), "{what}");
+                    assert_eq!(p.scale, q.scale, "{what}");
+                    assert_eq!(p.scale_shape, q.scale_shape, "{what}");
+                    let off = q
+                        .offset
+                        .as_ref()
+                        .map(|o| o.to_storage_bytes(dtype).unwrap());
+                    assert_eq!(p.offset, off, "{what}");
+                    // The in-pass error against an explicit decode: identical where blocks
+                    // tile the error pieces, else equal up to summation order (f32 runs).
+                    let want = relative_rms_error(&w, &q.decode().unwrap()).unwrap();
+                    assert!(want > 0.0, "{what}");
+                    if matches!(granularity, QuantGranularity::PerBlock(_)) && k == 0 {
+                        assert_eq!(p.rel_rms_error, want, "{what}");
+                    } else {
+                        assert!((p.rel_rms_error - want).abs() <= 1e-6 * want, "{what}");
+                    }
+                }
+            }
+        }
+        let mut bad = weights(64, 1);
+        bad[40] = f16::INFINITY;
+        let cfg = QuantConfig {
+            dtype: QuantDtype::Int4,
+            granularity: QuantGranularity::PerBlock(32),
+            symmetric: true,
+        };
+        let msg = quantize_packed(&bad, &[2, 32], &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("non-finite element 40"), "{msg}");
     }
 }
