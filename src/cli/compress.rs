@@ -87,14 +87,17 @@ pub struct CompressFlags {
     pub skip_indivisible: bool,
     /// Data-aware k-means: statistics from `milkit calibrate` (safetensors). Each weight's
     /// squared error is weighted by its input channel's mean square on real audio, so
-    /// channels that carry signal keep more precision. Without it, plain k-means.
+    /// channels that carry signal keep more precision. Without it, plain k-means. With
+    /// `export --component all` the statistics apply to the component they were measured on.
     #[arg(long, value_name = "STATS")]
     pub calibration: Option<PathBuf>,
     /// Mixed precision (with --palettize kmeans): measure each weight's output error at
     /// 2/3/4/6/8 bits (weighted by --calibration statistics when given, else plain weight
     /// error) and give more bits where they buy the most accuracy, never fewer than --nbits,
     /// keeping the average stored bits per compressed weight (tables included) within this
-    /// budget, e.g. 4.25. The report lists the bits chosen per op.
+    /// budget, e.g. 4.25. The report lists the bits chosen per op. With `export --component
+    /// all` (not --head-only) the budget is over the encoder and the decoder together: their
+    /// weights are planned jointly, so either may end above or below it.
     #[arg(long, value_name = "BITS")]
     pub target_bits: Option<f64>,
 }
@@ -156,6 +159,7 @@ impl CompressFlags {
             head_only: self.head_only,
             calibration,
             target_bits: self.target_bits,
+            nbits: Default::default(),
         }))
     }
 

@@ -3,7 +3,7 @@
 
 use super::eval::read_manifest;
 use crate::ir::Opset;
-use crate::passes::calibrate::{instrument, Calibration, Moments, Probe};
+use crate::passes::calibrate::{instrument, Calibration, Moments, Probe, COMPONENT_KEY};
 use crate::passes::compress::Selection;
 use crate::runtime::{Session, Tensor};
 use crate::whisper::audio::{load_wav, log_mel_windows, MelFilters};
@@ -68,7 +68,9 @@ pub fn calibrate_encoder(
         }
         progress(i + 1, audio.len());
     }
-    Ok(moments.finish(&source_name(model_dir)))
+    let mut cal = moments.finish(&source_name(model_dir));
+    cal.meta.insert(COMPONENT_KEY.into(), "encoder".into());
+    Ok(cal)
 }
 
 /// The probe outputs of one run as f32 vectors.
