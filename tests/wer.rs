@@ -280,3 +280,43 @@ fn folder_plan_routes_statistics_and_fixes_widths() {
     let err = plan_folder_bits(&hf, &mut bad, &mut |_| {}).err().unwrap();
     assert!(format!("{err:#}").contains("one budget"), "{err:#}");
 }
+
+#[test]
+fn decoder_statistics_are_reproducible_and_cover_the_decoder() {
+    let Some(fx) = common::fixtures() else { return };
+    let hf = fx.join("models/whisper-tiny.en");
+    let clip = vec![fx.join("audio/jfk.wav")];
+    let sel = Selection::default();
+    let run =
+        || milkit::quality::calibrate::calibrate_decoder(&hf, &clip, &sel, &mut |_, _| {}).unwrap();
+    let a = run();
+    let b = run();
+    assert_eq!(a.moments, b.moments, "two runs on the same clip differ");
+    assert_eq!(a.component(), "decoder");
+    let runs: u64 = a.meta["milkit.calibration.runs"].parse().unwrap();
+    // jfk.wav is ~22 words: at least that many tokens, far fewer than the 448 positions.
+    assert!((22..448).contains(&runs), "{runs} decoder runs");
+    // Every weight the compression pass takes in the decoder has statistics of its width.
+    let dec = export_decoder(&hf, &DecoderExport::default(), Opset::Ios18).unwrap();
+    let ws = selected_weights(&dec, &Method::Palettize(lut(4, 8)), &sel).unwrap();
+    assert!(ws.iter().any(|w| w.weight == "lm_head_weight"));
+    for w in &ws {
+        let m = a
+            .moments
+            .get(&w.weight)
+            .unwrap_or_else(|| panic!("{}", w.weight));
+        assert_eq!(m.len(), w.tensor.shape[1], "{}", w.weight);
+        assert!(m.iter().all(|v| v.is_finite() && *v >= 0.0));
+        assert!(m.iter().any(|v| *v > 0.0), "{}: all zero", w.weight);
+    }
+    // They drive weighted k-means of the decoder without any missing weight.
+    let mut d = dec.clone();
+    compress_mixed(
+        &mut d,
+        &Method::Palettize(lut(4, 8)),
+        &shared_sel(),
+        Some(&a),
+        &BTreeMap::new(),
+    )
+    .unwrap();
+}

@@ -88,9 +88,10 @@ pub struct CompressFlags {
     /// Data-aware k-means: statistics from `milkit calibrate` (safetensors). Each weight's
     /// squared error is weighted by its input channel's mean square on real audio, so
     /// channels that carry signal keep more precision. Without it, plain k-means. With
-    /// `export --component all` the statistics apply to the component they were measured on.
+    /// `export --component all` give one file per component (repeat the flag: the encoder's
+    /// and the decoder's statistics); each goes to the component it was measured on.
     #[arg(long, value_name = "STATS")]
-    pub calibration: Option<PathBuf>,
+    pub calibration: Vec<PathBuf>,
     /// Mixed precision (with --palettize kmeans): measure each weight's output error at
     /// 2/3/4/6/8 bits (weighted by --calibration statistics when given, else plain weight
     /// error) and give more bits where they buy the most accuracy, never fewer than --nbits,
@@ -147,12 +148,31 @@ impl CompressFlags {
         Ok(None)
     }
 
-    /// The compression the flags ask for, if any (library form).
+    /// The compression the flags ask for, if any (library form), for one package: at most
+    /// one statistics file.
     pub fn compression(&self) -> Result<Option<Compression>> {
-        let calibration = match &self.calibration {
-            Some(p) => Some(Calibration::load(p)?),
-            None => None,
-        };
+        if self.calibration.len() > 1 {
+            bail!("--calibration given {} times; one package takes one statistics file (several only with export --component all)", self.calibration.len());
+        }
+        self.compression_for(None)
+    }
+
+    /// The compression of one component of a folder: the statistics file measured on
+    /// `component` (`encoder`/`decoder`), if any; `None` = the only file, whatever it is.
+    pub fn compression_for(&self, component: Option<&str>) -> Result<Option<Compression>> {
+        let mut calibration = None;
+        for p in &self.calibration {
+            let c = Calibration::load(p)?;
+            if component.is_none_or(|want| c.component() == want) {
+                if calibration.is_some() {
+                    bail!(
+                        "two --calibration files were measured on the {}",
+                        c.component()
+                    );
+                }
+                calibration = Some(c);
+            }
+        }
         Ok(self.method()?.map(|method| Compression {
             method,
             selection: self.selection(),
