@@ -11,6 +11,10 @@
 //! elsewhere cost 20 points of WER), then the upgrade with the largest error drop per extra
 //! stored bit is taken while the budget allows. All candidate widths are still measured and
 //! reported.
+//!
+//! [`plan_bits_joint`] does the same over several models at once (a Whisper encoder and its
+//! decoder): one budget over all their weights. Errors are relative to each weight's own
+//! output signal, so weights of different models compete on the same scale.
 
 use super::calibrate::Calibration;
 use super::compress::{selected_weights, Method, Selection};
