@@ -339,6 +339,10 @@ pub fn all_schemas() -> Vec<(&'static str, String)> {
             "eval.schema.json",
             schema_json::<crate::quality::eval::EvalReport>(),
         ),
+        (
+            "folder-bits.schema.json",
+            schema_json::<crate::quality::bits::FolderBits>(),
+        ),
     ]
 }
 

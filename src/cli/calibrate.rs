@@ -2,15 +2,22 @@
 
 use super::progress;
 use anyhow::Result;
-use clap::Args;
+use clap::{Args, ValueEnum};
 use milkit::passes::compress::Selection;
-use milkit::quality::calibrate::{calibrate_encoder, expand_audio_list};
+use milkit::quality::calibrate::{calibrate_decoder, calibrate_encoder, expand_audio_list};
 use std::path::PathBuf;
 
-/// Runs the fp16 encoder of a checkpoint on real audio and records, for every compressible
-/// op, the mean square of its input per input channel (the diagonal of XᵀX / n): the weight
-/// each weight column carries in the output error. Feed the file to `--calibration` of
-/// `milkit compress` / `milkit export` (k-means palettization).
+/// Runs the fp16 encoder (or text decoder) of a checkpoint on real audio and records, for
+/// every compressible op, the mean square of its input per input channel (the diagonal of
+/// XᵀX / n): the weight each weight column carries in the output error. Feed the file to
+/// `--calibration` of `milkit compress` / `milkit export` (k-means palettization). The file
+/// names the component it was measured on; `export --component all` gives it to that one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CalibComponent {
+    Encoder,
+    Decoder,
+}
+
 #[derive(Args)]
 pub struct CalibrateArgs {
     /// Hugging Face Whisper checkpoint directory.
@@ -19,6 +26,10 @@ pub struct CalibrateArgs {
     /// WAV files, or .jsonl manifests with an `audio` path per line (relative to the manifest).
     #[arg(long, num_args = 1.., required = true)]
     pub audio: Vec<PathBuf>,
+    /// `encoder`: every 30-s window through the encoder. `decoder`: greedy transcription
+    /// with the fp16 model, one run per token through the text decoder.
+    #[arg(long, value_enum, default_value = "encoder")]
+    pub component: CalibComponent,
     /// Output statistics (.safetensors: one fp32 vector per weight constant name).
     #[arg(long)]
     pub out: PathBuf,
@@ -46,16 +57,19 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
         ..Selection::default()
     };
     let pb = progress::bar(files.len() as u64, "calibrating", a.quiet);
-    let cal = calibrate_encoder(&a.model, &files, &sel, &mut |d, _| {
-        pb.set_position(d as u64)
-    })?;
+    let mut tick = |d: usize, _| pb.set_position(d as u64);
+    let cal = match a.component {
+        CalibComponent::Encoder => calibrate_encoder(&a.model, &files, &sel, &mut tick)?,
+        CalibComponent::Decoder => calibrate_decoder(&a.model, &files, &sel, &mut tick)?,
+    };
     pb.finish_and_clear();
     cal.save(&a.out, a.force)?;
     if !a.quiet {
         eprintln!(
-            "{}: {} weights, {} encoder windows from {} files",
+            "{}: {} weights, {} {} runs from {} files",
             a.out.display(),
             cal.moments.len(),
+            cal.component(),
             cal.meta
                 .get("milkit.calibration.runs")
                 .map(String::as_str)

@@ -87,14 +87,18 @@ pub struct CompressFlags {
     pub skip_indivisible: bool,
     /// Data-aware k-means: statistics from `milkit calibrate` (safetensors). Each weight's
     /// squared error is weighted by its input channel's mean square on real audio, so
-    /// channels that carry signal keep more precision. Without it, plain k-means.
+    /// channels that carry signal keep more precision. Without it, plain k-means. With
+    /// `export --component all` give one file per component (repeat the flag: the encoder's
+    /// and the decoder's statistics); each goes to the component it was measured on.
     #[arg(long, value_name = "STATS")]
-    pub calibration: Option<PathBuf>,
+    pub calibration: Vec<PathBuf>,
     /// Mixed precision (with --palettize kmeans): measure each weight's output error at
     /// 2/3/4/6/8 bits (weighted by --calibration statistics when given, else plain weight
     /// error) and give more bits where they buy the most accuracy, never fewer than --nbits,
     /// keeping the average stored bits per compressed weight (tables included) within this
-    /// budget, e.g. 4.25. The report lists the bits chosen per op.
+    /// budget, e.g. 4.25. The report lists the bits chosen per op. With `export --component
+    /// all` (not --head-only) the budget is over the encoder and the decoder together: their
+    /// weights are planned jointly, so either may end above or below it.
     #[arg(long, value_name = "BITS")]
     pub target_bits: Option<f64>,
 }
@@ -144,18 +148,38 @@ impl CompressFlags {
         Ok(None)
     }
 
-    /// The compression the flags ask for, if any (library form).
+    /// The compression the flags ask for, if any (library form), for one package: at most
+    /// one statistics file.
     pub fn compression(&self) -> Result<Option<Compression>> {
-        let calibration = match &self.calibration {
-            Some(p) => Some(Calibration::load(p)?),
-            None => None,
-        };
+        if self.calibration.len() > 1 {
+            bail!("--calibration given {} times; one package takes one statistics file (several only with export --component all)", self.calibration.len());
+        }
+        self.compression_for(None)
+    }
+
+    /// The compression of one component of a folder: the statistics file measured on
+    /// `component` (`encoder`/`decoder`), if any; `None` = the only file, whatever it is.
+    pub fn compression_for(&self, component: Option<&str>) -> Result<Option<Compression>> {
+        let mut calibration = None;
+        for p in &self.calibration {
+            let c = Calibration::load(p)?;
+            if component.is_none_or(|want| c.component() == want) {
+                if calibration.is_some() {
+                    bail!(
+                        "two --calibration files were measured on the {}",
+                        c.component()
+                    );
+                }
+                calibration = Some(c);
+            }
+        }
         Ok(self.method()?.map(|method| Compression {
             method,
             selection: self.selection(),
             head_only: self.head_only,
             calibration,
             target_bits: self.target_bits,
+            nbits: Default::default(),
         }))
     }
 

@@ -217,12 +217,14 @@ fn check_decoder_flags(a: &ExportArgs, opset: Opset) -> Result<()> {
 /// `--component all`: the WhisperKit folder, written by the library.
 fn run_all(a: &ExportArgs, opset: Opset) -> Result<u8> {
     let t0 = Instant::now();
-    let c = a.compress.compression()?;
     let opts = BundleOptions {
         opset,
         decoder: decoder_export(a),
-        encoder_compression: c.clone().filter(|c| !c.head_only),
-        decoder_compression: c,
+        encoder_compression: a
+            .compress
+            .compression_for(Some("encoder"))?
+            .filter(|c| !c.head_only),
+        decoder_compression: a.compress.compression_for(Some("decoder"))?,
     };
     let sp = progress::spinner("exporting", a.quiet);
     let report = write_whisperkit_folder(&a.model, &a.out, &opts, a.force, &mut |msg| {

@@ -17,6 +17,9 @@ use anyhow::{bail, ensure, Context, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+/// Metadata key naming the component the statistics were measured on.
+pub const COMPONENT_KEY: &str = "milkit.calibration.component";
+
 /// Prefix of the outputs [`instrument`] adds.
 pub const PROBE_PREFIX: &str = "calib__";
 
@@ -284,6 +287,15 @@ impl Calibration {
         let data = safetensors::serialize(views, Some(self.meta.clone().into_iter().collect()))
             .context("serializing calibration statistics")?;
         crate::package::fsio::write_file_atomically(path, &data, force)
+    }
+
+    /// The component the statistics were measured on (`milkit.calibration.component`:
+    /// `encoder` or `decoder`); files written before the key existed are the encoder's.
+    pub fn component(&self) -> &str {
+        self.meta
+            .get(COMPONENT_KEY)
+            .map(String::as_str)
+            .unwrap_or("encoder")
     }
 
     /// Reads statistics written by [`Calibration::save`].

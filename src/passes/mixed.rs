@@ -11,6 +11,10 @@
 //! elsewhere cost 20 points of WER), then the upgrade with the largest error drop per extra
 //! stored bit is taken while the budget allows. All candidate widths are still measured and
 //! reported.
+//!
+//! [`plan_bits_joint`] does the same over several models at once (a Whisper encoder and its
+//! decoder): one budget over all their weights. Errors are relative to each weight's own
+//! output signal, so weights of different models compete on the same scale.
 
 use super::calibrate::Calibration;
 use super::compress::{selected_weights, Method, Selection};
@@ -72,11 +76,93 @@ pub fn plan_bits(
     target_bits: f64,
     candidates: &[u32],
 ) -> Result<MixedPlan> {
+    let part = PlanPart {
+        model,
+        base: *base,
+        sel,
+        calibration,
+    };
+    let mut plans = plan_bits_joint(&[part], target_bits, candidates)?;
+    Ok(plans.remove(0))
+}
+
+/// One model of a joint plan: its weights are measured with its own base table layout,
+/// selection and statistics.
+pub struct PlanPart<'a> {
+    pub model: &'a Model,
+    pub base: LutConfig,
+    pub sel: &'a Selection,
+    pub calibration: Option<&'a Calibration>,
+}
+
+/// Plans several models under ONE budget (e.g. a Whisper encoder and decoder): every weight
+/// of every part competes for the same bits, so the average over all parts' compressed
+/// weights stays within `target_bits` while each part's own average may be above or below
+/// it. Returns one plan per part (its `avg_bits` is that part's own average).
+pub fn plan_bits_joint(
+    parts: &[PlanPart],
+    target_bits: f64,
+    candidates: &[u32],
+) -> Result<Vec<MixedPlan>> {
     ensure!(!candidates.is_empty(), "no candidate bit widths");
     let mut cands = candidates.to_vec();
     cands.sort_unstable();
     cands.dedup();
-    let weights = selected_weights(model, &Method::Palettize(*base), sel)?;
+    let mut plans = Vec::new();
+    let mut owner = Vec::new();
+    let mut starts = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        // Position on each curve of the part's base width: the first candidate at or above it.
+        let start = cands
+            .iter()
+            .position(|&b| b >= part.base.nbits)
+            .with_context(|| {
+                format!(
+                    "no candidate width at or above the base {} bits",
+                    part.base.nbits
+                )
+            })?;
+        for w in measure(part, &cands)? {
+            plans.push(w);
+            owner.push(i);
+            starts.push(start);
+        }
+    }
+    allocate(&mut plans, &starts, target_bits)?;
+    let mut out: Vec<MixedPlan> = parts
+        .iter()
+        .map(|_| MixedPlan {
+            weights: Vec::new(),
+            avg_bits: 0.0,
+            target_bits,
+        })
+        .collect();
+    for (w, i) in plans.into_iter().zip(owner) {
+        out[i].weights.push(w);
+    }
+    for p in &mut out {
+        let bits: u64 = p.weights.iter().map(|w| w.chosen_stored_bits()).sum();
+        let elems: u64 = p.weights.iter().map(|w| w.elements as u64).sum();
+        p.avg_bits = bits as f64 / elems.max(1) as f64;
+    }
+    Ok(out)
+}
+
+impl WeightPlan {
+    /// Stored bits (tables included) at the chosen width.
+    pub fn chosen_stored_bits(&self) -> u64 {
+        self.curve
+            .iter()
+            .find(|c| c.0 == self.chosen)
+            .map(|c| c.1)
+            .unwrap_or(0)
+    }
+}
+
+/// Every selected weight of one part at every candidate width (`cands` sorted, unique).
+fn measure(part: &PlanPart, cands: &[u32]) -> Result<Vec<WeightPlan>> {
+    let base = &part.base;
+    let weights = selected_weights(part.model, &Method::Palettize(*base), part.sel)?;
     ensure!(
         !weights.is_empty(),
         "no weights selected for mixed precision"
@@ -87,7 +173,7 @@ pub fn plan_bits(
             let shape = &sw.tensor.shape;
             let w: Vec<f16> = sw.tensor.data.to_f16_vec();
             // Without statistics every input channel counts the same (plain squared error).
-            let imp = match calibration {
+            let imp = match part.calibration {
                 Some(cal) => cal.importance(&sw.weight, shape)?.with_context(|| {
                     format!(
                         "no calibration statistics for weight `{}`; run `milkit calibrate` on this model",
@@ -104,7 +190,7 @@ pub fn plan_bits(
                 .sum::<f64>()
                 .max(f64::MIN_POSITIVE);
             let mut curve = Vec::new();
-            for &b in &cands {
+            for &b in cands {
                 let cfg = LutConfig { nbits: b, ..*base };
                 let p = palettize(&w, shape, &cfg, Some(&imp))
                     .with_context(|| format!("palettizing `{}` at {b} bits", sw.weight))?;
@@ -126,25 +212,20 @@ pub fn plan_bits(
             })
         })
         .collect();
-    let mut plans = measured.into_iter().collect::<Result<Vec<_>>>()?;
+    measured.into_iter().collect()
+}
+
+/// Greedy allocation: every weight starts at its curve position `starts[k]`, then the
+/// upgrade with the largest error drop per extra stored bit is taken while the budget
+/// (`target_bits` × all elements) allows. Sets `chosen`.
+fn allocate(plans: &mut [WeightPlan], starts: &[usize], target_bits: f64) -> Result<()> {
     let total_elems: u64 = plans.iter().map(|p| p.elements as u64).sum();
     let budget = (target_bits * total_elems as f64).floor() as u64;
-    // Position of each weight on its curve: the first candidate at or above the base width.
-    let start = cands
-        .iter()
-        .position(|&b| b >= base.nbits)
-        .with_context(|| {
-            format!(
-                "no candidate width at or above the base {} bits",
-                base.nbits
-            )
-        })?;
-    let mut at = vec![start; plans.len()];
-    let mut used: u64 = plans.iter().map(|p| p.curve[start].1).sum();
+    let mut at = starts.to_vec();
+    let mut used: u64 = plans.iter().zip(&at).map(|(p, &s)| p.curve[s].1).sum();
     if used > budget {
         bail!(
-            "--target-bits {target_bits} is below what the base width ({} bits) needs: {:.3} bits per weight; lower --nbits",
-            cands[start],
+            "--target-bits {target_bits} is below what the base width needs: {:.3} bits per weight; lower --nbits",
             used as f64 / total_elems as f64
         );
     }
@@ -172,9 +253,5 @@ pub fn plan_bits(
     for (k, p) in plans.iter_mut().enumerate() {
         p.chosen = p.curve[at[k]].0;
     }
-    Ok(MixedPlan {
-        weights: plans,
-        avg_bits: used as f64 / total_elems as f64,
-        target_bits,
-    })
+    Ok(())
 }

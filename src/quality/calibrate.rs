@@ -1,17 +1,24 @@
 //! `milkit calibrate`: second moments of every compressible op's input, per input channel,
-//! measured by running the fp16 encoder on real audio.
+//! measured by running the fp16 model on real audio: the encoder on every 30-s window, the
+//! text decoder on every token of greedy transcription (its own tokens fed back, the fp16
+//! encoder's states as cross-attention input: the inputs it sees in use).
 
 use super::eval::read_manifest;
 use crate::ir::Opset;
-use crate::passes::calibrate::{instrument, Calibration, Moments, Probe};
+use crate::passes::calibrate::{instrument, Calibration, Moments, Probe, COMPONENT_KEY};
 use crate::passes::compress::Selection;
 use crate::runtime::{Session, Tensor};
+use crate::transcribe::decoder::TextDecoder;
+use crate::transcribe::Transcriber;
 use crate::whisper::audio::{load_wav, log_mel_windows, MelFilters};
+use crate::whisper::bundle::{write_whisperkit_folder, BundleOptions};
+use crate::whisper::decoder_export::{export_decoder, DecoderExport};
 use crate::whisper::encoder::EncoderAbi;
 use crate::whisper::export::{export_encoder, source_name};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// Audio files named on the command line: WAV files, or `.jsonl` manifests whose lines
 /// carry an `audio` path relative to the manifest (read as `milkit eval` reads them).
@@ -68,7 +75,65 @@ pub fn calibrate_encoder(
         }
         progress(i + 1, audio.len());
     }
-    Ok(moments.finish(&source_name(model_dir)))
+    let mut cal = moments.finish(&source_name(model_dir));
+    cal.meta.insert(COMPONENT_KEY.into(), "encoder".into());
+    Ok(cal)
+}
+
+/// Removes a scratch directory when dropped (also on errors).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Transcribes `audio` greedily with the fp16 model of the checkpoint at `model_dir` and
+/// returns the per-channel second moments of every selected text-decoder weight's input,
+/// one run per decoded token (prompt tokens included). Writes an fp16 models folder into
+/// the system's temporary directory while it runs.
+pub fn calibrate_decoder(
+    model_dir: &Path,
+    audio: &[PathBuf],
+    sel: &Selection,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Calibration> {
+    let dir = std::env::temp_dir().join(format!("milkit-calibrate-{}", std::process::id()));
+    let scratch = Scratch(dir);
+    let opts = BundleOptions {
+        opset: Opset::Ios18,
+        decoder: DecoderExport::default(),
+        encoder_compression: None,
+        decoder_compression: None,
+    };
+    write_whisperkit_folder(model_dir, &scratch.0, &opts, true, &mut |_| {})
+        .context("writing the fp16 models folder to calibrate with")?;
+    let mut t = Transcriber::open(&scratch.0)?;
+    let model = export_decoder(model_dir, &opts.decoder, opts.opset)?;
+    let (inst, probes) = instrument(&model, sel)?;
+    let session = Session::from_model(inst).context("preparing the instrumented decoder")?;
+    let mut decoder = TextDecoder::new(session)?;
+    let moments = Arc::new(Mutex::new(Moments::default()));
+    let sink = Arc::clone(&moments);
+    decoder.set_observer(Box::new(move |outs| {
+        let values = probe_values(&probes, outs)?;
+        sink.lock()
+            .map_err(|_| anyhow::anyhow!("calibration statistics poisoned"))?
+            .add(&probes, &values)
+    }));
+    t.set_decoder(decoder);
+    for (i, path) in audio.iter().enumerate() {
+        t.transcribe_file(path)
+            .with_context(|| format!("transcribing {}", path.display()))?;
+        progress(i + 1, audio.len());
+    }
+    let m = moments
+        .lock()
+        .map_err(|_| anyhow::anyhow!("calibration statistics poisoned"))?;
+    let mut cal = m.finish(&source_name(model_dir));
+    cal.meta.insert(COMPONENT_KEY.into(), "decoder".into());
+    Ok(cal)
 }
 
 /// The probe outputs of one run as f32 vectors.

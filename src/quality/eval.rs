@@ -1,6 +1,7 @@
 //! `milkit eval`: corpus word error rate of a models folder on a manifest of clips, with the
 //! runtime's transcription (`crate::transcribe`) and the normalisation of `whisper::wer`.
 
+use super::bits::{folder_bits, FolderBits};
 use crate::transcribe::Transcriber;
 use crate::whisper::wer::word_errors;
 use anyhow::{bail, Context, Result};
@@ -37,6 +38,8 @@ pub struct EvalReport {
     pub errors: usize,
     pub words: usize,
     pub wer: f64,
+    /// Bits per compressed weight of the folder's packages (what the WER was bought with).
+    pub bits: FolderBits,
 }
 
 /// The normalisation, in words (also in `milkit eval --help`).
@@ -99,6 +102,7 @@ pub fn evaluate(
             ),
         }
     }
+    let bits = folder_bits(models)?;
     let mut t = Transcriber::open(models)?;
     let mut rows = Vec::new();
     for (i, (clip, reference)) in clips.iter().zip(refs).enumerate() {
@@ -130,6 +134,7 @@ pub fn evaluate(
         errors,
         words,
         wer: errors as f64 / (words as f64).max(1.0),
+        bits,
     })
 }
 
@@ -152,6 +157,7 @@ impl EvalReport {
             self.words,
             self.clips.len()
         );
+        s += &self.bits.to_text();
         s
     }
 }

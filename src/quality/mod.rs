@@ -1,8 +1,9 @@
 //! Quality-aware compression, the running half: evaluation (corpus WER through the
-//! transcription pipeline) and calibration, which runs the fp16 model on real
+//! transcription pipeline, with the folder's bits per compressed weight) and calibration, which runs the fp16 model on real
 //! audio through milkit's runtime to collect the statistics that data-aware compression
 //! weighs errors with (the IR instrumentation lives in `passes::calibrate`). Uses `runtime`,
 //! `passes` and `whisper` (audio front end, exporters); builds no graphs of its own.
 
+pub mod bits;
 pub mod calibrate;
 pub mod eval;

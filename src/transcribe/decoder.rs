@@ -31,6 +31,10 @@ pub enum Cross {
     Precomputed { key: Tensor, value: Tensor },
 }
 
+/// Receives, after every step, the outputs the decoder does not use itself (the extra
+/// outputs of an instrumented program, e.g. calibration probes).
+pub type StepObserver = Box<dyn FnMut(Vec<(String, Tensor)>) -> Result<()> + Send>;
+
 /// A loaded text decoder and its cache for the current window.
 pub struct TextDecoder {
     session: Session,
@@ -45,6 +49,7 @@ pub struct TextDecoder {
     key: Vec<f16>,
     value: Vec<f16>,
     cross: Option<Cross>,
+    observer: Option<StepObserver>,
 }
 
 fn fixed_shape(name: &str, ty: &ValueType) -> Result<Vec<usize>> {
@@ -152,7 +157,13 @@ impl TextDecoder {
             key: vec![f16::ZERO; if kind == CacheKind::Io { n } else { 0 }],
             value: vec![f16::ZERO; if kind == CacheKind::Io { n } else { 0 }],
             cross: None,
+            observer: None,
         })
+    }
+
+    /// Calls `f` after every step with the outputs the decoder does not consume.
+    pub fn set_observer(&mut self, f: StepObserver) {
+        self.observer = Some(f);
     }
 
     pub fn kind(&self) -> CacheKind {
@@ -258,6 +269,7 @@ impl TextDecoder {
             .predict(&feed)
             .with_context(|| format!("text decoder at position {pos}"))?;
         let mut logits = None;
+        let mut rest = Vec::new();
         for (name, t) in out {
             match name.as_str() {
                 "logits" => logits = Some(t),
@@ -280,8 +292,11 @@ impl TextDecoder {
                         cache[ch * s + pos] = v;
                     }
                 }
-                _ => {}
+                _ => rest.push((name, t)),
             }
+        }
+        if let Some(f) = &mut self.observer {
+            f(rest)?;
         }
         let logits = logits.ok_or_else(|| anyhow!("the decoder returned no logits"))?;
         Ok(logits

@@ -229,6 +229,11 @@ impl Transcriber {
         self.mel.is_some()
     }
 
+    /// Replaces the folder's text decoder (e.g. by an instrumented copy of it).
+    pub fn set_decoder(&mut self, decoder: TextDecoder) {
+        self.decoder = decoder;
+    }
+
     /// The text decoder's session (its program, for byte counts).
     pub fn decoder_session(&self) -> &Session {
         self.decoder.session()

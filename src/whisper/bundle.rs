@@ -18,8 +18,10 @@ use crate::package::fsio::write_package_atomically;
 use crate::package::save::write_package_dir_new;
 use crate::passes::calibrate::Calibration;
 use crate::passes::compress::{compress_mixed, Method, Outcome, Selection};
-use crate::passes::mixed::{plan_bits, DEFAULT_CANDIDATES};
-use anyhow::{bail, Context, Result};
+use crate::passes::lut::{LutConfig, LutMode};
+use crate::passes::mixed::{plan_bits, plan_bits_joint, MixedPlan, PlanPart, DEFAULT_CANDIDATES};
+use anyhow::{bail, ensure, Context, Result};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// WhisperKit's package file names.
@@ -86,6 +88,9 @@ pub struct Compression {
     pub calibration: Option<Calibration>,
     /// Mixed precision within this average of stored bits per weight (needs calibration).
     pub target_bits: Option<f64>,
+    /// Bit widths per weight constant fixed beforehand (by a joint plan over several
+    /// models, see [`plan_folder_bits`]); when not empty, `target_bits` is not planned again.
+    pub nbits: BTreeMap<String, u32>,
 }
 
 impl Compression {
@@ -97,22 +102,33 @@ impl Compression {
             head_only,
             calibration: None,
             target_bits: None,
+            nbits: BTreeMap::new(),
+        }
+    }
+
+    /// The selection this compression takes in `m` (the head's ops with `head_only`).
+    pub fn selection_in(&self, m: &Model) -> Result<Selection> {
+        if self.head_only {
+            head_only_selection(m, &self.selection)
+        } else {
+            Ok(self.selection.clone())
+        }
+    }
+
+    /// The base table layout of a mixed-precision plan (k-means palettization only).
+    fn mixed_base(&self) -> Result<&LutConfig> {
+        match &self.method {
+            Method::Palettize(c) if c.mode == LutMode::Kmeans => Ok(c),
+            _ => bail!("--target-bits needs --palettize kmeans"),
         }
     }
 
     /// Compresses `m` in place.
     pub fn apply(&self, m: &mut Model) -> Result<Outcome> {
-        let sel = if self.head_only {
-            head_only_selection(m, &self.selection)?
-        } else {
-            self.selection.clone()
-        };
-        let mut nbits = std::collections::BTreeMap::new();
-        if let Some(target) = self.target_bits {
-            let cfg = match &self.method {
-                Method::Palettize(c) if c.mode == crate::passes::lut::LutMode::Kmeans => c,
-                _ => bail!("--target-bits needs --palettize kmeans"),
-            };
+        let sel = self.selection_in(m)?;
+        let mut nbits = self.nbits.clone();
+        if let (true, Some(target)) = (nbits.is_empty(), self.target_bits) {
+            let cfg = self.mixed_base()?;
             let cal = self.calibration.as_ref();
             nbits = plan_bits(m, cfg, &sel, cal, target, &DEFAULT_CANDIDATES)?.nbits();
         }
@@ -283,6 +299,82 @@ pub fn write_whisperkit_folder(
             opts.opset
         );
     }
-    let parts = whisperkit_parts(model_dir, opts)?;
+    let mut opts = opts.clone();
+    route_statistics(&mut opts);
+    plan_folder_bits(model_dir, &mut opts, progress)?;
+    let parts = whisperkit_parts(model_dir, &opts)?;
     write_folder(model_dir, out_dir, &parts, &MODEL_FILES, force, progress)
+}
+
+/// One budget for the whole model: when both the encoder's and the decoder's compression
+/// ask for `target_bits` (the same value), their weights are planned together
+/// ([`plan_bits_joint`]), so the average over ALL compressed weights of the folder meets the
+/// budget while the more sensitive weights (per measured error per stored bit) get more of
+/// it, wherever they are. Fixes the widths in both compressions (their `nbits`) and returns
+/// the encoder's and the decoder's plans; `None` when no joint plan is asked for.
+/// A part without statistics has its errors measured unweighted (plain weight error).
+pub fn plan_folder_bits(
+    model_dir: &Path,
+    opts: &mut BundleOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Option<[MixedPlan; 2]>> {
+    let (Some(ec), Some(dc)) = (&mut opts.encoder_compression, &mut opts.decoder_compression)
+    else {
+        return Ok(None);
+    };
+    let (Some(te), Some(td)) = (ec.target_bits, dc.target_bits) else {
+        return Ok(None);
+    };
+    ensure!(
+        te == td,
+        "one budget for the whole model: the encoder asks for {te} bits, the decoder for {td}"
+    );
+    progress("planning bit widths over the encoder and the decoder");
+    let enc = export_encoder(
+        model_dir,
+        EncoderAbi::WhisperKit,
+        opts.opset,
+        &mut |_, _| {},
+    )?;
+    let dec = export_decoder(model_dir, &opts.decoder, opts.opset)?;
+    let (esel, dsel) = (ec.selection_in(&enc)?, dc.selection_in(&dec)?);
+    let parts = [
+        PlanPart {
+            model: &enc,
+            base: *ec.mixed_base()?,
+            sel: &esel,
+            calibration: ec.calibration.as_ref(),
+        },
+        PlanPart {
+            model: &dec,
+            base: *dc.mixed_base()?,
+            sel: &dsel,
+            calibration: dc.calibration.as_ref(),
+        },
+    ];
+    let mut plans = plan_bits_joint(&parts, te, &DEFAULT_CANDIDATES)?;
+    let d = plans.pop().context("a plan per part")?;
+    let e = plans.pop().context("a plan per part")?;
+    ec.nbits = e.nbits();
+    dc.nbits = d.nbits();
+    Ok(Some([e, d]))
+}
+
+/// Gives calibration statistics only to the component they were measured on
+/// ([`Calibration::component`]): Whisper's encoder and decoder share weight names
+/// (`layers_0_fc1_weight`, ...), so names alone cannot tell whose statistics a file holds.
+pub fn route_statistics(opts: &mut BundleOptions) {
+    keep_statistics_of(&mut opts.encoder_compression, "encoder");
+    keep_statistics_of(&mut opts.decoder_compression, "decoder");
+}
+
+fn keep_statistics_of(c: &mut Option<Compression>, component: &str) {
+    if let Some(c) = c {
+        if c.calibration
+            .as_ref()
+            .is_some_and(|s| s.component() != component)
+        {
+            c.calibration = None;
+        }
+    }
 }
