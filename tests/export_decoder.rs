@@ -172,6 +172,14 @@ fn tiny_en_decoder_crosskv_abis_and_validator() {
         "[[1,0],[2,0],[2,5],[3,0],[3,1],[3,2],[3,3],[3,4]]"
     );
     assert_eq!(m.description.user_defined["milkit.head_ops"], "lm_head");
+    // The positional table is found and untouched; its axis parameter is not mistaken for it.
+    let pos = milkit::verify::analysis::positional_embedding(&m);
+    assert_eq!(
+        pos.status,
+        milkit::report::PositionalStatus::Untouched,
+        "{pos:?}"
+    );
+    assert!(pos.entries.iter().all(|e| e.shape.len() == 2), "{pos:?}");
     common::validate(&p);
 
     // Stateful: caches become states; the I/O loses them and the update mask.

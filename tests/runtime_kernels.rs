@@ -344,3 +344,63 @@ fn memoized_session_matches_plain_across_changed_inputs() {
     );
     assert!(memo.memoized_values() >= 1);
 }
+
+/// fp16 arithmetic with broadcasting equals, bit for bit, each element computed in f32 and
+/// rounded once — for same-shape operands longer than one parallel chunk, a decode step's
+/// cache blend shapes, a scalar, and axes that broadcast on both sides.
+#[test]
+fn fp16_binary_ops_round_once_under_broadcasting() {
+    use milkit::kernels::{binary, BinOp};
+    let mut rng = Rng(11);
+    let shapes: &[(&[usize], &[usize])] = &[
+        (&[40_000], &[40_000]),
+        (&[1, 384, 1, 448], &[1, 1, 1, 448]),
+        (&[1, 384, 1, 1], &[1, 1, 1, 448]),
+        (&[2, 3, 5], &[]),
+        (&[3, 1, 5], &[1, 4, 1]),
+        (&[1, 20_000], &[7, 1]),
+    ];
+    for &(sa, sb) in shapes {
+        let (na, nb) = (sa.iter().product::<usize>(), sb.iter().product::<usize>());
+        let a: Vec<f16> = (0..na).map(|_| f16::from_f32(rng.f() * 4.0)).collect();
+        let b: Vec<f16> = (0..nb)
+            .map(|_| f16::from_f32(rng.f().abs() * 4.0 + 0.5))
+            .collect();
+        let ta = candle_core::Tensor::from_vec(a.clone(), sa, &candle_core::Device::Cpu).unwrap();
+        let tb = candle_core::Tensor::from_vec(b.clone(), sb, &candle_core::Device::Cpu).unwrap();
+        let out_shape = milkit::kernels::elementwise::broadcast_shape(sa, sb).unwrap();
+        let at = |v: &[f16], s: &[usize], idx: &[usize]| {
+            let off = out_shape.len() - s.len();
+            let mut flat = 0;
+            for (i, &d) in s.iter().enumerate() {
+                flat = flat * d + if d == 1 { 0 } else { idx[off + i] };
+            }
+            v[flat].to_f32()
+        };
+        for (op, f) in [
+            (BinOp::Add, (|x, y| x + y) as fn(f32, f32) -> f32),
+            (BinOp::Sub, |x, y| x - y),
+            (BinOp::Mul, |x, y| x * y),
+            (BinOp::Div, |x, y| x / y),
+        ] {
+            let got: Vec<f16> = binary(&ta, &tb, op)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let n: usize = out_shape.iter().product();
+            assert_eq!(got.len(), n, "{op:?} {sa:?} {sb:?}");
+            let mut idx = vec![0; out_shape.len()];
+            for (i, g) in got.iter().enumerate() {
+                let mut rem = i;
+                for ax in (0..out_shape.len()).rev() {
+                    idx[ax] = rem % out_shape[ax];
+                    rem /= out_shape[ax];
+                }
+                let want = f16::from_f32(f(at(&a, sa, &idx), at(&b, sb, &idx)));
+                assert_eq!(g.to_bits(), want.to_bits(), "{op:?} {sa:?} {sb:?} at {i}");
+            }
+        }
+    }
+}

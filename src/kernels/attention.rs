@@ -11,7 +11,6 @@ use super::fastmath;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 /// Query rows per task. Each task's two gemms re-pack the keys and values, so blocks must
@@ -39,9 +38,7 @@ pub struct Attention<'a> {
 
 fn round_to(buf: &mut [f32], d: DType) {
     if d == DType::F16 {
-        let mut h = vec![f16::ZERO; buf.len()];
-        h.convert_from_f32_slice(buf);
-        h.convert_to_f32_slice(buf);
+        super::convert::round_f16(buf);
     } else if d == DType::BF16 {
         buf.iter_mut()
             .for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
@@ -241,7 +238,7 @@ enum Rows<'a> {
 impl Rows<'_> {
     fn row(&self, i: usize, n: usize, buf: &mut [f32]) {
         match self {
-            Rows::H(s) => s[i * n..(i + 1) * n].convert_to_f32_slice(buf),
+            Rows::H(s) => super::convert::f16_to_f32(&s[i * n..(i + 1) * n], buf),
             Rows::F(s) => buf.copy_from_slice(&s[i * n..(i + 1) * n]),
         }
     }

@@ -74,7 +74,7 @@ pub fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>> {
             let mut out = vec![0f32; s.len()];
             out.par_chunks_mut(CHUNK)
                 .zip(s.par_chunks(CHUNK))
-                .for_each(|(o, i)| i.convert_to_f32_slice(o));
+                .for_each(|(o, i)| super::convert::f16_to_f32(i, o));
             out
         }),
         DType::BF16 => with_slice(t, |s: &[bf16]| {
@@ -107,7 +107,7 @@ pub fn from_f32(v: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
             let mut out = vec![f16::ZERO; v.len()];
             out.par_chunks_mut(CHUNK)
                 .zip(v.par_chunks(CHUNK))
-                .for_each(|(o, i)| o.convert_from_f32_slice(i));
+                .for_each(|(o, i)| super::convert::f32_to_f16(i, o));
             from_vec(out, shape)
         }
         DType::BF16 => {
@@ -157,9 +157,9 @@ pub fn map_chunks(t: &Tensor, n: usize, f: impl Fn(&mut [f32]) + Sync + Send) ->
                     .zip(s.par_chunks(step))
                     .for_each(|(o, i)| {
                         let mut buf = vec![0f32; i.len()];
-                        i.convert_to_f32_slice(&mut buf);
+                        super::convert::f16_to_f32(i, &mut buf);
                         f(&mut buf);
-                        o.convert_from_f32_slice(&buf);
+                        super::convert::f32_to_f16(&buf, o);
                     });
                 out
             })?;

@@ -5,6 +5,7 @@
 use super::data::{from_f32, from_vec, is_float, to_vec, with_f32, CHUNK};
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Tensor};
+use half::f16;
 use rayon::prelude::*;
 
 /// Applies `f` to every element of a float tensor, keeping its dtype.
@@ -175,6 +176,94 @@ where
     Ok((res, out))
 }
 
+/// Elements converted per inner piece of [`zip_f16`] (three f32 buffers of this size stay in
+/// L1).
+const PIECE: usize = 1024;
+
+/// [`zip_broadcast`] for two fp16 operands and an fp16 result: each run of the innermost
+/// axis is widened into small f32 buffers, combined, and rounded straight into the output,
+/// instead of widening both whole operands and narrowing a whole f32 result (three full
+/// passes and two large allocations — most of the cost of a decode step's cache blends).
+/// Same values as computing in f32 and rounding once.
+fn zip_f16(
+    a: &[f16],
+    ash: &[usize],
+    b: &[f16],
+    bsh: &[usize],
+    f: impl Fn(f32, f32) -> f32 + Sync + Send,
+) -> Result<(Vec<f16>, Vec<usize>)> {
+    let out = broadcast_shape(ash, bsh)?;
+    let n: usize = out.iter().product();
+    let mut res = vec![f16::ZERO; n];
+    if n == 0 {
+        return Ok((res, out));
+    }
+    let (dims, sa, sb) = if ash == bsh {
+        (vec![n], vec![1], vec![1])
+    } else {
+        coalesce(&out, &bstrides(ash, &out), &bstrides(bsh, &out))
+    };
+    let r = dims.len();
+    let inner = dims[r - 1];
+    let (ia, ib) = (sa[r - 1], sb[r - 1]);
+    // Widens `len` elements of `src` from `off` with stride `st` (0: one repeated value).
+    let widen = |src: &[f16], off: usize, st: usize, dst: &mut [f32]| match st {
+        0 => dst.fill(src[off].to_f32()),
+        1 => super::convert::f16_to_f32(&src[off..off + dst.len()], dst),
+        _ => dst
+            .iter_mut()
+            .enumerate()
+            .for_each(|(j, d)| *d = src[off + j * st].to_f32()),
+    };
+    let run = |row: usize, o: &mut [f16], j0: usize, xa: &mut [f32], xb: &mut [f32]| {
+        let mut rem = row;
+        let (mut oa, mut ob) = (j0 * ia, j0 * ib);
+        for ax in (0..r - 1).rev() {
+            let i = rem % dims[ax];
+            rem /= dims[ax];
+            oa += i * sa[ax];
+            ob += i * sb[ax];
+        }
+        for (p, piece) in o.chunks_mut(PIECE).enumerate() {
+            let w = piece.len();
+            widen(a, oa + p * PIECE * ia, ia, &mut xa[..w]);
+            widen(b, ob + p * PIECE * ib, ib, &mut xb[..w]);
+            for (x, &y) in xa[..w].iter_mut().zip(&xb[..w]) {
+                *x = f(*x, y);
+            }
+            super::convert::f32_to_f16(&xa[..w], piece);
+        }
+    };
+    if inner >= CHUNK {
+        // Long rows (same-shape operands): split each row into parallel pieces.
+        res.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| {
+            let flat = c * CHUNK;
+            // A chunk may end in the next row when CHUNK does not divide the row length.
+            let (mut row, mut j0, mut done) = (flat / inner, flat % inner, 0);
+            let (mut xa, mut xb) = (vec![0f32; PIECE], vec![0f32; PIECE]);
+            while done < o.len() {
+                let take = (inner - j0).min(o.len() - done);
+                run(row, &mut o[done..done + take], j0, &mut xa, &mut xb);
+                done += take;
+                row += 1;
+                j0 = 0;
+            }
+        });
+    } else {
+        let rows_per_task = (CHUNK / inner).max(1);
+        res.par_chunks_mut(inner * rows_per_task)
+            .enumerate()
+            .for_each(|(c, o)| {
+                let w = inner.min(PIECE);
+                let (mut xa, mut xb) = (vec![0f32; w], vec![0f32; w]);
+                for (k, row) in o.chunks_mut(inner).enumerate() {
+                    run(c * rows_per_task + k, row, 0, &mut xa, &mut xb);
+                }
+            });
+    }
+    Ok((res, out))
+}
+
 /// Binary arithmetic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinOp {
@@ -276,6 +365,20 @@ pub fn binary(a: &Tensor, b: &Tensor, op: BinOp) -> Result<Tensor> {
     );
     let dt = a.dtype();
     match dt {
+        DType::F16 if matches!(op, BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div) => {
+            let (v, shape) = super::data::with_slice(a, |x: &[f16]| {
+                super::data::with_slice(b, |y: &[f16]| {
+                    let (ad, bd) = (a.dims(), b.dims());
+                    match op {
+                        BinOp::Add => zip_f16(x, ad, y, bd, |p, q| p + q),
+                        BinOp::Sub => zip_f16(x, ad, y, bd, |p, q| p - q),
+                        BinOp::Mul => zip_f16(x, ad, y, bd, |p, q| p * q),
+                        _ => zip_f16(x, ad, y, bd, |p, q| p / q),
+                    }
+                })
+            })???;
+            from_vec(v, &shape)
+        }
         DType::F16 | DType::F32 | DType::BF16 => {
             // One closure per op (not a function pointer), so each loop is specialised and
             // inlined: an indirect call per element costs more than the arithmetic.

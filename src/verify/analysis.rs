@@ -427,6 +427,11 @@ pub fn positional_embedding(model: &Model) -> PositionalReport {
                 continue;
             }
             let t = op.outputs.first().and_then(|o| o.ty.as_tensor());
+            // A table has rows and columns; an axis, shape or index constant that merely
+            // carries the name (`embed_positions_row_axis`) is a parameter, not the table.
+            if t.is_none_or(|t| t.rank() < 2) {
+                continue;
+            }
             let dtype = t
                 .map(|t| t.dtype.name().to_string())
                 .unwrap_or_else(|| "?".into());
