@@ -89,6 +89,38 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + tanh(C * (x + 0.044_715 * x * x * x)))
 }
 
+/// `Σ a·b` with eight independent partial sums, so the loop vectorises (a plain iterator
+/// sum is one serial add chain: f32 addition is not reassociated by the compiler).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `Σ a` with eight independent partial sums (see [`dot`]).
+#[inline]
+pub fn sum(a: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let c = a.chunks_exact(8);
+    let r = c.remainder();
+    for x in c {
+        for i in 0..8 {
+            acc[i] += x[i];
+        }
+    }
+    acc.iter().sum::<f32>() + r.iter().sum::<f32>()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,36 +160,4 @@ mod tests {
         }
         sum * 2.0 / std::f64::consts::PI.sqrt()
     }
-}
-
-/// `Σ a·b` with eight independent partial sums, so the loop vectorises (a plain iterator
-/// sum is one serial add chain: f32 addition is not reassociated by the compiler).
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
-}
-
-/// `Σ a` with eight independent partial sums (see [`dot`]).
-#[inline]
-pub fn sum(a: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let c = a.chunks_exact(8);
-    let r = c.remainder();
-    for x in c {
-        for i in 0..8 {
-            acc[i] += x[i];
-        }
-    }
-    acc.iter().sum::<f32>() + r.iter().sum::<f32>()
 }
