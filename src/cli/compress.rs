@@ -103,8 +103,9 @@ pub struct CompressFlags {
     pub target_bits: Option<f64>,
     /// Palettization (iOS18 only): divide each output channel by its largest magnitude
     /// before fitting the tables and store that fp16 scale per channel (a
-    /// constexpr_blockwise_shift_scale after the table op, as coremltools'
-    /// enable_per_channel_scale), so channels of very different magnitudes share a table well.
+    /// constexpr_blockwise_shift_scale after the table op, the chain coremltools'
+    /// enable_per_channel_scale emits, though coremltools 9 takes its maximum over the output
+    /// channels instead), so channels of very different magnitudes share a table well.
     /// With --calibration the k-means still minimizes the error of the original weight.
     #[arg(long)]
     pub per_channel_scale: bool,

@@ -1,7 +1,9 @@
 //! The compression pass: swaps selected weight constants for iOS18 `constexpr_*` ops
 //! (`constexpr_lut_to_dense` for palettization, `constexpr_blockwise_shift_scale` for linear
-//! quantization) whose data are bound inline, as coremltools 9 writes them. Never compresses
-//! outside the selection, never touches the positional embedding, never skips silently.
+//! quantization) whose data are bound inline, as coremltools 9 writes them; palettization
+//! with per-channel scales is a two-op chain (the table op's output feeds a
+//! `constexpr_blockwise_shift_scale`). Never compresses outside the selection, never touches
+//! the positional embedding, never skips silently.
 
 use super::calibrate::Calibration;
 use super::lut::{palettize, LutConfig, LutGranularity, LutMode};

@@ -15,6 +15,14 @@
 //!   computed in f64 and rounded once). Note the index is not always the nearest entry.
 //!
 //! Decode is a plain table look-up, so it is exact by construction.
+//!
+//! Per-channel scales (opt-in, [`LutConfig::per_channel_scale`]): each output channel is
+//! divided by `s = max |row|` (1 for a zero row) before the tables are fitted, and the decode
+//! is `fp16(entry · s)`, an iOS18 `constexpr_blockwise_shift_scale` with fp16 data (the table
+//! op's output) and an fp16 scale of shape `[out, 1, …, 1]`. With importance weights an error
+//! `e` of the normalized value costs `s²e²` in the original weight, so the k-means weights
+//! each row by `s²`. (coremltools 9 takes its maximum over axis 0 instead, one scale per input
+//! position; the row form here is what lets rows of different size share a grouped table.)
 
 use super::kmeans::kmeans_1d_f16;
 use anyhow::{bail, ensure, Result};
