@@ -20,6 +20,7 @@ fn lut4() -> Method {
         mode: LutMode::Kmeans,
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
+        per_channel_scale: false,
     })
 }
 

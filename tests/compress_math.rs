@@ -278,6 +278,7 @@ fn equal_weights_give_the_unweighted_result_exactly() {
         mode: LutMode::Kmeans,
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
+        per_channel_scale: false,
     };
     let plain = lut::palettize(&h, &shape, &cfg, None).unwrap();
     let weighted = lut::palettize(&h, &shape, &cfg, Some(&vec![0.61f32; shape[1]])).unwrap();
@@ -464,6 +465,7 @@ fn indivisible_group_and_block_sizes_are_refused() {
         mode: LutMode::Kmeans,
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
+        per_channel_scale: false,
     };
     let msg = lut::palettize(&w, &[1500, 4], &l, None)
         .unwrap_err()
@@ -676,6 +678,7 @@ fn palettize_and_decode_match_coremltools() {
                         mode,
                         nbits,
                         granularity: gran,
+                        per_channel_scale: false,
                     };
                     let pal = lut::palettize(&w, shape, &cfg, None).unwrap();
                     let p = |s: &str| dir.path().join(format!("{name}{s}"));
@@ -845,6 +848,7 @@ fn tiny_en_encoder_lut4_kmeans_error_beats_coremltools() {
         mode: LutMode::Kmeans,
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
+        per_channel_scale: false,
     };
     let t = std::time::Instant::now();
     let mut errs = Vec::new();
@@ -900,6 +904,7 @@ fn bench_palettize() {
         mode: LutMode::Kmeans,
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
+        per_channel_scale: false,
     };
     if let Some(root) = fixtures() {
         let weights = tiny_encoder_weights(&root);

@@ -24,6 +24,7 @@ fn lut(nbits: u32, group: usize) -> LutConfig {
         mode: LutMode::Kmeans,
         nbits,
         granularity: LutGranularity::PerGroupedChannel(group),
+        per_channel_scale: false,
     }
 }
 

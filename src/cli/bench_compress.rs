@@ -45,6 +45,7 @@ fn methods() -> [(&'static str, Method); 2] {
                 mode: LutMode::Kmeans,
                 nbits: 4,
                 granularity: LutGranularity::PerGroupedChannel(16),
+                per_channel_scale: false,
             }),
         ),
         (

@@ -74,6 +74,7 @@ pub fn measure(model_dir: &Path) -> Result<Vec<DecodeRow>> {
         mode: LutMode::Kmeans,
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(8),
+        per_channel_scale: false,
     });
     let int4 = Method::Quantize(QuantConfig {
         dtype: QuantDtype::Int4,

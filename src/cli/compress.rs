@@ -101,6 +101,14 @@ pub struct CompressFlags {
     /// weights are planned jointly, so either may end above or below it.
     #[arg(long, value_name = "BITS")]
     pub target_bits: Option<f64>,
+    /// Palettization (iOS18 only): divide each output channel by its largest magnitude
+    /// before fitting the tables and store that fp16 scale per channel (a
+    /// constexpr_blockwise_shift_scale after the table op, the chain coremltools'
+    /// enable_per_channel_scale emits, though coremltools 9 takes its maximum over the output
+    /// channels instead), so channels of very different magnitudes share a table well.
+    /// With --calibration the k-means still minimizes the error of the original weight.
+    #[arg(long)]
+    pub per_channel_scale: bool,
 }
 
 impl CompressFlags {
@@ -124,7 +132,11 @@ impl CompressFlags {
                 mode,
                 nbits: self.nbits,
                 granularity,
+                per_channel_scale: self.per_channel_scale,
             })));
+        }
+        if self.per_channel_scale {
+            bail!("--per-channel-scale applies to --palettize only");
         }
         if let Some(d) = self.quantize {
             let granularity = match self.granularity.unwrap_or(Granularity::PerChannel) {

@@ -47,6 +47,7 @@ fn recipe_flags(c: &RecipeCompression) -> Result<super::compress::CompressFlags>
         weight_threshold: c.weight_threshold.unwrap_or(2048),
         skip_indivisible: c.skip_indivisible,
         head_only: c.head_only,
+        per_channel_scale: c.per_channel_scale,
         ..d
     })
 }

@@ -91,7 +91,11 @@ pub fn infer_op(op: &Operation, opset: Opset, scope: &dyn Scope) -> Result<Vec<V
                     val: Some(v),
                 },
             };
-            if spec.kind == Kind::Const && info.val.is_none() {
+            // A constexpr may read another constexpr's output (coremltools chains a table
+            // into a per-channel scale); such outputs are compile-time constants whose value
+            // the scope does not hold, so a variable is accepted there.
+            let chained = op.op_type.starts_with("constexpr_") && matches!(b, Arg::Var(_));
+            if spec.kind == Kind::Const && info.val.is_none() && !chained {
                 bail!(
                     "input `{pname}` of `{}` ({}) must be a constant",
                     op.op_type,

@@ -1,7 +1,9 @@
 //! The compression pass: swaps selected weight constants for iOS18 `constexpr_*` ops
 //! (`constexpr_lut_to_dense` for palettization, `constexpr_blockwise_shift_scale` for linear
-//! quantization) whose data are bound inline, as coremltools 9 writes them. Never compresses
-//! outside the selection, never touches the positional embedding, never skips silently.
+//! quantization) whose data are bound inline, as coremltools 9 writes them; palettization
+//! with per-channel scales is a two-op chain (the table op's output feeds a
+//! `constexpr_blockwise_shift_scale`). Never compresses outside the selection, never touches
+//! the positional embedding, never skips silently.
 
 use super::calibrate::Calibration;
 use super::lut::{palettize, LutConfig, LutGranularity, LutMode};
@@ -97,9 +99,14 @@ pub fn mode_name(m: &Method) -> String {
                 LutMode::Kmeans => "kmeans",
                 LutMode::Uniform => "uniform",
             };
-            match c.granularity {
+            let base = match c.granularity {
                 LutGranularity::PerTensor => format!("lut{}-{mode}-per-tensor", c.nbits),
                 LutGranularity::PerGroupedChannel(g) => format!("lut{}-{mode}-g{g}", c.nbits),
+            };
+            if c.per_channel_scale {
+                format!("{base}-channel-scale")
+            } else {
+                base
             }
         }
         Method::Quantize(c) => {
@@ -195,13 +202,25 @@ pub fn compress_mixed(
             ),
         }
     }
+    if let Method::Palettize(c) = method {
+        if c.per_channel_scale {
+            for (fname, f) in &model.program.functions {
+                if f.opset < Opset::Ios18 {
+                    bail!(
+                        "--per-channel-scale needs iOS18 (its scale is a constexpr_blockwise_shift_scale after the table), but function `{fname}` targets {}; export with --target ios18",
+                        f.opset
+                    );
+                }
+            }
+        }
+    }
     let (jobs, skipped) = plan_jobs(model, method, sel)?;
     let mut outcome = Outcome {
         skipped,
         ..Outcome::default()
     };
     // Compute replacements in parallel (k-means dominates), then splice them in.
-    let results: Vec<Result<(usize, Operation, Compressed)>> = jobs
+    let results: Vec<Result<(usize, Vec<Operation>, Compressed)>> = jobs
         .par_iter()
         .map(|j| {
             let f = &model.program.functions[&j.func];
@@ -222,11 +241,11 @@ pub fn compress_mixed(
                 (Method::Palettize(cfg), Some(&b)) => Method::Palettize(LutConfig { nbits: b, ..*cfg }),
                 _ => *method,
             };
-            let (op, rec) = replace(c, t, &method, importance.as_deref())
+            let (ops, rec) = replace(c, t, &method, importance.as_deref())
                 .with_context(|| format!("compressing `{}` of op `{}`", c.name, j.op))?;
             Ok((
                 j.const_idx,
-                op,
+                ops,
                 Compressed {
                     op: j.op.clone(),
                     op_type: j.op_type.clone(),
@@ -235,20 +254,22 @@ pub fn compress_mixed(
             ))
         })
         .collect();
-    let mut by_func: BTreeMap<String, Vec<(usize, Operation)>> = BTreeMap::new();
+    let mut by_func: BTreeMap<String, Vec<(usize, Vec<Operation>)>> = BTreeMap::new();
     for (j, r) in jobs.iter().zip(results) {
-        let (i, op, rec) = r?;
-        by_func.entry(j.func.clone()).or_default().push((i, op));
+        let (i, ops, rec) = r?;
+        by_func.entry(j.func.clone()).or_default().push((i, ops));
         outcome.compressed.push(rec);
     }
-    for (fname, reps) in by_func {
+    for (fname, mut reps) in by_func {
         let f = model
             .program
             .functions
             .get_mut(&fname)
             .expect("function exists");
-        for (i, op) in reps {
-            f.block.operations[i] = op;
+        // A replacement may be a chain of ops: splice from the back so earlier indices hold.
+        reps.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        for (i, ops) in reps {
+            f.block.operations.splice(i..i + 1, ops);
         }
     }
     Ok(outcome)
@@ -389,13 +410,14 @@ fn f16_values(t: &Tensor) -> Cow<'_, [f16]> {
     Cow::Owned(t.data.to_f16_vec())
 }
 
-/// The constexpr op that replaces const `c` (same output variable), and its record.
+/// The constexpr op(s) that replace const `c` (the last one defines the same output
+/// variable), and the record.
 fn replace(
     c: &Operation,
     t: &Tensor,
     method: &Method,
     importance: Option<&[f32]>,
-) -> Result<(Operation, Compressed)> {
+) -> Result<(Vec<Operation>, Compressed)> {
     let w = f16_values(t);
     let before = t.data.len() as u64;
     let out = Var {
@@ -403,6 +425,8 @@ fn replace(
         ty: ValueType::Tensor(t.tensor_type()),
     };
     let mut inputs = BTreeMap::new();
+    // With per-channel scales: the fp16 scale tensor that follows the LUT op.
+    let mut row_scale: Option<Tensor> = None;
     // Each method measures its error from its own codes, without a decoded copy of the weight.
     let (op_type, err, after) = match method {
         Method::Palettize(cfg) => {
@@ -424,7 +448,12 @@ fn replace(
                 crate::ir::Bytes::from_vec(packed),
             )?;
             let lut = Tensor::f16(&p.lut_shape, &p.lut);
-            let after = (idx.data.len() + lut.data.len()) as u64;
+            let mut after = (idx.data.len() + lut.data.len()) as u64;
+            if let Some(s) = &p.row_scale {
+                let st = Tensor::f16(&p.row_scale_shape(), s);
+                after += st.data.len() as u64;
+                row_scale = Some(st);
+            }
             inputs.insert("indices".to_string(), vec![Arg::Value(Value::Tensor(idx))]);
             inputs.insert("lut".to_string(), vec![Arg::Value(Value::Tensor(lut))]);
             ("constexpr_lut_to_dense", err, after)
@@ -455,16 +484,48 @@ fn replace(
     } else {
         "quantized"
     };
-    let op = Operation {
-        op_type: op_type.to_string(),
-        name: format!("{}_{suffix}", c.name),
-        inputs,
-        outputs: vec![out],
-        blocks: vec![],
-        attributes: BTreeMap::new(),
+    let name = format!("{}_{suffix}", c.name);
+    let ops = match row_scale {
+        None => vec![Operation {
+            op_type: op_type.to_string(),
+            name,
+            inputs,
+            outputs: vec![out],
+            blocks: vec![],
+            attributes: BTreeMap::new(),
+        }],
+        Some(scale) => {
+            // As coremltools: `<w>_palettized` (the normalized weight) feeds
+            // `<w>_palettized_pcs`, whose output is the weight the consumers read.
+            let mid = Var {
+                name: format!("{}_palettized_normalized", out.name),
+                ty: out.ty.clone(),
+            };
+            let mut sinputs = BTreeMap::new();
+            sinputs.insert("data".to_string(), vec![Arg::Var(mid.name.clone())]);
+            sinputs.insert("scale".to_string(), vec![Arg::Value(Value::Tensor(scale))]);
+            vec![
+                Operation {
+                    op_type: op_type.to_string(),
+                    name: name.clone(),
+                    inputs,
+                    outputs: vec![mid],
+                    blocks: vec![],
+                    attributes: BTreeMap::new(),
+                },
+                Operation {
+                    op_type: "constexpr_blockwise_shift_scale".to_string(),
+                    name: format!("{name}_pcs"),
+                    inputs: sinputs,
+                    outputs: vec![out],
+                    blocks: vec![],
+                    attributes: BTreeMap::new(),
+                },
+            ]
+        }
     };
     Ok((
-        op,
+        ops,
         Compressed {
             op: String::new(),
             op_type: String::new(),

@@ -15,6 +15,14 @@
 //!   computed in f64 and rounded once). Note the index is not always the nearest entry.
 //!
 //! Decode is a plain table look-up, so it is exact by construction.
+//!
+//! Per-channel scales (opt-in, [`LutConfig::per_channel_scale`]): each output channel is
+//! divided by `s = max |row|` (1 for a zero row) before the tables are fitted, and the decode
+//! is `fp16(entry · s)`, an iOS18 `constexpr_blockwise_shift_scale` with fp16 data (the table
+//! op's output) and an fp16 scale of shape `[out, 1, …, 1]`. With importance weights an error
+//! `e` of the normalized value costs `s²e²` in the original weight, so the k-means weights
+//! each row by `s²`. (coremltools 9 takes its maximum over axis 0 instead, one scale per input
+//! position; the row form here is what lets rows of different size share a grouped table.)
 
 use super::kmeans::kmeans_1d_f16;
 use anyhow::{bail, ensure, Result};
@@ -44,6 +52,11 @@ pub struct LutConfig {
     /// 1, 2, 3, 4, 6 or 8.
     pub nbits: u32,
     pub granularity: LutGranularity,
+    /// Divide each output channel by its largest magnitude before palettizing, and undo it
+    /// with an fp16 scale per output channel at load time (iOS18
+    /// `constexpr_blockwise_shift_scale` after the LUT op; coremltools'
+    /// `enable_per_channel_scale`). Lets rows of very different magnitudes share a table.
+    pub per_channel_scale: bool,
 }
 
 /// Bit widths `constexpr_lut_to_dense` accepts for its indices.
@@ -60,12 +73,26 @@ pub struct Palettized {
     pub lut_shape: Vec<usize>,
     /// One index (< 2^nbits) per element, row-major.
     pub indices: Vec<u8>,
+    /// With per-channel scales: one fp16 factor per output channel (axis 0) that multiplies
+    /// the table's decode (the `scale` of the following `constexpr_blockwise_shift_scale`,
+    /// shape `[shape[0], 1, …, 1]`).
+    pub row_scale: Option<Vec<f16>>,
 }
 
 impl Palettized {
     /// The fp16 weight Core ML materializes from this op.
     pub fn decode(&self) -> Result<Vec<f16>> {
-        decode_lut(&self.indices, &self.shape, &self.lut, &self.lut_shape)
+        let dense = decode_lut(&self.indices, &self.shape, &self.lut, &self.lut_shape)?;
+        match &self.row_scale {
+            Some(s) => apply_row_scale(dense, s),
+            None => Ok(dense),
+        }
+    }
+    /// The shape of the per-channel scale tensor: `[shape[0], 1, …, 1]`.
+    pub fn row_scale_shape(&self) -> Vec<usize> {
+        let mut s = vec![1usize; self.shape.len()];
+        s[0] = self.shape[0];
+        s
     }
     /// rms(weight − decode) / rms(weight) of this palettization of `weight`, straight from the
     /// table (equal to [`super::quant::relative_rms_error`] of [`Self::decode`], without the
@@ -86,6 +113,10 @@ impl Palettized {
             self.indices.len(),
             self.lut_shape
         );
+        if self.row_scale.is_some() {
+            // The scaled decode is not a pure table look-up; measure it on the decode.
+            return super::quant::relative_rms_error(weight, &self.decode()?);
+        }
         if let Some(bad) = self.indices.iter().find(|&&i| usize::from(i) >= entries) {
             bail!("palettized error: index {bad} outside a palette of {entries} entries");
         }
@@ -273,15 +304,44 @@ pub fn palettize(
     // Per-element weights of a group: the importance row repeated for each output channel.
     let group_weights: Option<Vec<f32>> =
         importance.map(|imp| imp.iter().copied().cycle().take(chunk).collect());
+    // With per-channel scales the table is fitted to the normalized weight.
+    let (row_scale, normalized) = if cfg.per_channel_scale {
+        let (s, n) = normalize_rows(weight, shape[0]);
+        (Some(s), Some(n))
+    } else {
+        (None, None)
+    };
+    let fit: &[f16] = normalized.as_deref().unwrap_or(weight);
+    let rows_per_group = shape[0] / groups;
 
     lut.par_chunks_mut(entries)
         .zip(indices.par_chunks_mut(chunk))
-        .zip(weight.par_chunks(chunk))
-        .try_for_each(|((lut, idx), w)| -> Result<()> {
+        .zip(fit.par_chunks(chunk))
+        .enumerate()
+        .try_for_each(|(g, ((lut, idx), w))| -> Result<()> {
             match cfg.mode {
                 LutMode::Uniform => uniform_group(w, cfg.nbits, lut, idx),
                 LutMode::Kmeans => {
-                    let km = kmeans_1d_f16(w, group_weights.as_deref(), entries)?;
+                    // An error e in normalized space is s·e in the original weight, so the
+                    // calibrated importance of a row is scaled by s² to keep minimizing the
+                    // original weight's (input-weighted) error.
+                    let scaled: Option<Vec<f32>> = match (&group_weights, &row_scale) {
+                        (Some(gw), Some(s)) => {
+                            let rows = &s[g * rows_per_group..(g + 1) * rows_per_group];
+                            Some(
+                                gw.chunks(rest)
+                                    .zip(rows)
+                                    .flat_map(|(imp, s)| {
+                                        let s2 = s.to_f32() * s.to_f32();
+                                        imp.iter().map(move |&v| v * s2)
+                                    })
+                                    .collect(),
+                            )
+                        }
+                        _ => None,
+                    };
+                    let weights = scaled.as_deref().or(group_weights.as_deref());
+                    let km = kmeans_1d_f16(w, weights, entries)?;
                     for (e, &c) in lut.iter_mut().zip(&km.centroids) {
                         *e = f64_to_f16_nearest(c);
                     }
@@ -300,7 +360,61 @@ pub fn palettize(
         lut,
         lut_shape,
         indices,
+        row_scale,
     })
+}
+
+/// Per-output-channel scales `s = max |row|` (1 for an all-zero row, as coremltools sets it)
+/// and the weight divided by them, each quotient rounded once to fp16 (as numpy's fp16
+/// division). Every `s` is an fp16 value of the weight, so it is stored exactly.
+pub fn normalize_rows(weight: &[f16], rows: usize) -> (Vec<f16>, Vec<f16>) {
+    let rest = weight.len() / rows.max(1);
+    let scale: Vec<f16> = weight
+        .par_chunks(rest.max(1))
+        .map(|r| {
+            // Magnitudes of finite fp16 values order like their bit patterns without the sign.
+            let m = r.iter().map(|v| v.to_bits() & 0x7fff).max().unwrap_or(0);
+            if m == 0 {
+                f16::ONE
+            } else {
+                f16::from_bits(m)
+            }
+        })
+        .collect();
+    let mut out = vec![f16::ZERO; weight.len()];
+    out.par_chunks_mut(rest.max(1))
+        .zip(weight.par_chunks(rest.max(1)))
+        .zip(&scale)
+        .for_each(|((o, w), s)| {
+            let s = s.to_f32();
+            for (o, w) in o.iter_mut().zip(w) {
+                // An f32 quotient of fp16 operands rounds to the same fp16 as the exact one.
+                *o = f16::from_f32(w.to_f32() / s);
+            }
+        });
+    (scale, out)
+}
+
+/// `fp16(x · s_row)` for every element: `constexpr_blockwise_shift_scale` with fp16 data and
+/// one scale per output channel (the product of two fp16 values is exact in f32, so this is
+/// one rounding, as numpy's fp16 multiply).
+pub fn apply_row_scale(mut dense: Vec<f16>, scale: &[f16]) -> Result<Vec<f16>> {
+    ensure!(
+        !scale.is_empty() && dense.len() % scale.len() == 0,
+        "per-channel scale: {} scales for {} elements",
+        scale.len(),
+        dense.len()
+    );
+    let rest = dense.len() / scale.len();
+    if rest > 0 {
+        dense.par_chunks_mut(rest).zip(scale).for_each(|(row, s)| {
+            let s = s.to_f32();
+            for v in row {
+                *v = f16::from_f32(v.to_f32() * s);
+            }
+        });
+    }
+    Ok(dense)
 }
 
 /// Core ML's materialization of `constexpr_lut_to_dense` for scalar palettization
@@ -407,6 +521,7 @@ mod tests {
                 mode,
                 nbits: 3,
                 granularity: LutGranularity::PerGroupedChannel(3),
+                per_channel_scale: false,
             };
             let p = palettize(&w, &shape, &cfg, None).unwrap();
             let want = super::super::quant::relative_rms_error(&w, &p.decode().unwrap()).unwrap();
@@ -436,6 +551,7 @@ mod tests {
             mode: LutMode::Kmeans,
             nbits: 2,
             granularity: LutGranularity::PerGroupedChannel(16),
+            per_channel_scale: false,
         };
         let p = palettize(&w, &[32, 2, 3], &cfg, None).unwrap();
         assert_eq!(p.lut_shape, vec![2, 1, 1, 4, 1]);

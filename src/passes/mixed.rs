@@ -63,7 +63,13 @@ fn stored_bits(cfg: &LutConfig, shape: &[usize]) -> u64 {
         LutGranularity::PerTensor => 1,
         LutGranularity::PerGroupedChannel(g) => (shape[0] / g.max(1)).max(1) as u64,
     };
-    numel * cfg.nbits as u64 + tables * (1u64 << cfg.nbits) * 16
+    // Per-channel scales add one fp16 value per output channel.
+    let scales = if cfg.per_channel_scale {
+        shape[0] as u64 * 16
+    } else {
+        0
+    };
+    numel * cfg.nbits as u64 + tables * (1u64 << cfg.nbits) * 16 + scales
 }
 
 /// Measures every selected weight at every candidate width and allocates widths so that the

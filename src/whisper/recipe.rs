@@ -68,6 +68,9 @@ pub struct RecipeCompression {
     /// Decoder: compress only the vocabulary head (one op per head chunk).
     #[serde(default)]
     pub head_only: bool,
+    /// Palettization: a per-output-channel fp16 scale before the tables (iOS18).
+    #[serde(default)]
+    pub per_channel_scale: bool,
 }
 
 fn default_abi() -> String {
