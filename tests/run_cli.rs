@@ -219,3 +219,20 @@ fn run_errors_name_the_input_and_the_file() {
     assert!(e.contains("a.safetensors"), "{e}");
     assert!(!out.exists(), "nothing written on failure");
 }
+
+/// Every bench option is a named flag (a merge once turned two of them into positionals).
+#[test]
+fn bench_flags_parse_as_flags() {
+    let help = Command::new(env!("CARGO_BIN_EXE_milkit"))
+        .args(["bench", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--only <ONLY>", "--only-turbo", "--profile", "--runs"] {
+        assert!(text.contains(flag), "bench --help lacks {flag}:\n{text}");
+    }
+    assert!(
+        text.contains("Usage: milkit bench [OPTIONS] [AUDIO]\n"),
+        "only AUDIO is positional:\n{text}"
+    );
+}

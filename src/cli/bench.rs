@@ -52,8 +52,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub profile: bool,
     /// Compress suite: only the methods whose bench name contains this (`int4`, `lut4`).
+    #[arg(long)]
     pub only: Option<String>,
     /// Compress suite: skip the tiny.en encoder (and coremltools), run only the turbo synth.
+    #[arg(long)]
     pub only_turbo: bool,
 }
 
