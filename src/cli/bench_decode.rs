@@ -16,7 +16,6 @@ use milkit::whisper::decoder::{
 };
 use milkit::whisper::export::open_checked;
 use milkit::whisper::weights::Component;
-use rayon::prelude::*;
 use std::path::Path;
 use std::time::Instant;
 
@@ -164,7 +163,9 @@ fn time_variant(name: &str, m: Model, d: &DecoderDims) -> Result<DecodeRow> {
     eprintln!("{name} per step: {}", prof.join(", "));
     let weight_bytes = s.streamed_bytes(None)?;
     let cross_kv_bytes = 2 * dl * na * 2;
-    let bandwidth_gbps = stream_bandwidth(weight_bytes + cross_kv_bytes);
+    // The same measurement as `milkit bench AUDIO`: best of 12 passes over that many bytes.
+    let bandwidth_gbps =
+        milkit::transcribe::cost::stream_bandwidth_gbps((weight_bytes + cross_kv_bytes) as u64, 12);
     Ok(DecodeRow {
         variant: name.to_string(),
         load_ms,
@@ -174,35 +175,6 @@ fn time_variant(name: &str, m: Model, d: &DecoderDims) -> Result<DecodeRow> {
         cross_kv_bytes,
         bandwidth_gbps,
     })
-}
-
-/// Read bandwidth (GB/s) over a buffer of `bytes` bytes, all threads, best of 12 passes.
-pub fn stream_bandwidth(bytes: usize) -> f64 {
-    let n = (bytes / 4).max(1024);
-    let buf: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
-    let chunk = (n / (4 * rayon::current_num_threads().max(1))).max(4096);
-    let mut best = f64::INFINITY;
-    let mut sink = 0f32;
-    for _ in 0..12 {
-        let t = Instant::now();
-        let s: f32 = buf
-            .par_chunks(chunk)
-            .map(|c| {
-                // Eight independent sums so the loop is load-bound, not add-latency-bound.
-                let mut acc = [0f32; 8];
-                for v in c.chunks_exact(8) {
-                    for (a, x) in acc.iter_mut().zip(v) {
-                        *a += x;
-                    }
-                }
-                acc.iter().sum::<f32>()
-            })
-            .sum();
-        best = best.min(t.elapsed().as_secs_f64());
-        sink += s;
-    }
-    std::hint::black_box(sink);
-    (n * 4) as f64 / best / 1e9
 }
 
 /// Runs the suite and prints the table (or JSON).

@@ -98,6 +98,19 @@ fn coalesce(dims: &[usize], sa: &[usize], sb: &[usize]) -> (Vec<usize>, Vec<usiz
     (d, a, b)
 }
 
+/// Offsets into both operands of the start of innermost run `row` (coalesced `dims` with the
+/// operands' strides `sa`/`sb`; the last axis is the run itself).
+fn row_offsets(row: usize, dims: &[usize], sa: &[usize], sb: &[usize]) -> (usize, usize) {
+    let (mut rem, mut oa, mut ob) = (row, 0, 0);
+    for ax in (0..dims.len() - 1).rev() {
+        let i = rem % dims[ax];
+        rem /= dims[ax];
+        oa += i * sa[ax];
+        ob += i * sb[ax];
+    }
+    (oa, ob)
+}
+
 /// `out[i] = f(a[ia], b[ib])` over the broadcast of two row-major operands.
 pub fn zip_broadcast<A, B, U>(
     a: &[A],
@@ -136,14 +149,7 @@ where
         .enumerate()
         .for_each(|(c, o)| {
             for (k, row) in o.chunks_mut(inner).enumerate() {
-                let mut rem = c * rows_per_task + k;
-                let (mut oa, mut ob) = (0usize, 0usize);
-                for ax in (0..r - 1).rev() {
-                    let i = rem % dims[ax];
-                    rem /= dims[ax];
-                    oa += i * sa[ax];
-                    ob += i * sb[ax];
-                }
+                let (oa, ob) = row_offsets(c * rows_per_task + k, &dims, &sa, &sb);
                 let w = row.len();
                 // The common strides get loops the compiler can vectorise.
                 match (ia, ib) {
@@ -216,14 +222,8 @@ fn zip_f16(
             .for_each(|(j, d)| *d = src[off + j * st].to_f32()),
     };
     let run = |row: usize, o: &mut [f16], j0: usize, xa: &mut [f32], xb: &mut [f32]| {
-        let mut rem = row;
-        let (mut oa, mut ob) = (j0 * ia, j0 * ib);
-        for ax in (0..r - 1).rev() {
-            let i = rem % dims[ax];
-            rem /= dims[ax];
-            oa += i * sa[ax];
-            ob += i * sb[ax];
-        }
+        let (oa, ob) = row_offsets(row, &dims, &sa, &sb);
+        let (oa, ob) = (oa + j0 * ia, ob + j0 * ib);
         for (p, piece) in o.chunks_mut(PIECE).enumerate() {
             let w = piece.len();
             widen(a, oa + p * PIECE * ia, ia, &mut xa[..w]);
