@@ -355,6 +355,10 @@ pub struct CompressReport {
     pub ops: Vec<CompressedOp>,
     /// Weights left uncompressed with `--skip-indivisible`, and why.
     pub skipped: Vec<SkippedOp>,
+    /// `--outlier-grouping`: hidden channels reordered (function-preserving) before
+    /// compressing, so rows sharing a table are alike.
+    #[serde(default)]
+    pub regrouped: Vec<RegroupedChain>,
     /// Sum over the compressed weights of their fp16 bytes.
     pub bytes_before: u64,
     /// Sum over the compressed weights of their stored bytes (indices + tables, or data +
@@ -378,6 +382,23 @@ pub struct CompressedOp {
     pub bytes_before: u64,
     pub bytes_after: u64,
     pub rel_rms_error: f64,
+}
+
+/// One chain `producer → activation → consumer` whose hidden channels were reordered.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct RegroupedChain {
+    /// The op whose output rows were reordered, and its weight constant.
+    pub producer: String,
+    pub producer_weight: String,
+    /// The op whose input columns follow the same order, and its weight constant.
+    pub consumer: String,
+    pub consumer_weight: String,
+    /// The elementwise op type between them.
+    pub activation: String,
+    /// Hidden channels in the chain.
+    pub channels: usize,
+    /// Channels not in their original place.
+    pub moved: usize,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]

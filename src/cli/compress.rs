@@ -109,6 +109,14 @@ pub struct CompressFlags {
     /// With --calibration the k-means still minimizes the error of the original weight.
     #[arg(long)]
     pub per_channel_scale: bool,
+    /// Outlier-aware grouping (grouped-channel palettization): before fitting the tables,
+    /// reorder the hidden channels of every weight → activation → weight chain (Whisper's
+    /// MLPs: fc1 → gelu → fc2) so that the output rows sharing a table have alike ranges —
+    /// rows with outliers share tables among themselves instead of stretching the table of
+    /// 15 ordinary rows. fc1's rows and bias and fc2's input columns move together, so the
+    /// model computes the same function; calibration statistics follow the reordering.
+    #[arg(long)]
+    pub outlier_grouping: bool,
 }
 
 impl CompressFlags {
@@ -192,6 +200,7 @@ impl CompressFlags {
             calibration,
             target_bits: self.target_bits,
             nbits: Default::default(),
+            regroup: self.outlier_grouping,
         }))
     }
 

@@ -48,6 +48,7 @@ fn recipe_flags(c: &RecipeCompression) -> Result<super::compress::CompressFlags>
         skip_indivisible: c.skip_indivisible,
         head_only: c.head_only,
         per_channel_scale: c.per_channel_scale,
+        outlier_grouping: c.outlier_grouping,
         ..d
     })
 }

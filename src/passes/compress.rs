@@ -75,6 +75,8 @@ pub struct Skipped {
 pub struct Outcome {
     pub compressed: Vec<Compressed>,
     pub skipped: Vec<Skipped>,
+    /// Channel reorderings done before compressing (outlier-aware grouping).
+    pub regrouped: Vec<super::regroup::Regrouped>,
 }
 
 /// Names that identify a positional embedding, which is never compressed (its error shifts

@@ -1,7 +1,7 @@
 //! Conversion of a compression pass outcome into its report.
 
 use crate::passes::compress::Outcome;
-use crate::report::{CompressReport, CompressedOp, SkippedOp};
+use crate::report::{CompressReport, CompressedOp, RegroupedChain, SkippedOp};
 
 impl CompressReport {
     pub fn from_outcome(o: &Outcome, mode: &str) -> CompressReport {
@@ -34,6 +34,19 @@ impl CompressReport {
                     reason: s.reason.clone(),
                 })
                 .collect(),
+            regrouped: o
+                .regrouped
+                .iter()
+                .map(|r| RegroupedChain {
+                    producer: r.producer.clone(),
+                    producer_weight: r.producer_weight.clone(),
+                    consumer: r.consumer.clone(),
+                    consumer_weight: r.consumer_weight.clone(),
+                    activation: r.activation.clone(),
+                    channels: r.channels,
+                    moved: r.moved,
+                })
+                .collect(),
             bytes_before: before,
             bytes_after: after,
             ratio: if after > 0 {
@@ -56,6 +69,12 @@ impl CompressReport {
                 c.bytes_before,
                 c.bytes_after,
                 c.rel_rms_error
+            );
+        }
+        for r in &self.regrouped {
+            s += &format!(
+                "  reordered {} of {} hidden channels: rows of {} / columns of {} (through {})\n",
+                r.moved, r.channels, r.producer_weight, r.consumer_weight, r.activation
             );
         }
         for k in &self.skipped {

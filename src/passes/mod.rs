@@ -7,4 +7,5 @@ pub mod lut;
 pub mod mixed;
 pub mod quant;
 mod quant_kernel;
+pub mod regroup;
 pub mod subbyte;

@@ -20,7 +20,9 @@ use crate::passes::calibrate::Calibration;
 use crate::passes::compress::{compress_mixed, Method, Outcome, Selection};
 use crate::passes::lut::{LutConfig, LutMode};
 use crate::passes::mixed::{plan_bits, plan_bits_joint, MixedPlan, PlanPart, DEFAULT_CANDIDATES};
+use crate::passes::regroup::{regroup, Regrouped};
 use anyhow::{bail, ensure, Context, Result};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -91,6 +93,8 @@ pub struct Compression {
     /// Bit widths per weight constant fixed beforehand (by a joint plan over several
     /// models, see [`plan_folder_bits`]); when not empty, `target_bits` is not planned again.
     pub nbits: BTreeMap<String, u32>,
+    /// Outlier-aware grouping before compressing ([`regroup`]).
+    pub regroup: bool,
 }
 
 impl Compression {
@@ -103,6 +107,7 @@ impl Compression {
             calibration: None,
             target_bits: None,
             nbits: BTreeMap::new(),
+            regroup: false,
         }
     }
 
@@ -123,17 +128,45 @@ impl Compression {
         }
     }
 
+    /// The steps before compressing `m`: its selection and, with `regroup`, the channel
+    /// reordering (done in place) and the statistics permuted to match.
+    pub fn prepare(&self, m: &mut Model) -> Result<Prepared<'_>> {
+        let sel = self.selection_in(m)?;
+        let mut p = Prepared {
+            calibration: self.calibration.as_ref().map(Cow::Borrowed),
+            regrouped: Vec::new(),
+            sel,
+        };
+        if self.regroup {
+            let (done, cal) = regroup(m, &self.method, &p.sel, self.calibration.as_ref())?;
+            if let Some(c) = cal {
+                p.calibration = Some(Cow::Owned(c));
+            }
+            p.regrouped = done;
+        }
+        Ok(p)
+    }
+
     /// Compresses `m` in place.
     pub fn apply(&self, m: &mut Model) -> Result<Outcome> {
-        let sel = self.selection_in(m)?;
+        let p = self.prepare(m)?;
+        let cal = p.calibration.as_deref();
         let mut nbits = self.nbits.clone();
         if let (true, Some(target)) = (nbits.is_empty(), self.target_bits) {
             let cfg = self.mixed_base()?;
-            let cal = self.calibration.as_ref();
-            nbits = plan_bits(m, cfg, &sel, cal, target, &DEFAULT_CANDIDATES)?.nbits();
+            nbits = plan_bits(m, cfg, &p.sel, cal, target, &DEFAULT_CANDIDATES)?.nbits();
         }
-        compress_mixed(m, &self.method, &sel, self.calibration.as_ref(), &nbits)
+        let mut out = compress_mixed(m, &self.method, &p.sel, cal, &nbits)?;
+        out.regrouped = p.regrouped;
+        Ok(out)
     }
+}
+
+/// What [`Compression::prepare`] hands to the compression of one model.
+pub struct Prepared<'a> {
+    pub sel: Selection,
+    pub calibration: Option<Cow<'a, Calibration>>,
+    pub regrouped: Vec<Regrouped>,
 }
 
 /// How to build one model.
@@ -330,29 +363,32 @@ pub fn plan_folder_bits(
         "one budget for the whole model: the encoder asks for {te} bits, the decoder for {td}"
     );
     progress("planning bit widths over the encoder and the decoder");
-    let enc = export_encoder(
+    let mut enc = export_encoder(
         model_dir,
         EncoderAbi::WhisperKit,
         opts.opset,
         &mut |_, _| {},
     )?;
-    let dec = export_decoder(model_dir, &opts.decoder, opts.opset)?;
-    let (esel, dsel) = (ec.selection_in(&enc)?, dc.selection_in(&dec)?);
-    let parts = [
-        PlanPart {
-            model: &enc,
-            base: *ec.mixed_base()?,
-            sel: &esel,
-            calibration: ec.calibration.as_ref(),
-        },
-        PlanPart {
-            model: &dec,
-            base: *dc.mixed_base()?,
-            sel: &dsel,
-            calibration: dc.calibration.as_ref(),
-        },
-    ];
-    let mut plans = plan_bits_joint(&parts, te, &DEFAULT_CANDIDATES)?;
+    let mut dec = export_decoder(model_dir, &opts.decoder, opts.opset)?;
+    // The plan measures the weights as they will be compressed: reordered, if asked.
+    let mut plans = {
+        let (ep, dp) = (ec.prepare(&mut enc)?, dc.prepare(&mut dec)?);
+        let parts = [
+            PlanPart {
+                model: &enc,
+                base: *ec.mixed_base()?,
+                sel: &ep.sel,
+                calibration: ep.calibration.as_deref(),
+            },
+            PlanPart {
+                model: &dec,
+                base: *dc.mixed_base()?,
+                sel: &dp.sel,
+                calibration: dp.calibration.as_deref(),
+            },
+        ];
+        plan_bits_joint(&parts, te, &DEFAULT_CANDIDATES)?
+    };
     let d = plans.pop().context("a plan per part")?;
     let e = plans.pop().context("a plan per part")?;
     ec.nbits = e.nbits();

@@ -71,6 +71,10 @@ pub struct RecipeCompression {
     /// Palettization: a per-output-channel fp16 scale before the tables (iOS18).
     #[serde(default)]
     pub per_channel_scale: bool,
+    /// Grouped-channel palettization: reorder MLP hidden channels so rows sharing a table
+    /// are alike (outlier-aware grouping; function-preserving).
+    #[serde(default)]
+    pub outlier_grouping: bool,
 }
 
 fn default_abi() -> String {
