@@ -11,7 +11,9 @@
 //! P equals the original, as f acts per element — and leaves standard ops, so the validator
 //! and Core ML see an ordinary program. The order chosen sorts the rows by their largest
 //! magnitude, so outlier rows share tables among themselves and every other group gets a
-//! table fitted to its own range. (With per-channel scales every row is divided by its
+//! table fitted to its own range; with calibration statistics each element counts in
+//! proportion to √(its input channel's mean square), as the weighted k-means weighs it.
+//! (With per-channel scales every row is divided by its
 //! largest magnitude anyway; rows are then sorted by how peaked they are, rms ÷ max, so a
 //! table serves rows whose values spread alike.)
 //!
@@ -75,7 +77,7 @@ pub fn regroup(
     let mut cal_changed = false;
     for f in model.program.functions.values_mut() {
         for chain in find_chains(f, &selected) {
-            let Some(r) = apply(f, &chain, scaled)? else {
+            let Some(r) = apply(f, &chain, scaled, cal.as_ref())? else {
                 continue;
             };
             if let Some(m) = cal
@@ -249,6 +251,30 @@ fn values(t: &Tensor) -> Vec<f32> {
 
 /// The sort key of one output row (see the module doc).
 pub fn row_key(row: &[f32], scaled: bool) -> f64 {
+    row_key_weighted(row, scaled, None)
+}
+
+/// [`row_key`] of the row with each element scaled by √(importance ÷ mean importance): with
+/// calibration statistics, an outlier in a channel that carries little signal costs the
+/// weighted k-means little, so it should not decide the row's group.
+fn row_key_weighted(row: &[f32], scaled: bool, importance: Option<&[f32]>) -> f64 {
+    let scaled_row: Vec<f32>;
+    let row = match importance {
+        Some(imp) if imp.len() == row.len() => {
+            let mean = imp.iter().map(|v| *v as f64).sum::<f64>() / imp.len().max(1) as f64;
+            if mean > 0.0 {
+                scaled_row = row
+                    .iter()
+                    .zip(imp)
+                    .map(|(w, m)| w * ((*m as f64 / mean).sqrt() as f32))
+                    .collect();
+                &scaled_row[..]
+            } else {
+                row
+            }
+        }
+        _ => row,
+    };
     let max = row.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
     if !scaled {
         return max;
@@ -262,10 +288,11 @@ pub fn row_key(row: &[f32], scaled: bool) -> f64 {
 }
 
 /// The order of `rows` rows of `w` by [`row_key`]: entry i is the old index of new row i.
-pub fn row_order(w: &[f32], rows: usize, scaled: bool) -> Vec<usize> {
+/// `importance`: one weight per element of a row (see [`Calibration::importance`]).
+pub fn row_order(w: &[f32], rows: usize, scaled: bool, importance: Option<&[f32]>) -> Vec<usize> {
     let cols = w.len() / rows.max(1);
     let keys: Vec<f64> = (0..rows)
-        .map(|r| row_key(&w[r * cols..(r + 1) * cols], scaled))
+        .map(|r| row_key_weighted(&w[r * cols..(r + 1) * cols], scaled, importance))
         .collect();
     let mut perm: Vec<usize> = (0..rows).collect();
     perm.sort_by(|&a, &b| keys[a].total_cmp(&keys[b]));
@@ -303,7 +330,12 @@ fn set_const(f: &mut Function, i: usize, t: Tensor) {
 }
 
 /// Reorders one chain; `None` when its order is already sorted or its shapes do not match.
-fn apply(f: &mut Function, c: &Chain, scaled: bool) -> Result<Option<(Vec<usize>, Regrouped)>> {
+fn apply(
+    f: &mut Function,
+    c: &Chain,
+    scaled: bool,
+    cal: Option<&Calibration>,
+) -> Result<Option<(Vec<usize>, Regrouped)>> {
     let (Some(w1), Some(w2)) = (tensor_of(f, c.w1), tensor_of(f, c.w2)) else {
         return Ok(None);
     };
@@ -316,7 +348,11 @@ fn apply(f: &mut Function, c: &Chain, scaled: bool) -> Result<Option<(Vec<usize>
             return Ok(None);
         }
     }
-    let perm = row_order(&values(w1), n, scaled);
+    let importance = match cal {
+        Some(cal) => cal.importance(&f.block.operations[c.w1].name, &w1.shape)?,
+        None => None,
+    };
+    let perm = row_order(&values(w1), n, scaled, importance.as_deref());
     let moved = perm.iter().enumerate().filter(|(i, p)| *i != **p).count();
     if moved == 0 {
         return Ok(None);
@@ -358,9 +394,12 @@ mod tests {
             2.0, 2.0, -2.0, 2.0, //
             0.0, 0.0, 0.0, -2.0,
         ];
-        assert_eq!(row_order(&w, 4, false), vec![1, 2, 3, 0]);
+        assert_eq!(row_order(&w, 4, false, None), vec![1, 2, 3, 0]);
         // rms/max: row0 0.5, row1 ≈0.75, row2 1.0, row3 0.5 → spiky rows first (stable).
-        assert_eq!(row_order(&w, 4, true), vec![0, 3, 1, 2]);
+        assert_eq!(row_order(&w, 4, true, None), vec![0, 3, 1, 2]);
+        // Calibrated: column 3 carries no signal, so row 3's spike there no longer counts.
+        let imp = [1.0, 1.0, 1.0, 0.0];
+        assert_eq!(row_order(&w, 4, false, Some(&imp)), vec![3, 1, 2, 0]);
     }
 
     #[test]
