@@ -146,6 +146,9 @@ impl CompressFlags {
         if self.per_channel_scale {
             bail!("--per-channel-scale applies to --palettize only");
         }
+        if self.outlier_grouping {
+            bail!("--outlier-grouping orders the channels that share a table, so it applies to --palettize with per-grouped-channel tables only");
+        }
         if let Some(d) = self.quantize {
             let granularity = match self.granularity.unwrap_or(Granularity::PerChannel) {
                 Granularity::PerTensor => QuantGranularity::PerTensor,
