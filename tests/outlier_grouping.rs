@@ -466,3 +466,24 @@ fn tiny_en_held_out_output_error_with_and_without_reordering() {
         assert!(r[1] > r[0] + 0.3, "{name}: {:.2} → {:.2} dB", r[0], r[1]);
     }
 }
+
+/// coremltools' own fp16 encoder (`linear` + `gelu` MLPs, not BC1S convs): the same chains
+/// are found and the reordered program computes the same output.
+#[test]
+fn coremltools_linear_mlps_are_reordered_too() {
+    let Some(fx) = common::fixtures() else { return };
+    let pkg = fx.join("coremltools/tiny.en-encoder-fp16.mlpackage");
+    let m = milkit::package::load_package(&pkg).unwrap();
+    let mut re = m.clone();
+    let (done, _) = regroup(&mut re, &lut4(false), &Selection::default(), None).unwrap();
+    let kinds: Vec<usize> = done.iter().map(|r| r.channels).collect();
+    assert_eq!(kinds, [384, 1536, 1536, 1536, 1536], "{done:?}");
+    let x = mel(&fx, "jfk.wav").reshape((1, 80, 3000)).unwrap();
+    let want = run(&m, "logmel_data", &x);
+    assert_same_function(
+        &want,
+        &run(&re, "logmel_data", &x),
+        2e-3,
+        "coremltools encoder",
+    );
+}
