@@ -385,7 +385,7 @@ pub struct CompressedOp {
 }
 
 /// One chain `producer → activation → consumer` whose hidden channels were reordered.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct RegroupedChain {
     /// The op whose output rows were reordered, and its weight constant.
     pub producer: String,

@@ -21,7 +21,7 @@ use milkit::whisper::config::Preset;
 use milkit::whisper::encoder::EncoderAbi;
 use milkit::whisper::export::export_encoder;
 use milkit::whisper::synth::{synthesize_with, SynthDType, SynthOptions};
-use runtime_common::{f16_tensor, f32s, host, model, tin, Lcg};
+use runtime_common::{f16_tensor, f32s, host, model, psnr, tin, Lcg};
 use std::path::Path;
 
 fn lut4(pcs: bool) -> Method {
@@ -404,17 +404,6 @@ fn recipe_table_takes_the_flag() {
         v
     };
     assert_eq!(sorted(a), sorted(b));
-}
-
-fn psnr(reference: &[f32], out: &[f32]) -> f64 {
-    let peak = reference.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
-    let mse = reference
-        .iter()
-        .zip(out)
-        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
-        .sum::<f64>()
-        / reference.len() as f64;
-    20.0 * (peak / mse.sqrt()).log10()
 }
 
 /// Encoder output PSNR against fp16 on two clips the statistics never saw, for LUT4 g16

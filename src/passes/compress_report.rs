@@ -1,7 +1,7 @@
 //! Conversion of a compression pass outcome into its report.
 
 use crate::passes::compress::Outcome;
-use crate::report::{CompressReport, CompressedOp, RegroupedChain, SkippedOp};
+use crate::report::{CompressReport, CompressedOp, SkippedOp};
 
 impl CompressReport {
     pub fn from_outcome(o: &Outcome, mode: &str) -> CompressReport {
@@ -34,19 +34,7 @@ impl CompressReport {
                     reason: s.reason.clone(),
                 })
                 .collect(),
-            regrouped: o
-                .regrouped
-                .iter()
-                .map(|r| RegroupedChain {
-                    producer: r.producer.clone(),
-                    producer_weight: r.producer_weight.clone(),
-                    consumer: r.consumer.clone(),
-                    consumer_weight: r.consumer_weight.clone(),
-                    activation: r.activation.clone(),
-                    channels: r.channels,
-                    moved: r.moved,
-                })
-                .collect(),
+            regrouped: o.regrouped.clone(),
             bytes_before: before,
             bytes_after: after,
             ratio: if after > 0 {

@@ -30,22 +30,9 @@ use crate::ir::{Arg, Bytes, DType, Function, Model, Operation, Tensor, Value};
 use anyhow::{bail, Result};
 use std::collections::{BTreeSet, HashMap};
 
-/// One reordered chain.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Regrouped {
-    /// The op whose output rows were reordered (e.g. an MLP's first conv) and its weight.
-    pub producer: String,
-    pub producer_weight: String,
-    /// The op whose input columns follow the same order, and its weight.
-    pub consumer: String,
-    pub consumer_weight: String,
-    /// The elementwise op between them.
-    pub activation: String,
-    /// Hidden channels reordered.
-    pub channels: usize,
-    /// Of those, channels not in their original place.
-    pub moved: usize,
-}
+/// One reordered chain (the report's record: producer and consumer ops and weights, the
+/// activation between them, hidden channels and how many moved).
+pub use crate::report::RegroupedChain as Regrouped;
 
 /// Elementwise activations a channel permutation passes through unchanged (each takes only
 /// `x` plus non-tensor settings).
