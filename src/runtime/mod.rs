@@ -9,6 +9,7 @@ pub mod io;
 pub mod memo;
 pub mod pack;
 pub mod plan;
+pub mod state_fusion;
 
 use crate::ir::{Description, Model, ValueType};
 use crate::kernels;
@@ -26,12 +27,16 @@ use std::time::{Duration, Instant};
 pub struct Options {
     /// Fuse `matmul → [add] → softmax → matmul` attention chains (see [`fusion`]).
     pub fuse_attention: bool,
+    /// Update states in place where a `read_state → slice_update → write_state` chain
+    /// allows it (see [`state_fusion`]).
+    pub fuse_state_updates: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
         Options {
             fuse_attention: true,
+            fuse_state_updates: true,
         }
     }
 }
@@ -69,8 +74,7 @@ impl Session {
         let mut functions = BTreeMap::new();
         let mut states: BTreeMap<String, (ValueType, StateCell)> = BTreeMap::new();
         for (name, f) in &m.program.functions {
-            let plan =
-                compile(f, opts.fuse_attention).with_context(|| format!("function `{name}`"))?;
+            let plan = compile(f, opts).with_context(|| format!("function `{name}`"))?;
             for i in plan
                 .inputs
                 .iter()
