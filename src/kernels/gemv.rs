@@ -469,7 +469,8 @@ fn nibble(row: &[u8], j: usize) -> usize {
     ((row[j / 2] >> ((j & 1) * 4)) & 15) as usize
 }
 
-mod simd;
+/// The inner loops; the decode-step attention (`kernels::attention`) uses the fp16 ones.
+pub(super) mod simd;
 
 #[cfg(test)]
 mod tests {
@@ -524,6 +525,29 @@ mod tests {
         assert_ne!(p[..192], x[..192]);
         p.sort_by(f32::total_cmp);
         assert_eq!(p, x);
+    }
+
+    /// Four fp16 rows into the attention scores: SIMD against the plain loop (n with and
+    /// without a tail past the last 8 lanes); the same products, FMA-rounded.
+    #[test]
+    fn axpy4_matches_plain_loop() {
+        let mut r = Lcg(5);
+        for n in [8usize, 50, 448] {
+            let w: Vec<half::f16> = (0..4 * n).map(|_| half::f16::from_f32(r.f())).collect();
+            let q = [r.f(), r.f(), r.f(), r.f()];
+            let s0: Vec<f32> = (0..n).map(|_| r.f()).collect();
+            let mut want = s0.clone();
+            simd::axpy4_f16(&w, q, &mut want, false);
+            let mut got = s0.clone();
+            simd::axpy4_f16(&w, q, &mut got, simd::available());
+            for j in 0..n {
+                let mag = s0[j].abs()
+                    + (0..4)
+                        .map(|k| (q[k] * w[k * n + j].to_f32()).abs())
+                        .sum::<f32>();
+                close(got[j], want[j], mag, &format!("axpy4 n {n} at {j}"));
+            }
+        }
     }
 
     /// The shuffle kernels (SIMD where the CPU has it, and their portable form) against

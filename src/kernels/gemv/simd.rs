@@ -47,6 +47,31 @@ pub fn dot_f16(w: &[f16], x: &[f32], simd: bool) -> f32 {
     w.iter().zip(x).map(|(a, b)| a.to_f32() * b).sum()
 }
 
+/// `s += q[0]·w₀ + … + q[3]·w₃` for four consecutive fp16 rows `w` of `s.len()` (the
+/// decode-step attention scores `qᵀK` over a `[head_dim, N]` key block, four key rows a
+/// pass over `s`).
+pub fn axpy4_f16(w: &[f16], q: [f32; 4], s: &mut [f32], simd: bool) {
+    let n = s.len();
+    assert!(
+        w.len() >= 4 * n,
+        "axpy4_f16: {} weights for 4 rows of {n}",
+        w.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd {
+            // SAFETY: as above; `w` holds four rows of `n`.
+            return unsafe { avx::axpy4_f16(w, q, s) };
+        }
+    }
+    let _ = simd;
+    for (j, v) in s.iter_mut().enumerate() {
+        for (r, qr) in q.iter().enumerate() {
+            *v += qr * w[r * n + j].to_f32();
+        }
+    }
+}
+
 /// `row`: `x.len()/2` bytes of nibble codes into `pal`.
 pub fn dot_lut4(row: &[u8], pal: &[f32; 16], x: &[f32], simd: bool) -> f32 {
     #[cfg(target_arch = "x86_64")]
@@ -309,6 +334,35 @@ mod avx {
                 s += w[j].to_f32() * x[j];
             }
             s
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy4_f16(w: &[f16], q: [f32; 4], s: &mut [f32]) {
+        let n = s.len();
+        let (wp, sp) = (w.as_ptr() as *const u8, s.as_mut_ptr());
+        unsafe {
+            macro_rules! ld {
+                ($r:expr, $j:expr) => {
+                    _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * ($r * n + $j)) as *const __m128i))
+                };
+            }
+            let qv = q.map(|v| _mm256_set1_ps(v));
+            let mut j = 0;
+            while j + 8 <= n {
+                let mut a = _mm256_loadu_ps(sp.add(j));
+                a = _mm256_fmadd_ps(ld!(0, j), qv[0], a);
+                a = _mm256_fmadd_ps(ld!(1, j), qv[1], a);
+                a = _mm256_fmadd_ps(ld!(2, j), qv[2], a);
+                a = _mm256_fmadd_ps(ld!(3, j), qv[3], a);
+                _mm256_storeu_ps(sp.add(j), a);
+                j += 8;
+            }
+            for j in j..n {
+                for (r, qr) in q.iter().enumerate() {
+                    s[j] += qr * w[r * n + j].to_f32();
+                }
+            }
         }
     }
 
