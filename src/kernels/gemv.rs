@@ -28,12 +28,15 @@ pub enum Packed {
         tables: Option<Vec<[u8; 32]>>,
     },
     /// Unsigned 4-bit codes two a byte (low nibble first); element = `scale·(code − zero)`
-    /// with one scale/zero per output row and block of `block` input columns.
+    /// with one scale/zero per output row and block of `block` input columns;
+    /// `uniform_zero`: the zero point when every block has the same integer one (symmetric
+    /// quantization: 8), which the shuffle kernel then folds into its code table.
     Int4 {
         q: Vec<u8>,
         scale: Vec<f32>,
         zero: Vec<f32>,
         block: usize,
+        uniform_zero: Option<f32>,
     },
 }
 
@@ -138,6 +141,11 @@ impl PackedWeight {
             shape: shape.to_vec(),
             data: Packed::Int4 {
                 q: pack_nibbles(codes),
+                uniform_zero: zero
+                    .first()
+                    .copied()
+                    .filter(|&z| z.fract() == 0.0 && (0.0..=15.0).contains(&z))
+                    .filter(|&z| zero.iter().all(|&v| v == z)),
                 scale,
                 zero,
                 block,
@@ -192,6 +200,7 @@ impl PackedWeight {
                 scale,
                 zero,
                 block,
+                ..
             } => {
                 let nb = k / block;
                 let row = &q[r * k / 2..(r + 1) * k / 2];
@@ -230,7 +239,16 @@ impl PackedWeight {
         };
         let simd = simd::available();
         // The shuffle-lookup kernels take the activations permuted, once per call.
-        let int4_table = simd::f16_table(&INT4_CODES);
+        // A uniform integer zero point is folded into the table (`code − zero`, exact in
+        // fp16), which drops the zero-point term.
+        let (int4_vals, folded) = match &self.data {
+            Packed::Int4 {
+                uniform_zero: Some(z),
+                ..
+            } => (INT4_CODES.map(|c| c - z), true),
+            _ => (INT4_CODES, false),
+        };
+        let int4_table = simd::f16_table(&int4_vals);
         let shuffle = simd
             && k >= simd::CHUNK
             && match &self.data {
@@ -246,6 +264,7 @@ impl PackedWeight {
             xsum: &xsum,
             xp: shuffle.then_some(xp.as_slice()),
             int4_table: int4_table.unwrap_or([0; 32]),
+            zero_folded: folded && shuffle,
             simd,
         };
         // Each task streams ≥ 256 KiB of weight (fork/join costs microseconds, and a long
@@ -315,11 +334,15 @@ impl PackedWeight {
                 scale,
                 zero,
                 block,
+                ..
             } => {
                 let nb = k / block;
                 let (codes, sc) = (&q[r0 * half..r1 * half], &scale[r0 * nb..r1 * nb]);
                 let t = &cx.int4_table;
                 simd::int4_f16_rows(codes, k, sc, *block, t, xp, x, out, cx.simd);
+                if cx.zero_folded {
+                    return true;
+                }
                 // The zero-point term, as in `dot`.
                 for (i, y) in out.iter_mut().enumerate() {
                     let b = (r0 + i) * nb;
@@ -363,6 +386,7 @@ impl PackedWeight {
                 scale,
                 zero,
                 block,
+                ..
             } => {
                 let nb = k / block;
                 let (s, z) = (&scale[r * nb..(r + 1) * nb], &zero[r * nb..(r + 1) * nb]);
@@ -373,6 +397,9 @@ impl PackedWeight {
                         let mut y = [0f32];
                         let t = &cx.int4_table;
                         simd::int4_f16_rows(qs, k, s, *block, t, xp, x, &mut y, simd);
+                        if cx.zero_folded {
+                            return y[0];
+                        }
                         y[0]
                     }
                     None => simd::dot_int4_blocks(qs, s, *block, x, simd),
@@ -385,11 +412,13 @@ impl PackedWeight {
 }
 
 /// What every row of one `gemv` call shares: per-block activation sums (int4), the
-/// activations permuted for the shuffle kernels (when they run), the int4 code table.
+/// activations permuted for the shuffle kernels (when they run), the int4 code table and
+/// whether it has the zero point folded in.
 struct RowCx<'a> {
     xsum: &'a [f32],
     xp: Option<&'a [f32]>,
     int4_table: simd::F16Table,
+    zero_folded: bool,
     simd: bool,
 }
 
