@@ -4,6 +4,7 @@
 //! calling each op's `OpDef::eval`, frees every value after its last use, and keeps Core ML
 //! states (zero-initialised) across calls. Uses `ir`, `ops`, `kernels` and `package`.
 
+pub mod blend_fusion;
 pub mod fusion;
 pub mod io;
 pub mod memo;
@@ -30,6 +31,8 @@ pub struct Options {
     /// Update states in place where a `read_state → slice_update → write_state` chain
     /// allows it (see [`state_fusion`]).
     pub fuse_state_updates: bool,
+    /// Merge `add(mul(a, b), mul(c, d))` into one pass (see [`blend_fusion`]).
+    pub fuse_blends: bool,
 }
 
 impl Default for Options {
@@ -37,6 +40,7 @@ impl Default for Options {
         Options {
             fuse_attention: true,
             fuse_state_updates: true,
+            fuse_blends: true,
         }
     }
 }

@@ -255,6 +255,9 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
     if opts.fuse_state_updates {
         super::state_fusion::fuse_state_updates(&mut steps, &outs);
     }
+    if opts.fuse_blends {
+        super::blend_fusion::fuse_blends(&mut steps, &outs);
+    }
     schedule_frees(&mut steps, &outputs, nslots);
     super::pack::pack_weights(&mut consts, &steps, &outputs, &origins)?;
     drop_unused_consts(&mut consts, &steps, &outputs);
