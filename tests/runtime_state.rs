@@ -197,3 +197,31 @@ fn in_place_updates_leave_handed_out_tensors_alone() {
         }
     }
 }
+
+/// Sessions predicting from parallel tasks of one pool (each call keeps a helper job
+/// spinning for pool work) all finish, with the same results as run one at a time.
+#[test]
+fn concurrent_calls_from_pool_tasks_finish() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let xs: Vec<Vec<f32>> = (0..40).map(|i| Lcg(100 + i).vec(D)).collect();
+    let alone: Vec<Vec<Vec<u16>>> = {
+        let mut s = session(true);
+        xs.iter()
+            .enumerate()
+            .map(|(i, x)| step(&mut s, x, (i % S) as i32))
+            .collect()
+    };
+    let run = || {
+        let mut s = session(true);
+        xs.iter()
+            .enumerate()
+            .map(|(i, x)| step(&mut s, x, (i % S) as i32))
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = pool.install(|| rayon::join(run, run));
+    assert_eq!(a, alone);
+    assert_eq!(b, alone);
+}

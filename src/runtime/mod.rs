@@ -320,7 +320,10 @@ impl Session {
 /// long to wake as a small GEMV takes, and the caller's thread did that GEMV's share alone
 /// meanwhile (measured: 24 fp16 384×384 GEMVs 0.92 → 0.33 ms with 100 µs between them).
 /// The job does nothing when it lands on the caller's own thread: it would spin on top of
-/// the frame that sets `done`.
+/// the frame that sets `done`. It also gives up after [`MAX_IDLE`] without pool work: a
+/// worker that stole it while waiting inside another call (sessions run from parallel
+/// tasks) holds that call up for at most that long, and two such calls cannot wait on
+/// each other's helpers for ever.
 fn keep_awake<'s>(s: &rayon::Scope<'s>, done: &'s std::sync::atomic::AtomicBool) {
     if rayon::current_num_threads() < 2 {
         return;
@@ -330,13 +333,23 @@ fn keep_awake<'s>(s: &rayon::Scope<'s>, done: &'s std::sync::atomic::AtomicBool)
         if rayon::current_thread_index() == caller {
             return;
         }
+        let mut last_work = Instant::now();
         while !done.load(std::sync::atomic::Ordering::Acquire) {
-            if !matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
+            if matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
+                last_work = Instant::now();
+            } else if last_work.elapsed() > MAX_IDLE {
+                return;
+            } else {
                 std::hint::spin_loop();
             }
         }
     });
 }
+
+/// How long `keep_awake`'s helper waits for pool work before it gives up: longer than any
+/// gap between two parallel ops of a decode step (an attention or a state update, well
+/// under a millisecond), short against a call that runs single-threaded for long.
+const MAX_IDLE: Duration = Duration::from_millis(2);
 
 /// Sets the flag when dropped, so `keep_awake`'s job ends even when the run panics.
 struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
