@@ -468,8 +468,14 @@ pub fn conv1x1(x: &Tensor, p: &PackedWeight) -> Result<Option<Tensor>> {
     if m > GEMV_MAX_ROWS {
         return Ok(None);
     }
-    // [N, C, S] → rows [N·S, C] (a copy of ≤ GEMV_MAX_ROWS columns).
     let xs = super::to_f32_vec(x)?;
+    let mut shape = d.to_vec();
+    shape[1] = p.n;
+    if s == 1 {
+        // [N, C, 1…] already is rows [N, C], and [N, O] is the output's layout.
+        return Ok(Some(super::from_vec(p.gemv(&xs, m)?, &shape)?));
+    }
+    // [N, C, S] → rows [N·S, C] (a copy of ≤ GEMV_MAX_ROWS columns).
     let mut rows = vec![0f32; m * p.k];
     for b in 0..nb {
         for c in 0..p.k {
@@ -487,8 +493,6 @@ pub fn conv1x1(x: &Tensor, p: &PackedWeight) -> Result<Option<Tensor>> {
             }
         }
     }
-    let mut shape = d.to_vec();
-    shape[1] = p.n;
     Ok(Some(super::from_vec(out, &shape)?))
 }
 
