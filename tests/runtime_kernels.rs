@@ -137,6 +137,50 @@ fn int4_gemv_per_channel_and_per_block() {
     }
 }
 
+/// fp16 palettes and int4 blocks of 32/64 take the `pshufb` lookup kernels (activations
+/// permuted per call); row lengths with a tail past the last 64-element chunk, several
+/// activation rows, and a matrix large enough to split across threads.
+#[test]
+fn shuffle_lookup_paths_match_reference() {
+    let mut rng = Rng(17);
+    for &(n, k) in &[(16usize, 64usize), (24, 200), (3000, 384)] {
+        let groups = n / 8;
+        let lut: Vec<f32> = (0..groups * 16)
+            .map(|_| f16::from_f32(rng.f()).to_f32())
+            .collect();
+        let codes: Vec<u8> = (0..n * k).map(|_| rng.code()).collect();
+        let p = PackedWeight::lut4(&[n, k], &codes, lut.clone()).unwrap();
+        let dense = |r: usize, c: usize| lut[(r / 8) * 16 + codes[r * k + c] as usize] as f64;
+        for m in [1, 2] {
+            let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+            let want = reference(n, k, m, &x, dense);
+            check(
+                &format!("fp16-palette lut4 {n}x{k} m{m}"),
+                &p.gemv(&x, m).unwrap(),
+                &want,
+            );
+        }
+        for block in [32, 64] {
+            if k % block != 0 {
+                continue;
+            }
+            let nb = n * (k / block);
+            let scale: Vec<f32> = (0..nb).map(|_| rng.f() * 0.1).collect();
+            let zero = vec![8.0; nb];
+            let p = PackedWeight::int4(&[n, k], &codes, scale.clone(), zero, block).unwrap();
+            let dense = |r: usize, c: usize| {
+                scale[r * (k / block) + c / block] as f64 * (codes[r * k + c] as f64 - 8.0)
+            };
+            for m in [1, 3] {
+                let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+                let want = reference(n, k, m, &x, dense);
+                let what = format!("int4 {n}x{k} block {block} m{m}");
+                check(&what, &p.gemv(&x, m).unwrap(), &want);
+            }
+        }
+    }
+}
+
 #[test]
 fn packing_rejects_bad_shapes() {
     assert!(

@@ -505,6 +505,7 @@ fn fused_attention_matches_op_by_op_and_naive() {
         build(),
         &Options {
             fuse_attention: true,
+            ..Options::default()
         },
     )
     .unwrap();
@@ -519,6 +520,7 @@ fn fused_attention_matches_op_by_op_and_naive() {
         build(),
         &Options {
             fuse_attention: false,
+            ..Options::default()
         },
     )
     .unwrap();
@@ -614,6 +616,7 @@ fn fused_decode_attention_hands_out_probabilities() {
             build(),
             &Options {
                 fuse_attention: fuse,
+                ..Options::default()
             },
         )
         .unwrap();

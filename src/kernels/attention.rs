@@ -242,6 +242,37 @@ impl Rows<'_> {
             Rows::F(s) => buf.copy_from_slice(&s[i * n..(i + 1) * n]),
         }
     }
+
+    /// `s += Σ_r q[r] · row(row0 + r)` over `q.len()` rows of `n = s.len()`; fp16 rows four
+    /// at a time, converted in registers (`buf`: scratch for the f32 rows).
+    fn axpy(&self, row0: usize, q: &[f32], s: &mut [f32], buf: &mut [f32], simd: bool) {
+        let n = s.len();
+        let mut r = 0;
+        if let Rows::H(h) = self {
+            while r + 4 <= q.len() {
+                let w = &h[(row0 + r) * n..(row0 + r + 4) * n];
+                let qv = [q[r], q[r + 1], q[r + 2], q[r + 3]];
+                super::gemv::simd::axpy4_f16(w, qv, s, simd);
+                r += 4;
+            }
+        }
+        for (r, &qv) in q.iter().enumerate().skip(r) {
+            self.row(row0 + r, n, buf);
+            s.iter_mut().zip(&*buf).for_each(|(s, y)| *s += qv * y);
+        }
+    }
+
+    /// `row(i) · p` (fp16 rows converted in registers).
+    fn dot(&self, i: usize, p: &[f32], buf: &mut [f32], simd: bool) -> f32 {
+        let n = p.len();
+        match self {
+            Rows::H(h) => super::gemv::simd::dot_f16(&h[i * n..(i + 1) * n], p, simd),
+            Rows::F(_) => {
+                self.row(i, n, buf);
+                fastmath::dot(buf, p)
+            }
+        }
+    }
 }
 
 fn with_rows<R>(t: &Tensor, f: impl FnOnce(Rows) -> Result<R>) -> Result<Option<R>> {
@@ -283,6 +314,7 @@ fn few_rows(
         None => None,
     };
     let (y, v) = (batched(a.y, batch)?, batched(a.v, batch)?);
+    let simd = super::gemv::simd::available();
     let out = with_rows(&y, |ky| {
         with_rows(&v, |vv| {
             Ok((0..nb)
@@ -290,13 +322,9 @@ fn few_rows(
                 .map(|b| {
                     let mut buf = vec![0f32; n];
                     let mut s = vec![0f32; m * n];
-                    for r in 0..k {
-                        ky.row(b * k + r, n, &mut buf);
-                        for i in 0..m {
-                            let qv = q[(b * m + i) * k + r];
-                            let si = &mut s[i * n..(i + 1) * n];
-                            si.iter_mut().zip(&buf).for_each(|(s, y)| *s += qv * y);
-                        }
+                    for (i, si) in s.chunks_mut(n).enumerate() {
+                        let qi = &q[(b * m + i) * k..(b * m + i + 1) * k];
+                        ky.axpy(b * k, qi, si, &mut buf, simd);
                     }
                     round_to(&mut s, a.round[0]);
                     if let Some(mk) = &mask {
@@ -313,9 +341,9 @@ fn few_rows(
                     round_to(&mut s, a.round[2]);
                     let mut o = vec![0f32; d * m];
                     for r in 0..d {
-                        vv.row(b * d + r, n, &mut buf);
                         for i in 0..m {
-                            o[r * m + i] = fastmath::dot(&buf, &s[i * n..(i + 1) * n]);
+                            o[r * m + i] =
+                                vv.dot(b * d + r, &s[i * n..(i + 1) * n], &mut buf, simd);
                         }
                     }
                     if !want_probs {

@@ -186,7 +186,19 @@ pub fn cast(t: &Tensor, dtype: DType) -> Result<Tensor> {
     }
     match (t.dtype(), dtype) {
         (DType::F16 | DType::BF16, DType::F32) => from_vec(to_f32_vec(t)?, t.dims()),
-        (DType::F32, DType::F16 | DType::BF16) => {
+        // Converted straight from the storage (no f32 copy first: a decode step's logits
+        // are 200 KB).
+        (DType::F32, DType::F16) => {
+            let v = with_slice(t, |s: &[f32]| {
+                let mut out = vec![f16::ZERO; s.len()];
+                out.par_chunks_mut(CHUNK)
+                    .zip(s.par_chunks(CHUNK))
+                    .for_each(|(o, i)| super::convert::f32_to_f16(i, o));
+                out
+            })?;
+            from_vec(v, t.dims())
+        }
+        (DType::F32, DType::BF16) => {
             with_slice(t, |s: &[f32]| s.to_vec()).and_then(|v| from_f32(v, t.dims(), dtype))
         }
         _ => Ok(t.to_dtype(dtype)?),

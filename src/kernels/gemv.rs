@@ -4,7 +4,9 @@
 //! integers with one scale/zero per output row and block of input columns (int4). Batch-1
 //! decoding reads every weight once per token, so these kernels are written to stream the
 //! weight bytes once: AVX2/FMA/F16C inner loops (runtime-detected, scalar fallback) and
-//! rayon over output rows in chunks large enough to amortise the fork/join.
+//! rayon over output rows in chunks large enough to amortise the fork/join. 4-bit codes are
+//! looked up 64 at a time with `pshufb` in fp16 tables (exact palettes only) against
+//! activations permuted once per call to the order the lookup produces.
 
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
@@ -17,19 +19,24 @@ pub enum Packed {
     F32(Vec<f32>),
     F16(Vec<f16>),
     /// Two indices a byte (low nibble first), `n·k/2` bytes; `lut` holds 16 f32 entries per
-    /// group of `rows_per_group` consecutive output rows.
+    /// group of `rows_per_group` consecutive output rows; `tables` the same palettes as
+    /// `pshufb` tables when every entry is an fp16 value (see `simd::F16Table`).
     Lut4 {
         idx: Vec<u8>,
         lut: Vec<f32>,
         rows_per_group: usize,
+        tables: Option<Vec<[u8; 32]>>,
     },
     /// Unsigned 4-bit codes two a byte (low nibble first); element = `scale·(code − zero)`
-    /// with one scale/zero per output row and block of `block` input columns.
+    /// with one scale/zero per output row and block of `block` input columns;
+    /// `uniform_zero`: the zero point when every block has the same integer one (symmetric
+    /// quantization: 8), which the shuffle kernel then folds into its code table.
     Int4 {
         q: Vec<u8>,
         scale: Vec<f32>,
         zero: Vec<f32>,
         block: usize,
+        uniform_zero: Option<f32>,
     },
 }
 
@@ -92,6 +99,7 @@ impl PackedWeight {
             "{} palette entries for {n} rows",
             lut.len()
         );
+        let tables = lut.chunks(16).map(simd::f16_table).collect();
         Ok(PackedWeight {
             n,
             k,
@@ -100,6 +108,7 @@ impl PackedWeight {
                 idx: pack_nibbles(codes),
                 lut,
                 rows_per_group: n / groups,
+                tables,
             },
         })
     }
@@ -132,6 +141,11 @@ impl PackedWeight {
             shape: shape.to_vec(),
             data: Packed::Int4 {
                 q: pack_nibbles(codes),
+                uniform_zero: zero
+                    .first()
+                    .copied()
+                    .filter(|&z| z.fract() == 0.0 && (0.0..=15.0).contains(&z))
+                    .filter(|&z| zero.iter().all(|&v| v == z)),
                 scale,
                 zero,
                 block,
@@ -173,6 +187,7 @@ impl PackedWeight {
                 idx,
                 lut,
                 rows_per_group,
+                ..
             } => {
                 let pal = &lut[(r / rows_per_group) * 16..][..16];
                 let row = &idx[r * k / 2..(r + 1) * k / 2];
@@ -185,6 +200,7 @@ impl PackedWeight {
                 scale,
                 zero,
                 block,
+                ..
             } => {
                 let nb = k / block;
                 let row = &q[r * k / 2..(r + 1) * k / 2];
@@ -222,31 +238,52 @@ impl PackedWeight {
             _ => vec![],
         };
         let simd = simd::available();
-        // Each task streams ≥ 64 KiB of weight (fork/join costs microseconds), and there
-        // are at least as many tasks as threads when the matrix is big enough.
+        // The shuffle-lookup kernels take the activations permuted, once per call.
+        // A uniform integer zero point is folded into the table (`code − zero`, exact in
+        // fp16), which drops the zero-point term.
+        let (int4_vals, folded) = match &self.data {
+            Packed::Int4 {
+                uniform_zero: Some(z),
+                ..
+            } => (INT4_CODES.map(|c| c - z), true),
+            _ => (INT4_CODES, false),
+        };
+        let int4_table = simd::f16_table(&int4_vals);
+        let shuffle = simd
+            && k >= simd::CHUNK
+            && match &self.data {
+                Packed::Lut4 { tables, .. } => tables.is_some(),
+                Packed::Int4 { block, .. } => block % 32 == 0 && int4_table.is_some(),
+                _ => false,
+            };
+        let xp: Vec<f32> = match shuffle {
+            true => x.chunks(k).flat_map(simd::permute_chunks).collect(),
+            false => vec![],
+        };
+        let cx = RowCx {
+            xsum: &xsum,
+            xp: shuffle.then_some(xp.as_slice()),
+            int4_table: int4_table.unwrap_or([0; 32]),
+            zero_folded: folded && shuffle,
+            simd,
+        };
+        // Each task streams ≥ 256 KiB of weight (fork/join costs microseconds, and a long
+        // run of consecutive rows keeps the prefetchers streaming), and there are at least
+        // as many tasks as threads when the matrix is big enough.
         let row_bytes = (self.bytes() / n).max(1);
         let threads = rayon::current_num_threads().max(1);
-        let rows = ((64 << 10) / row_bytes).clamp(1, n.div_ceil(threads).max(1));
+        let rows = ((256 << 10) / row_bytes).clamp(1, n.div_ceil(threads).max(1));
         let mut yt = vec![0f32; n * m];
         let work = |(t, out): (usize, &mut [f32])| {
             let r0 = t * rows;
-            if let (Packed::F16(w), 1) = (&self.data, m) {
-                // One activation row: fp16 rows four at a time.
-                let done = out.len() / 4 * 4;
-                for (q, o) in out[..done].chunks_exact_mut(4).enumerate() {
-                    let r = r0 + 4 * q;
-                    o.copy_from_slice(&simd::dot4_f16(&w[r * k..(r + 4) * k], x, simd));
-                }
-                for (i, y) in out.iter_mut().enumerate().skip(done) {
-                    *y = self.dot(r0 + i, x, &xsum, 0, simd);
-                }
+            if m == 1 && self.rows_shuffled(r0, out, x, &cx) {
                 return;
             }
             for (i, o) in out.chunks_mut(m).enumerate() {
                 let r = r0 + i;
                 for (j, y) in o.iter_mut().enumerate() {
                     let xs = &x[j * k..(j + 1) * k];
-                    *y = self.dot(r, xs, &xsum, j, simd);
+                    *y = self.dot(r, xs, j, &cx);
                 }
             }
         };
@@ -267,9 +304,62 @@ impl PackedWeight {
         Ok(y)
     }
 
+    /// One activation row against the output rows `r0..r0 + out.len()` through the shuffle
+    /// kernels in runs of rows (a palette group for LUT4, the whole range for int4); false
+    /// when this call does not use them.
+    fn rows_shuffled(&self, r0: usize, out: &mut [f32], x: &[f32], cx: &RowCx) -> bool {
+        let (Some(xp), k) = (cx.xp, self.k) else {
+            return false;
+        };
+        let (half, r1) = (k / 2, r0 + out.len());
+        match &self.data {
+            Packed::Lut4 {
+                idx,
+                lut,
+                rows_per_group: rpg,
+                tables: Some(t),
+            } => {
+                let mut r = r0;
+                while r < r1 {
+                    let g = r / rpg;
+                    let end = ((g + 1) * rpg).min(r1);
+                    let pal: &[f32; 16] = lut[g * 16..][..16].try_into().unwrap_or(&[0.0; 16]);
+                    let (codes, o) = (&idx[r * half..end * half], &mut out[r - r0..end - r0]);
+                    simd::lut4_f16_rows(codes, k, &t[g], pal, xp, x, o, cx.simd);
+                    r = end;
+                }
+            }
+            Packed::Int4 {
+                q,
+                scale,
+                zero,
+                block,
+                ..
+            } => {
+                let nb = k / block;
+                let (codes, sc) = (&q[r0 * half..r1 * half], &scale[r0 * nb..r1 * nb]);
+                let t = &cx.int4_table;
+                simd::int4_f16_rows(codes, k, sc, *block, t, xp, x, out, cx.simd);
+                if cx.zero_folded {
+                    return true;
+                }
+                // The zero-point term, as in `dot`.
+                for (i, y) in out.iter_mut().enumerate() {
+                    let b = (r0 + i) * nb;
+                    let (s, z) = (&scale[b..b + nb], &zero[b..b + nb]);
+                    let zs = s.iter().zip(z).zip(cx.xsum);
+                    *y -= zs.map(|((s, z), x)| s * z * x).sum::<f32>();
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
     /// Output row `r` dotted with one activation row `x` (row `j` of the call).
-    fn dot(&self, r: usize, x: &[f32], xsum: &[f32], j: usize, simd: bool) -> f32 {
-        let k = self.k;
+    fn dot(&self, r: usize, x: &[f32], j: usize, cx: &RowCx) -> f32 {
+        let (k, simd) = (self.k, cx.simd);
+        let xp = cx.xp.map(|p| &p[j * k..(j + 1) * k]);
         match &self.data {
             Packed::F32(w) => simd::dot_f32(&w[r * k..(r + 1) * k], x, simd),
             Packed::F16(w) => simd::dot_f16(&w[r * k..(r + 1) * k], x, simd),
@@ -277,29 +367,65 @@ impl PackedWeight {
                 idx,
                 lut,
                 rows_per_group,
+                tables,
             } => {
-                let pal: &[f32; 16] = lut[(r / rows_per_group) * 16..][..16]
-                    .try_into()
-                    .unwrap_or(&[0.0; 16]);
-                simd::dot_lut4(&idx[r * k / 2..(r + 1) * k / 2], pal, x, simd)
+                let g = r / rows_per_group;
+                let pal: &[f32; 16] = lut[g * 16..][..16].try_into().unwrap_or(&[0.0; 16]);
+                let row = &idx[r * k / 2..(r + 1) * k / 2];
+                match (xp, tables) {
+                    (Some(xp), Some(t)) => {
+                        let mut y = [0f32];
+                        simd::lut4_f16_rows(row, k, &t[g], pal, xp, x, &mut y, simd);
+                        y[0]
+                    }
+                    _ => simd::dot_lut4(row, pal, x, simd),
+                }
             }
             Packed::Int4 {
                 q,
                 scale,
                 zero,
                 block,
+                ..
             } => {
                 let nb = k / block;
                 let (s, z) = (&scale[r * nb..(r + 1) * nb], &zero[r * nb..(r + 1) * nb]);
-                let xs = &xsum[j * nb..(j + 1) * nb];
+                let xs = &cx.xsum[j * nb..(j + 1) * nb];
                 let qs = &q[r * k / 2..(r + 1) * k / 2];
-                let acc = simd::dot_int4_blocks(qs, s, *block, x, simd);
+                let acc = match xp {
+                    Some(xp) => {
+                        let mut y = [0f32];
+                        let t = &cx.int4_table;
+                        simd::int4_f16_rows(qs, k, s, *block, t, xp, x, &mut y, simd);
+                        if cx.zero_folded {
+                            return y[0];
+                        }
+                        y[0]
+                    }
+                    None => simd::dot_int4_blocks(qs, s, *block, x, simd),
+                };
                 let zterm: f32 = s.iter().zip(z).zip(xs).map(|((s, z), x)| s * z * x).sum();
                 acc - zterm
             }
         }
     }
 }
+
+/// What every row of one `gemv` call shares: per-block activation sums (int4), the
+/// activations permuted for the shuffle kernels (when they run), the int4 code table and
+/// whether it has the zero point folded in.
+struct RowCx<'a> {
+    xsum: &'a [f32],
+    xp: Option<&'a [f32]>,
+    int4_table: simd::F16Table,
+    zero_folded: bool,
+    simd: bool,
+}
+
+/// int4 codes as values: the palette the int4 shuffle kernel looks them up in.
+const INT4_CODES: [f32; 16] = [
+    0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+];
 
 /// Activation rows up to which the packed kernels run. Above it the product is a GEMM: the
 /// weight is decoded to a dense f32 `[n, k]` for that call and handed to candle's gemm.
@@ -342,8 +468,14 @@ pub fn conv1x1(x: &Tensor, p: &PackedWeight) -> Result<Option<Tensor>> {
     if m > GEMV_MAX_ROWS {
         return Ok(None);
     }
-    // [N, C, S] → rows [N·S, C] (a copy of ≤ GEMV_MAX_ROWS columns).
     let xs = super::to_f32_vec(x)?;
+    let mut shape = d.to_vec();
+    shape[1] = p.n;
+    if s == 1 {
+        // [N, C, 1…] already is rows [N, C], and [N, O] is the output's layout.
+        return Ok(Some(super::from_vec(p.gemv(&xs, m)?, &shape)?));
+    }
+    // [N, C, S] → rows [N·S, C] (a copy of ≤ GEMV_MAX_ROWS columns).
     let mut rows = vec![0f32; m * p.k];
     for b in 0..nb {
         for c in 0..p.k {
@@ -361,8 +493,6 @@ pub fn conv1x1(x: &Tensor, p: &PackedWeight) -> Result<Option<Tensor>> {
             }
         }
     }
-    let mut shape = d.to_vec();
-    shape[1] = p.n;
     Ok(Some(super::from_vec(out, &shape)?))
 }
 
@@ -372,4 +502,8 @@ fn nibble(row: &[u8], j: usize) -> usize {
     ((row[j / 2] >> ((j & 1) * 4)) & 15) as usize
 }
 
-mod simd;
+/// The inner loops; the decode-step attention (`kernels::attention`) uses the fp16 ones.
+pub(super) mod simd;
+
+#[cfg(test)]
+mod tests;

@@ -69,25 +69,35 @@ pub fn strided_slice(x: &Tensor, spans: &[Span]) -> Result<Tensor> {
     Ok(y)
 }
 
-/// A copy of `x` whose elements selected by `spans` are replaced, in row-major order, by the
-/// elements of `update` (which must have as many elements, any shape).
-pub fn strided_assign(x: &Tensor, spans: &[Span], update: &Tensor) -> Result<Tensor> {
+/// Flat row-major offsets, in a tensor of `dims`, of the elements `spans` select (in order).
+fn slice_offsets(dims: &[usize], spans: &[Span]) -> Result<Vec<usize>> {
     ensure!(
-        spans.len() == x.rank(),
+        spans.len() == dims.len(),
         "slice of rank {} with {} spans",
-        x.rank(),
+        dims.len(),
         spans.len()
     );
-    let st = super::data::strides(x.dims());
-    let mut flat: Vec<u32> = vec![0];
+    let st = super::data::strides(dims);
+    let mut flat: Vec<usize> = vec![0];
     for (ax, s) in spans.iter().enumerate() {
-        s.check(x.dims()[ax])?;
-        let offs: Vec<u32> = s.indices().into_iter().map(|i| i * st[ax] as u32).collect();
+        s.check(dims[ax])?;
+        let offs: Vec<usize> = s
+            .indices()
+            .into_iter()
+            .map(|i| i as usize * st[ax])
+            .collect();
         flat = flat
             .iter()
             .flat_map(|&b| offs.iter().map(move |&o| b + o))
             .collect();
     }
+    Ok(flat)
+}
+
+/// A copy of `x` whose elements selected by `spans` are replaced, in row-major order, by the
+/// elements of `update` (which must have as many elements, any shape).
+pub fn strided_assign(x: &Tensor, spans: &[Span], update: &Tensor) -> Result<Tensor> {
+    let flat = slice_offsets(x.dims(), spans)?;
     ensure!(
         flat.len() == update.elem_count(),
         "update of shape {:?} for a slice of {} elements",
@@ -98,9 +108,74 @@ pub fn strided_assign(x: &Tensor, spans: &[Span], update: &Tensor) -> Result<Ten
         x.elem_count() < u32::MAX as usize,
         "tensor too large to update by index"
     );
+    let flat: Vec<u32> = flat.into_iter().map(|o| o as u32).collect();
     let src = update.to_dtype(x.dtype())?.flatten_all()?;
     let y = x.flatten_all()?.scatter(&u32_tensor(flat)?, &src, 0)?;
     Ok(y.reshape(x.dims())?)
+}
+
+/// [`strided_assign`] into `x` itself: its storage is written, so every tensor sharing that
+/// storage sees the change — the caller must hold the only reference (a Core ML state the
+/// session owns; see `StateCell::update_in_place`). `x` must be contiguous. Writes only
+/// the selected elements instead of copying the whole tensor.
+pub fn strided_assign_in_place(x: &Tensor, spans: &[Span], update: &Tensor) -> Result<()> {
+    let flat = slice_offsets(x.dims(), spans)?;
+    ensure!(
+        flat.len() == update.elem_count(),
+        "update of shape {:?} for a slice of {} elements",
+        update.dims(),
+        flat.len()
+    );
+    ensure!(
+        x.is_contiguous(),
+        "an in-place update needs a contiguous tensor"
+    );
+    let src = update.to_dtype(x.dtype())?.flatten_all()?.contiguous()?;
+    x.inplace_op2(&src, &WriteAt(flat))?;
+    Ok(())
+}
+
+/// Writes a contiguous source, element `i` to flat offset `self.0[i]` of the destination.
+struct WriteAt(Vec<usize>);
+
+impl candle_core::InplaceOp2 for WriteAt {
+    fn name(&self) -> &'static str {
+        "strided_assign_in_place"
+    }
+
+    fn cpu_fwd(
+        &self,
+        d: &mut candle_core::CpuStorage,
+        dl: &candle_core::Layout,
+        s: &candle_core::CpuStorage,
+        sl: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        use candle_core::CpuStorage as C;
+        let (Some((d0, d1)), Some((s0, s1))) = (dl.contiguous_offsets(), sl.contiguous_offsets())
+        else {
+            return Err(candle_core::Error::Msg(
+                "in-place update of a strided tensor".into(),
+            ));
+        };
+        let fits = |n: usize| s1 - s0 == self.0.len() && self.0.iter().all(|&o| d0 + o < d1.min(n));
+        macro_rules! put {
+            ($($v:ident),*) => {
+                match (d, s) {
+                    $((C::$v(d), C::$v(s)) => {
+                        if !fits(d.len()) {
+                            return Err(candle_core::Error::Msg("in-place update out of range".into()));
+                        }
+                        for (&o, &v) in self.0.iter().zip(&s[s0..s1]) {
+                            d[d0 + o] = v;
+                        }
+                    })*
+                    _ => return Err(candle_core::Error::Msg("in-place update: unsupported dtype".into())),
+                }
+            };
+        }
+        put!(U8, U32, I16, I32, I64, BF16, F16, F32, F64);
+        Ok(())
+    }
 }
 
 /// How `pad` fills new elements.

@@ -5,6 +5,7 @@
 //! threads itself). Uses nothing else in milkit.
 
 pub mod attention;
+pub mod blend;
 pub mod convert;
 pub mod data;
 pub mod elementwise;

@@ -26,25 +26,41 @@ pub enum RValue {
     State(StateCell),
 }
 
-/// Shared, replaceable tensor holding a state's current value.
+/// Shared, replaceable tensor holding a state's current value, and whether the cell is
+/// known to hold the only reference to that tensor's storage (then it may be written in
+/// place, see [`StateCell::update_in_place`]). Handing the tensor out (`get`) or taking one
+/// in (`set`, `new`) gives that up: the other holder would see later writes.
 #[derive(Clone, Debug)]
-pub struct StateCell(Arc<Mutex<Tensor>>);
+pub struct StateCell(Arc<Mutex<(Tensor, bool)>>);
 
 impl StateCell {
     pub fn new(t: Tensor) -> StateCell {
-        StateCell(Arc::new(Mutex::new(t)))
+        StateCell(Arc::new(Mutex::new((t, false))))
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Tensor, bool)> {
+        match self.0.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
     }
     pub fn get(&self) -> Tensor {
-        match self.0.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        let mut g = self.lock();
+        g.1 = false;
+        g.0.clone()
     }
     pub fn set(&self, t: Tensor) {
-        match self.0.lock() {
-            Ok(mut g) => *g = t,
-            Err(p) => *p.into_inner() = t,
+        *self.lock() = (t, false);
+    }
+    /// Runs `f` on the state's tensor for it to write in place, after giving the cell a
+    /// private contiguous copy when it may share its storage; `f` must not let the tensor
+    /// (or a view of it) escape. One copy per hand-out instead of one per update.
+    pub fn update_in_place<R>(&self, f: impl FnOnce(&Tensor) -> Result<R>) -> Result<R> {
+        let mut g = self.lock();
+        if !g.1 {
+            g.0 = g.0.force_contiguous()?;
+            g.1 = true;
         }
+        f(&g.0)
     }
 }
 

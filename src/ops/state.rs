@@ -120,6 +120,38 @@ fn eval_slice_update(cx: &EvalCx) -> Result<Vec<RValue>> {
     one(kernels::strided_assign(x, &spans, cx.t("update")?)?)
 }
 
+/// The interpreter's fused `read_state → slice_update → write_state` with a
+/// `slice_by_index` of the updated value (see `runtime::state_fusion`): writes `update` into
+/// the state `state` in place at the slice `begin`/`end`/`stride`/masks, and returns a copy
+/// of the slice `slice_begin`/`slice_end`/… of the updated state — the values the unfused
+/// ops give, without copying the whole state per update.
+pub fn eval_state_slice_update(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let update = cx.t("update")?;
+    // The slice's parameters under their `slice_by_index` names.
+    let slice_cx = EvalCx {
+        inputs: cx
+            .inputs
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix("slice_").map(|n| (n, v.clone())))
+            .collect(),
+        ..*cx
+    };
+    cx.state("state")?.update_in_place(|t| {
+        let (spans, _) = super::index::index_spans(cx, t.dims())?;
+        kernels::index::strided_assign_in_place(t, &spans, update)?;
+        let (spans, sq) = super::index::index_spans(&slice_cx, t.dims())?;
+        let shape: Vec<usize> = spans
+            .iter()
+            .zip(&sq)
+            .filter(|(_, q)| !**q)
+            .map(|(s, _)| s.len)
+            .collect();
+        // A copy: the slice is a view of the state, which later updates write in place.
+        let y = kernels::strided_slice(t, &spans)?.force_contiguous()?;
+        one(y.reshape(shape)?)
+    })
+}
+
 pub static DEFS: &[OpDef] = &[
     OpDef {
         name: "read_state",

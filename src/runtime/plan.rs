@@ -123,8 +123,8 @@ pub fn op_label(op_type: &str, name: &str, opset: Opset) -> String {
     format!("op `{name}` ({op_type}, opset {})", opset.opset_name())
 }
 
-/// Compiles `f`; `fuse` enables the attention fusion of [`super::fusion`].
-pub fn compile(f: &Function, fuse: bool) -> Result<Plan> {
+/// Compiles `f`; `opts` choose the fusions ([`super::fusion`], [`super::state_fusion`]).
+pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
     let opset = f.opset;
     let mut names: HashMap<String, Src> = HashMap::new();
     let mut consts: Vec<Const> = Vec::new();
@@ -248,9 +248,15 @@ pub fn compile(f: &Function, fuse: bool) -> Result<Plan> {
             .ok_or_else(|| anyhow!("block output `{o}` has no type"))?;
         outputs.push((o.clone(), src, ty));
     }
-    if fuse {
-        let outs: Vec<Src> = outputs.iter().map(|o| o.1).collect();
+    let outs: Vec<Src> = outputs.iter().map(|o| o.1).collect();
+    if opts.fuse_attention {
         super::fusion::fuse_attention(&mut steps, &consts, &outs);
+    }
+    if opts.fuse_state_updates {
+        super::state_fusion::fuse_state_updates(&mut steps, &outs);
+    }
+    if opts.fuse_blends {
+        super::blend_fusion::fuse_blends(&mut steps, &outs);
     }
     schedule_frees(&mut steps, &outputs, nslots);
     super::pack::pack_weights(&mut consts, &steps, &outputs, &origins)?;

@@ -1,0 +1,162 @@
+//! `a·b + c·d` with broadcasting in one pass, each product and the sum rounded to the
+//! operands' storage dtype exactly as three separate elementwise ops would round them. A
+//! decoder that keeps its KV cache as inputs merges this token's key/value into it as
+//! `cache·(1 − mask) + new·mask` per layer: op by op that is three full passes over the
+//! cache (two of them writing a cache-sized intermediate); here it is one.
+
+use super::data::{from_f32, from_vec, strides};
+use super::elementwise::{binary, broadcast_shape, BinOp};
+use anyhow::{anyhow, Result};
+use candle_core::{DType, Storage, Tensor};
+use half::f16;
+use rayon::prelude::*;
+
+/// Output rows (of the last axis) per parallel task: ≥ 16 K elements a task.
+const MIN_TASK: usize = 1 << 14;
+
+/// An operand's elements, borrowed from its storage.
+#[derive(Clone, Copy)]
+enum Data<'a> {
+    H(&'a [f16]),
+    F(&'a [f32]),
+}
+
+/// One operand: its elements, its offset for each output row and its step along the row
+/// (0 when it is broadcast along the last axis).
+struct Operand<'a> {
+    v: Data<'a>,
+    row_base: Vec<usize>,
+    step: usize,
+}
+
+impl<'a> Operand<'a> {
+    fn new(v: Data<'a>, dims: &[usize], out: &[usize]) -> Operand<'a> {
+        let n = out.len();
+        let mut full = vec![1; n - dims.len()];
+        full.extend_from_slice(dims);
+        let mut st = strides(&full);
+        for (s, &d) in st.iter_mut().zip(&full) {
+            if d == 1 {
+                *s = 0;
+            }
+        }
+        let rows: usize = out[..n - 1].iter().product();
+        let row_base = (0..rows)
+            .map(|mut r| {
+                let mut off = 0;
+                for ax in (0..n - 1).rev() {
+                    off += (r % out[ax]) * st[ax];
+                    r /= out[ax];
+                }
+                off
+            })
+            .collect();
+        Operand {
+            v,
+            row_base,
+            step: st[n - 1],
+        }
+    }
+
+    /// Output row `r` of this operand, as f32, into `buf`.
+    fn row(&self, r: usize, buf: &mut [f32]) {
+        let b = self.row_base[r];
+        match (self.v, self.step) {
+            (Data::H(v), 0) => buf.fill(v[b].to_f32()),
+            (Data::F(v), 0) => buf.fill(v[b]),
+            (Data::H(v), _) => super::convert::f16_to_f32(&v[b..b + buf.len()], buf),
+            (Data::F(v), _) => buf.copy_from_slice(&v[b..b + buf.len()]),
+        }
+    }
+}
+
+/// `a·b + c·d` (broadcast). Operands of one float dtype (fp16 or f32) are computed
+/// in f32 and rounded to it after each product and after the sum — bit-identical to
+/// `mul`, `mul`, `add` evaluated one by one; anything else runs as those three ops.
+pub fn mul_mul_add(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Result<Tensor> {
+    let dt = a.dtype();
+    let same = [b, c, d].iter().all(|t| t.dtype() == dt);
+    if !same || !matches!(dt, DType::F16 | DType::F32) || a.rank() == 0 {
+        let p = binary(a, b, BinOp::Mul)?;
+        let q = binary(c, d, BinOp::Mul)?;
+        return binary(&p, &q, BinOp::Add);
+    }
+    let mut out = broadcast_shape(a.dims(), b.dims())?;
+    out = broadcast_shape(&out, &broadcast_shape(c.dims(), d.dims())?)?;
+    if out.is_empty() {
+        out.push(1);
+    }
+    let len = *out.last().unwrap_or(&1);
+    let total: usize = out.iter().product();
+    if total == 0 {
+        return from_f32(vec![], &out, dt);
+    }
+    let ts = [a, b, c, d]
+        .iter()
+        .map(|t| {
+            Ok(if t.is_contiguous() {
+                (*t).clone()
+            } else {
+                t.contiguous()?
+            })
+        })
+        .collect::<Result<Vec<Tensor>>>()?;
+    let guards: Vec<_> = ts.iter().map(|t| t.storage_and_layout()).collect();
+    let mut ops = Vec::with_capacity(4);
+    for ((g, layout), t) in guards.iter().zip(&ts) {
+        let Storage::Cpu(cs) = &**g else {
+            return Err(anyhow!("only CPU tensors are supported"));
+        };
+        let (s0, s1) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| anyhow!("tensor is not contiguous"))?;
+        let v = match dt {
+            DType::F16 => Data::H(&cs.as_slice::<f16>()?[s0..s1]),
+            _ => Data::F(&cs.as_slice::<f32>()?[s0..s1]),
+        };
+        ops.push(Operand::new(v, t.dims(), &out));
+    }
+    let rows_per_task = MIN_TASK.div_ceil(len).max(1);
+    // One row: both products rounded to the dtype, then their sum (rounded on the way out).
+    let row = |r: usize, p: &mut [f32], q: &mut [f32], y: &mut [f32]| {
+        ops[0].row(r, p);
+        ops[1].row(r, y);
+        p.iter_mut().zip(&*y).for_each(|(p, v)| *p *= v);
+        ops[2].row(r, q);
+        ops[3].row(r, y);
+        q.iter_mut().zip(&*y).for_each(|(q, v)| *q *= v);
+        if dt == DType::F16 {
+            super::convert::round_f16(p);
+            super::convert::round_f16(q);
+        }
+        y.iter_mut()
+            .zip(p.iter().zip(&*q))
+            .for_each(|(y, (p, q))| *y = p + q);
+    };
+    if dt == DType::F16 {
+        let mut out16 = vec![f16::ZERO; total];
+        out16
+            .par_chunks_mut(rows_per_task * len)
+            .enumerate()
+            .for_each(|(t, ys)| {
+                let mut bufs = vec![0f32; 3 * len];
+                let (p, rest) = bufs.split_at_mut(len);
+                let (q, y) = rest.split_at_mut(len);
+                for (i, yr) in ys.chunks_mut(len).enumerate() {
+                    row(t * rows_per_task + i, p, q, y);
+                    super::convert::f32_to_f16(y, yr);
+                }
+            });
+        return from_vec(out16, &out);
+    }
+    let mut y = vec![0f32; total];
+    y.par_chunks_mut(rows_per_task * len)
+        .enumerate()
+        .for_each(|(t, ys)| {
+            let (mut p, mut q) = (vec![0f32; len], vec![0f32; len]);
+            for (i, yr) in ys.chunks_mut(len).enumerate() {
+                row(t * rows_per_task + i, &mut p, &mut q, yr);
+            }
+        });
+    from_f32(y, &out, dt)
+}

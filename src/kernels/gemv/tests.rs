@@ -1,0 +1,126 @@
+//! Unit tests of the GEMV inner loops: the shuffle-lookup and 4-row kernels against the
+//! plain per-element loops.
+
+use super::simd;
+
+/// Deterministic values in [-1, 1), and 4-bit codes.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() % 20001) as f32 / 10000.0 - 1.0
+    }
+    fn code(&mut self) -> u8 {
+        (self.next() % 16) as u8
+    }
+}
+
+fn nibbles(codes: &[u8]) -> Vec<u8> {
+    super::pack_nibbles(codes)
+}
+
+/// f32 sums of k products in a different order: 1e-5 of Σ|w·x| (a few ulps a term).
+fn close(a: f32, b: f32, mag: f32, what: &str) {
+    assert!(
+        (a - b).abs() <= 1e-5 * mag + 1e-6,
+        "{what}: {a} vs {b} (magnitude {mag})"
+    );
+}
+
+#[test]
+fn f16_tables_only_for_exact_palettes() {
+    let exact: Vec<f32> = (0..16).map(|i| i as f32 * 0.125 - 1.0).collect();
+    let t = simd::f16_table(&exact).expect("fp16 values");
+    let back = half::f16::from_bits(u16::from_le_bytes([t[3], t[19]]));
+    assert_eq!(back.to_f32(), exact[3]);
+    let mut inexact = exact.clone();
+    inexact[5] = 0.1;
+    assert!(simd::f16_table(&inexact).is_none(), "0.1 is no fp16 value");
+}
+
+#[test]
+fn permuted_chunks_are_a_permutation() {
+    let x: Vec<f32> = (0..200).map(|i| i as f32).collect();
+    let mut p = simd::permute_chunks(&x);
+    assert_eq!(p[192..], x[192..], "the tail stays in place");
+    assert_ne!(p[..192], x[..192]);
+    p.sort_by(f32::total_cmp);
+    assert_eq!(p, x);
+}
+
+/// Four fp16 rows into the attention scores: SIMD against the plain loop (n with and
+/// without a tail past the last 8 lanes); the same products, FMA-rounded.
+#[test]
+fn axpy4_matches_plain_loop() {
+    let mut r = Lcg(5);
+    for n in [8usize, 50, 448] {
+        let w: Vec<half::f16> = (0..4 * n).map(|_| half::f16::from_f32(r.f())).collect();
+        let q = [r.f(), r.f(), r.f(), r.f()];
+        let s0: Vec<f32> = (0..n).map(|_| r.f()).collect();
+        let mut want = s0.clone();
+        simd::axpy4_f16(&w, q, &mut want, false);
+        let mut got = s0.clone();
+        simd::axpy4_f16(&w, q, &mut got, simd::available());
+        for j in 0..n {
+            let mag = s0[j].abs()
+                + (0..4)
+                    .map(|k| (q[k] * w[k * n + j].to_f32()).abs())
+                    .sum::<f32>();
+            close(got[j], want[j], mag, &format!("axpy4 n {n} at {j}"));
+        }
+    }
+}
+
+/// The shuffle kernels (SIMD where the CPU has it, and their portable form) against
+/// the plain per-element loops, over row lengths with and without a tail.
+#[test]
+fn shuffle_kernels_match_plain_loops() {
+    let mut r = Lcg(3);
+    let simd_on = simd::available();
+    for k in [64usize, 72, 200, 384, 448] {
+        let codes: Vec<u8> = (0..k).map(|_| r.code()).collect();
+        let row = nibbles(&codes);
+        let x: Vec<f32> = (0..k).map(|_| r.f()).collect();
+        let xp = simd::permute_chunks(&x);
+        let pal: [f32; 16] = std::array::from_fn(|_| half::f16::from_f32(r.f()).to_f32());
+        let tab = simd::f16_table(&pal).expect("fp16 palette");
+        let mag: f32 = codes
+            .iter()
+            .zip(&x)
+            .map(|(&c, v)| (pal[c as usize] * v).abs())
+            .sum();
+        let want = simd::dot_lut4(&row, &pal, &x, false);
+        for on in [false, simd_on] {
+            let mut got = [0f32];
+            simd::lut4_f16_rows(&row, k, &tab, &pal, &xp, &x, &mut got, on);
+            close(got[0], want, mag, &format!("lut4 k {k} simd {on}"));
+        }
+        let table = simd::f16_table(&super::INT4_CODES).expect("codes are fp16 values");
+        for block in [32usize, 64, 96] {
+            if k % block != 0 {
+                continue;
+            }
+            let scale: Vec<f32> = (0..k / block).map(|_| r.f()).collect();
+            let mag: f32 = (0..k)
+                .map(|j| (scale[j / block] * codes[j] as f32 * x[j]).abs())
+                .sum();
+            let want = simd::dot_int4_blocks(&row, &scale, block, &x, false);
+            for on in [false, simd_on] {
+                let mut got = [0f32];
+                simd::int4_f16_rows(&row, k, &scale, block, &table, &xp, &x, &mut got, on);
+                close(
+                    got[0],
+                    want,
+                    mag,
+                    &format!("int4 k {k} block {block} simd {on}"),
+                );
+            }
+        }
+    }
+}
