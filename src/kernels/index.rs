@@ -94,9 +94,8 @@ fn slice_offsets(dims: &[usize], spans: &[Span]) -> Result<Vec<usize>> {
     Ok(flat)
 }
 
-/// A copy of `x` whose elements selected by `spans` are replaced, in row-major order, by the
-/// elements of `update` (which must have as many elements, any shape).
-pub fn strided_assign(x: &Tensor, spans: &[Span], update: &Tensor) -> Result<Tensor> {
+/// The flat offsets in `x` that `spans` select, checked to be as many as `update` holds.
+fn update_offsets(x: &Tensor, spans: &[Span], update: &Tensor) -> Result<Vec<usize>> {
     let flat = slice_offsets(x.dims(), spans)?;
     ensure!(
         flat.len() == update.elem_count(),
@@ -104,6 +103,13 @@ pub fn strided_assign(x: &Tensor, spans: &[Span], update: &Tensor) -> Result<Ten
         update.dims(),
         flat.len()
     );
+    Ok(flat)
+}
+
+/// A copy of `x` whose elements selected by `spans` are replaced, in row-major order, by the
+/// elements of `update` (which must have as many elements, any shape).
+pub fn strided_assign(x: &Tensor, spans: &[Span], update: &Tensor) -> Result<Tensor> {
+    let flat = update_offsets(x, spans, update)?;
     ensure!(
         x.elem_count() < u32::MAX as usize,
         "tensor too large to update by index"
@@ -119,13 +125,7 @@ pub fn strided_assign(x: &Tensor, spans: &[Span], update: &Tensor) -> Result<Ten
 /// session owns; see `StateCell::update_in_place`). `x` must be contiguous. Writes only
 /// the selected elements instead of copying the whole tensor.
 pub fn strided_assign_in_place(x: &Tensor, spans: &[Span], update: &Tensor) -> Result<()> {
-    let flat = slice_offsets(x.dims(), spans)?;
-    ensure!(
-        flat.len() == update.elem_count(),
-        "update of shape {:?} for a slice of {} elements",
-        update.dims(),
-        flat.len()
-    );
+    let flat = update_offsets(x, spans, update)?;
     ensure!(
         x.is_contiguous(),
         "an in-place update needs a contiguous tensor"

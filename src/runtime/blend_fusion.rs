@@ -4,7 +4,7 @@
 //! pass instead of three. Fused only when each product has the add as its only reader and
 //! is no block output.
 
-use super::plan::{Src, Step};
+use super::plan::{slot_uses, splice_fused, Src, Step};
 use crate::kernels;
 use crate::ops::eval::{out0, EvalCx, RValue};
 use anyhow::Result;
@@ -13,30 +13,13 @@ use std::collections::{BTreeMap, HashMap};
 /// The op type fused steps report (in profiles and errors).
 pub const FUSED: &str = "mul+mul+add";
 
-fn single(st: &Step, name: &str) -> Option<Src> {
-    match st.args.iter().find(|(p, _)| p == name) {
-        Some((_, v)) if v.len() == 1 => Some(v[0]),
-        _ => None,
-    }
-}
-
 /// Replaces each fusable `add` of two products by one step at the add's position.
 pub fn fuse_blends(steps: &mut Vec<Step>, outputs: &[Src]) {
-    let mut uses: HashMap<usize, usize> = HashMap::new();
+    let uses = slot_uses(steps, outputs);
     let mut maker: HashMap<usize, usize> = HashMap::new();
     for (i, st) in steps.iter().enumerate() {
-        for s in st.args.iter().flat_map(|(_, v)| v) {
-            if let Src::Slot(k) = s {
-                *uses.entry(*k).or_default() += 1;
-            }
-        }
         for &o in &st.outs {
             maker.insert(o, i);
-        }
-    }
-    for s in outputs {
-        if let Src::Slot(k) = s {
-            *uses.entry(*k).or_default() += 2;
         }
     }
     let mut removed = vec![false; steps.len()];
@@ -47,7 +30,7 @@ pub fn fuse_blends(steps: &mut Vec<Step>, outputs: &[Src]) {
             continue;
         }
         let product = |p: &str| -> Option<(usize, Src, Src)> {
-            let Src::Slot(k) = single(add, p)? else {
+            let Src::Slot(k) = add.single(p)? else {
                 return None;
             };
             let m = *maker.get(&k)?;
@@ -55,9 +38,9 @@ pub fn fuse_blends(steps: &mut Vec<Step>, outputs: &[Src]) {
             let ok = st.op_type == "mul"
                 && st.args.len() == 2
                 && st.outs == [k]
-                && uses.get(&k) == Some(&1)
+                && matches!(uses.get(&k).map(Vec::as_slice), Some([_]))
                 && !removed[m];
-            ok.then_some((m, single(st, "x")?, single(st, "y")?))
+            ok.then_some((m, st.single("x")?, st.single("y")?))
         };
         let (Some((m1, a, b)), Some((m2, c, d))) = (product("x"), product("y")) else {
             continue;
@@ -85,14 +68,7 @@ pub fn fuse_blends(steps: &mut Vec<Step>, outputs: &[Src]) {
             },
         );
     }
-    let old = std::mem::take(steps);
-    for (i, st) in old.into_iter().enumerate() {
-        match fused.remove(&i) {
-            Some(f) => steps.push(f),
-            None if !removed[i] => steps.push(st),
-            None => {}
-        }
-    }
+    splice_fused(steps, fused, &removed);
 }
 
 fn eval_mul_mul_add(cx: &EvalCx) -> Result<Vec<RValue>> {

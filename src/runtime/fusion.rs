@@ -6,33 +6,19 @@
 //! the unfused program's storage dtypes (scores, masked scores and probabilities are
 //! rounded to them), so results match op-by-op evaluation up to f32 summation order.
 
-use super::plan::{Const, Src, Step};
+use super::plan::{slot_uses, splice_fused, Const, Src, Step};
 use crate::ir::{Value, ValueType};
 use crate::kernels::{self, Attention};
 use crate::ops::eval::{storage_dtype, EvalCx, RValue};
 use anyhow::{anyhow, Result};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// The op type fused steps report (in profiles and errors).
 pub const FUSED: &str = "matmul+softmax+matmul";
 
-fn arg<'a>(st: &'a Step, name: &str) -> Option<&'a [Src]> {
-    st.args
-        .iter()
-        .find(|(p, _)| p == name)
-        .map(|(_, v)| v.as_slice())
-}
-
-fn single(st: &Step, name: &str) -> Option<Src> {
-    match arg(st, name) {
-        Some([s]) => Some(*s),
-        _ => None,
-    }
-}
-
 /// A constant integer parameter (None when absent → `default`, or when not constant).
 fn const_int(st: &Step, name: &str, consts: &[Const], default: i64) -> Option<i64> {
-    match single(st, name) {
+    match st.single(name) {
         None => Some(default),
         Some(Src::Const(i)) => match &consts[i].konst {
             Some(Value::Tensor(t)) => t.to_i64_vec().ok().filter(|v| v.len() == 1).map(|v| v[0]),
@@ -55,19 +41,7 @@ fn dtype_name(ty: &ValueType) -> Option<String> {
 /// Replaces each fusable attention chain in `steps` by one step at the position of its last
 /// matmul. `outputs` are the block outputs (never fused away).
 pub fn fuse_attention(steps: &mut Vec<Step>, consts: &[Const], outputs: &[Src]) {
-    let mut uses: HashMap<usize, Vec<usize>> = HashMap::new();
-    for (i, st) in steps.iter().enumerate() {
-        for s in st.args.iter().flat_map(|(_, v)| v) {
-            if let Src::Slot(k) = s {
-                uses.entry(*k).or_default().push(i);
-            }
-        }
-    }
-    for s in outputs {
-        if let Src::Slot(k) = s {
-            uses.entry(*k).or_default().push(usize::MAX);
-        }
-    }
+    let uses = slot_uses(steps, outputs);
     let only_use = |slot: usize| match uses.get(&slot).map(|v| v.as_slice()) {
         Some([i]) if *i != usize::MAX => Some(*i),
         _ => None,
@@ -86,15 +60,8 @@ pub fn fuse_attention(steps: &mut Vec<Step>, consts: &[Const], outputs: &[Src]) 
         removed[chain.last] = true;
         fused.push((chain.last, chain.step));
     }
-    let mut fused: BTreeMap<usize, Step> = fused.into_iter().collect();
-    let old = std::mem::take(steps);
-    for (i, st) in old.into_iter().enumerate() {
-        match fused.remove(&i) {
-            Some(f) => steps.push(f),
-            None if !removed[i] => steps.push(st),
-            None => {}
-        }
-    }
+    let fused: BTreeMap<usize, Step> = fused.into_iter().collect();
+    splice_fused(steps, fused, &removed);
 }
 
 struct Chain {
@@ -118,7 +85,7 @@ fn match_chain(
     if mm.op_type != "matmul" || mm.outs.len() != 1 || rank(&mm.out_types[0]) < 2 {
         return None;
     }
-    let (x, y) = (single(mm, "x")?, single(mm, "y")?);
+    let (x, y) = (mm.single("x")?, mm.single("y")?);
     let tx = const_int(mm, "transpose_x", consts, 0)? != 0;
     let ty = const_int(mm, "transpose_y", consts, 0)? != 0;
     let mut round = vec![dtype_name(&mm.out_types[0])?];
@@ -128,7 +95,7 @@ fn match_chain(
     let mut mask = None;
     if steps[cur].op_type == "add" {
         let add = &steps[cur];
-        let (a, b) = (single(add, "x")?, single(add, "y")?);
+        let (a, b) = (add.single("x")?, add.single("y")?);
         mask = Some(match (a, b) {
             (Src::Slot(k), other) if k == value => other,
             (other, Src::Slot(k)) if k == value => other,
@@ -148,7 +115,7 @@ fn match_chain(
     let r = rank(&sm.out_types[0]) as i64;
     let axis = const_int(sm, "axis", consts, -1)?;
     if sm.op_type != "softmax"
-        || single(sm, "x")? != Src::Slot(value)
+        || sm.single("x")? != Src::Slot(value)
         || (axis != -1 && axis != r - 1)
     {
         return None;
@@ -175,7 +142,7 @@ fn match_chain(
     if mm2.op_type != "matmul" || rank(&mm2.out_types[0]) != r as usize {
         return None;
     }
-    let (x2, y2) = (single(mm2, "x")?, single(mm2, "y")?);
+    let (x2, y2) = (mm2.single("x")?, mm2.single("y")?);
     let tx2 = const_int(mm2, "transpose_x", consts, 0)? != 0;
     let ty2 = const_int(mm2, "transpose_y", consts, 0)? != 0;
     let (v, tv, probs_left) = match (x2, y2) {

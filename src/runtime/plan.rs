@@ -42,6 +42,48 @@ pub struct Step {
     pub free: Vec<usize>,
 }
 
+impl Step {
+    /// The single binding of parameter `name` (None when absent or variadic).
+    pub fn single(&self, name: &str) -> Option<Src> {
+        match self.args.iter().find(|(p, _)| p == name) {
+            Some((_, v)) if v.len() == 1 => Some(v[0]),
+            _ => None,
+        }
+    }
+}
+
+/// The readers of every slot, for the plan-level fusions: step indices in order, and
+/// `usize::MAX` once per block output the slot is.
+pub fn slot_uses(steps: &[Step], outputs: &[Src]) -> HashMap<usize, Vec<usize>> {
+    let mut uses: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (i, st) in steps.iter().enumerate() {
+        for s in st.args.iter().flat_map(|(_, v)| v) {
+            if let Src::Slot(k) = s {
+                uses.entry(*k).or_default().push(i);
+            }
+        }
+    }
+    for s in outputs {
+        if let Src::Slot(k) = s {
+            uses.entry(*k).or_default().push(usize::MAX);
+        }
+    }
+    uses
+}
+
+/// Rebuilds `steps` after a fusion: each step in `fused` takes the place of the step at its
+/// index; the other `removed` steps are dropped.
+pub fn splice_fused(steps: &mut Vec<Step>, mut fused: BTreeMap<usize, Step>, removed: &[bool]) {
+    let old = std::mem::take(steps);
+    for (i, st) in old.into_iter().enumerate() {
+        match fused.remove(&i) {
+            Some(f) => steps.push(f),
+            None if !removed[i] => steps.push(st),
+            None => {}
+        }
+    }
+}
+
 /// A function input: a tensor fed by the caller or a state held by the session.
 pub struct PlanInput {
     pub name: String,

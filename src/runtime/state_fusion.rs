@@ -7,7 +7,7 @@
 //! read feeds only the `slice_update`, the updated value feeds only that `write_state` and
 //! that slice (no block output), and no other step touches the state in between.
 
-use super::plan::{Src, Step};
+use super::plan::{slot_uses, splice_fused, Src, Step};
 use std::collections::{BTreeMap, HashMap};
 
 /// The op type fused steps report (in profiles and errors).
@@ -23,29 +23,10 @@ const UPDATE_PARAMS: &[&str] = &[
     "squeeze_mask",
 ];
 
-fn single(st: &Step, name: &str) -> Option<Src> {
-    match st.args.iter().find(|(p, _)| p == name) {
-        Some((_, v)) if v.len() == 1 => Some(v[0]),
-        _ => None,
-    }
-}
-
 /// Replaces each fusable chain in `steps` by one step at the position of its slice.
 /// `outputs` are the block outputs.
 pub fn fuse_state_updates(steps: &mut Vec<Step>, outputs: &[Src]) {
-    let mut uses: HashMap<usize, Vec<usize>> = HashMap::new();
-    for (i, st) in steps.iter().enumerate() {
-        for s in st.args.iter().flat_map(|(_, v)| v) {
-            if let Src::Slot(k) = s {
-                uses.entry(*k).or_default().push(i);
-            }
-        }
-    }
-    for s in outputs {
-        if let Src::Slot(k) = s {
-            uses.entry(*k).or_default().push(usize::MAX);
-        }
-    }
+    let uses = slot_uses(steps, outputs);
     let mut removed = vec![false; steps.len()];
     let mut fused: BTreeMap<usize, Step> = BTreeMap::new();
     for i in 0..steps.len() {
@@ -63,14 +44,7 @@ pub fn fuse_state_updates(steps: &mut Vec<Step>, outputs: &[Src]) {
         removed[at] = true;
         fused.insert(at, step);
     }
-    let old = std::mem::take(steps);
-    for (i, st) in old.into_iter().enumerate() {
-        match fused.remove(&i) {
-            Some(f) => steps.push(f),
-            None if !removed[i] => steps.push(st),
-            None => {}
-        }
-    }
+    splice_fused(steps, fused, &removed);
 }
 
 /// For the `slice_update` at `i`: the steps the chain removes, the position of its slice
@@ -96,7 +70,7 @@ fn match_chain(
         _ => None,
     };
     // x: the only use of a read_state of a state slot.
-    let Src::Slot(read_out) = single(su, "x")? else {
+    let Src::Slot(read_out) = su.single("x")? else {
         return None;
     };
     if only(read_out)? != i {
@@ -105,7 +79,7 @@ fn match_chain(
     let r = steps
         .iter()
         .position(|s| s.op_type == "read_state" && s.outs == [read_out])?;
-    let Src::Slot(state) = single(&steps[r], "input")? else {
+    let Src::Slot(state) = steps[r].single("input")? else {
         return None;
     };
     // The updated value: read by exactly one write_state of the same state and one slice.
@@ -123,10 +97,10 @@ fn match_chain(
         _ => return None,
     };
     let (ws, sl) = (&steps[w], &steps[s]);
-    if single(ws, "input")? != Src::Slot(state)
-        || single(ws, "data")? != Src::Slot(upd)
+    if ws.single("input")? != Src::Slot(state)
+        || ws.single("data")? != Src::Slot(upd)
         || ws.args.len() != 2
-        || single(sl, "x")? != Src::Slot(upd)
+        || sl.single("x")? != Src::Slot(upd)
         || sl.outs.len() != 1
     {
         return None;
@@ -151,7 +125,7 @@ fn match_chain(
     }
     let mut args = vec![
         ("state".to_string(), vec![Src::Slot(state)]),
-        ("update".to_string(), vec![single(su, "update")?]),
+        ("update".to_string(), vec![su.single("update")?]),
     ];
     for (p, v) in &su.args {
         if UPDATE_PARAMS.contains(&p.as_str()) {
