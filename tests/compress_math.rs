@@ -518,12 +518,7 @@ fn quantize_and_decode_match_coremltools_bit_for_bit() {
                 *x = f16::from_f32(x.to_f32().abs() + 0.01);
             }
         }
-        for dtype in [
-            QuantDtype::Int4,
-            QuantDtype::Uint4,
-            QuantDtype::Int8,
-            QuantDtype::Uint8,
-        ] {
+        for dtype in QuantDtype::ALL {
             for symmetric in [true, false] {
                 for gran in [
                     QuantGranularity::PerChannel,

@@ -31,6 +31,14 @@ pub enum QuantDtype {
 }
 
 impl QuantDtype {
+    /// Every storage type, in declaration order.
+    pub const ALL: [QuantDtype; 4] = [
+        QuantDtype::Int4,
+        QuantDtype::Uint4,
+        QuantDtype::Int8,
+        QuantDtype::Uint8,
+    ];
+
     pub fn nbits(self) -> u32 {
         match self {
             QuantDtype::Int4 | QuantDtype::Uint4 => 4,
@@ -470,12 +478,7 @@ mod tests {
         for (k, (shape, granularity)) in cases.into_iter().enumerate() {
             let n: usize = shape.iter().product();
             let w = weights(n, 7 + k as u32);
-            for dtype in [
-                QuantDtype::Int4,
-                QuantDtype::Uint4,
-                QuantDtype::Int8,
-                QuantDtype::Uint8,
-            ] {
+            for dtype in QuantDtype::ALL {
                 for symmetric in [true, false] {
                     let cfg = QuantConfig {
                         dtype,

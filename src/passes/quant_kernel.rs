@@ -485,12 +485,7 @@ mod tests {
         use super::super::quant::QuantDtype;
         let mut st = 99u32;
         let mut checked = 0;
-        for dtype in [
-            QuantDtype::Int4,
-            QuantDtype::Uint4,
-            QuantDtype::Int8,
-            QuantDtype::Uint8,
-        ] {
+        for dtype in QuantDtype::ALL {
             for symmetric in [true, false] {
                 let (qmin, qmax) = dtype.range(symmetric);
                 let p = Params {
