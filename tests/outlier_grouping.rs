@@ -17,7 +17,6 @@ use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
 use milkit::passes::regroup::{regroup, row_key};
 use milkit::runtime::Session;
-use milkit::whisper::config::Preset;
 use milkit::whisper::encoder::EncoderAbi;
 use milkit::whisper::export::export_encoder;
 use milkit::whisper::synth::{synthesize_with, SynthDType, SynthOptions};
@@ -226,21 +225,13 @@ fn refuses_methods_without_grouped_tables() {
 
 /// A very small random Whisper checkpoint (d 64, 2 layers, ffn 128).
 fn micro(dir: &Path) {
-    let mut c = Preset::Tiny.config();
-    c.d_model = 64;
-    c.encoder_layers = 2;
-    c.decoder_layers = 2;
-    c.encoder_attention_heads = 4;
-    c.decoder_attention_heads = 4;
-    c.encoder_ffn_dim = 128;
-    c.decoder_ffn_dim = 128;
     let opts = SynthOptions {
         seed: 3,
         dtype: SynthDType::F16,
         progress: false,
         force: false,
     };
-    synthesize_with(&c, None, dir, &opts).unwrap();
+    synthesize_with(&common::micro_config(), None, dir, &opts).unwrap();
 }
 
 #[test]

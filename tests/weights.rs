@@ -10,6 +10,7 @@ use safetensors::tensor::TensorView;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
+mod common;
 #[path = "weights/errors.rs"]
 mod errors;
 #[path = "weights/torch_file.rs"]
@@ -36,17 +37,7 @@ fn fixtures() -> Option<PathBuf> {
 }
 
 /// A tiny-shaped but much smaller model, for the error cases.
-fn micro() -> WhisperConfig {
-    let mut c = Preset::Tiny.config();
-    c.d_model = 64;
-    c.encoder_layers = 2;
-    c.decoder_layers = 2;
-    c.encoder_attention_heads = 4;
-    c.decoder_attention_heads = 4;
-    c.encoder_ffn_dim = 128;
-    c.decoder_ffn_dim = 128;
-    c
-}
+use common::micro_config as micro;
 
 fn opts(seed: u64, dtype: SynthDType) -> SynthOptions {
     SynthOptions {

@@ -78,3 +78,17 @@ pub fn validate(pkg: &Path) -> Option<serde_json::Value> {
 pub fn milkit() -> Command {
     Command::new(env!("CARGO_BIN_EXE_milkit"))
 }
+
+/// A tiny-shaped but much smaller Whisper config (d_model 64, 2 + 2 layers, 4 heads, ffn 128)
+/// for self-contained tests on random checkpoints.
+pub fn micro_config() -> milkit::whisper::config::WhisperConfig {
+    let mut c = milkit::whisper::config::Preset::Tiny.config();
+    c.d_model = 64;
+    c.encoder_layers = 2;
+    c.decoder_layers = 2;
+    c.encoder_attention_heads = 4;
+    c.decoder_attention_heads = 4;
+    c.encoder_ffn_dim = 128;
+    c.decoder_ffn_dim = 128;
+    c
+}
