@@ -38,7 +38,8 @@ pub struct BenchArgs {
     /// compared with coremltools; default ../shared/models/whisper-tiny.en).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Repetitions (export: the median; audio: the best, after one warm-up run).
+    /// Repetitions (export: the median; audio: the best, after one warm-up run; decode: the
+    /// best of this many timed passes per variant).
     #[arg(long, default_value_t = 1)]
     pub runs: usize,
     /// Python with coremltools 9 to compare against (compress suite).
@@ -51,7 +52,8 @@ pub struct BenchArgs {
     /// transcription and print where the time goes (stderr).
     #[arg(long)]
     pub profile: bool,
-    /// Compress suite: only the methods whose bench name contains this (`int4`, `lut4`).
+    /// Compress suite: only the methods whose bench name contains this (`int4`, `lut4`);
+    /// decode suite: only the variants whose name contains it (`fp16`, `LUT4`, `int4`).
     #[arg(long)]
     pub only: Option<String>,
     /// Compress suite: skip the tiny.en encoder (and coremltools), run only the turbo synth.
@@ -85,7 +87,9 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
                 turbo_only: a.only_turbo,
             },
         ),
-        Suite::Decode => super::bench_decode::run(a.model.as_deref(), a.json),
+        Suite::Decode => {
+            super::bench_decode::run(a.model.as_deref(), a.json, a.only.as_deref(), a.runs)
+        }
     }
 }
 
