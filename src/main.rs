@@ -51,6 +51,10 @@ fn code(c: i32) -> u8 {
     u8::try_from(c).unwrap_or(2)
 }
 
+/// Large blocks (weights, caches) on huge pages where the kernel grants them on request.
+#[global_allocator]
+static ALLOC: milkit::alloc::HugePageHint = milkit::alloc::HugePageHint;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {

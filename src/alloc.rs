@@ -1,0 +1,69 @@
+//! A global allocator for the `milkit` binary: the system allocator, plus a transparent
+//! huge page hint (Linux `madvise(MADV_HUGEPAGE)`) on every allocation of 2 MiB or more.
+//! Decoding streams tens of megabytes of weights (and cached keys and values) per token;
+//! on 4 KiB pages that is one TLB miss every 4 KiB, and where the kernel grants huge pages
+//! only on request (`transparent_hugepage=madvise`, a common default) streaming reads ran
+//! about 1.3× faster from 2 MiB pages on the development machine. The hint changes no
+//! value and is ignored where the kernel does not support it. Uses nothing else in milkit.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+
+/// Allocations from this size up get the hint.
+const HUGE: usize = 2 << 20;
+
+/// The system allocator with a huge page hint on large blocks. Install it with
+/// `#[global_allocator] static A: milkit::alloc::HugePageHint = milkit::alloc::HugePageHint;`
+pub struct HugePageHint;
+
+/// Hints the 2 MiB-aligned part of `[p, p + len)`.
+fn advise(p: *mut u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        let start = (p as usize).next_multiple_of(HUGE);
+        let end = (p as usize + len) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: the range lies inside a block the caller just allocated; madvise with
+            // MADV_HUGEPAGE only changes how the kernel backs those pages, never their
+            // contents, and its failure (e.g. no THP support) is harmless.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (p, len);
+}
+
+// SAFETY: every call is forwarded to `System` with the same arguments; the hint only
+// touches the kernel's paging policy of memory this allocator handed out.
+unsafe impl GlobalAlloc for HugePageHint {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.alloc(l) };
+        if !p.is_null() && l.size() >= HUGE {
+            advise(p, l.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.alloc_zeroed(l) };
+        if !p.is_null() && l.size() >= HUGE {
+            advise(p, l.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(p, l) }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let q = unsafe { System.realloc(p, l, new) };
+        if !q.is_null() && new >= HUGE {
+            advise(q, new);
+        }
+        q
+    }
+}
