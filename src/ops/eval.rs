@@ -53,7 +53,9 @@ impl StateCell {
     }
     /// Runs `f` on the state's tensor for it to write in place, after giving the cell a
     /// private contiguous copy when it may share its storage; `f` must not let the tensor
-    /// (or a view of it) escape. One copy per hand-out instead of one per update.
+    /// (or a view of it) escape, unless the caller proves the view dead before the next
+    /// in-place write (`runtime::state_fusion::allow_views`). One copy per hand-out instead
+    /// of one per update.
     pub fn update_in_place<R>(&self, f: impl FnOnce(&Tensor) -> Result<R>) -> Result<R> {
         let mut g = self.lock();
         if !g.1 {

@@ -17,7 +17,7 @@ mod state;
 pub use builder::{Builder, In, V};
 pub use eval::{EvalCx, EvalFn, RValue, StateCell};
 pub use infer::{ArgInfo, InferCx};
-pub use state::eval_state_slice_update;
+pub use state::{eval_state_slice_update, eval_state_slice_update_view};
 
 use crate::ir::{Opset, ValueType};
 use anyhow::Result;

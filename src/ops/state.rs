@@ -126,6 +126,17 @@ fn eval_slice_update(cx: &EvalCx) -> Result<Vec<RValue>> {
 /// of the slice `slice_begin`/`slice_end`/… of the updated state — the values the unfused
 /// ops give, without copying the whole state per update.
 pub fn eval_state_slice_update(cx: &EvalCx) -> Result<Vec<RValue>> {
+    state_slice_update(cx, true)
+}
+
+/// As [`eval_state_slice_update`], handing out the slice as a view of the state instead of
+/// a copy. Only for a plan that proves no later in-place write of the state can happen
+/// while the view (or any value sharing its storage) is alive (`runtime::state_fusion`).
+pub fn eval_state_slice_update_view(cx: &EvalCx) -> Result<Vec<RValue>> {
+    state_slice_update(cx, false)
+}
+
+fn state_slice_update(cx: &EvalCx, copy: bool) -> Result<Vec<RValue>> {
     let update = cx.t("update")?;
     // The slice's parameters under their `slice_by_index` names.
     let slice_cx = EvalCx {
@@ -146,8 +157,12 @@ pub fn eval_state_slice_update(cx: &EvalCx) -> Result<Vec<RValue>> {
             .filter(|(_, q)| !**q)
             .map(|(s, _)| s.len)
             .collect();
-        // A copy: the slice is a view of the state, which later updates write in place.
-        let y = kernels::strided_slice(t, &spans)?.force_contiguous()?;
+        let y = kernels::strided_slice(t, &spans)?;
+        // A copy unless the plan allows a view: later updates write the state in place.
+        let y = match copy {
+            true => y.force_contiguous()?,
+            false => y,
+        };
         one(y.reshape(shape)?)
     })
 }

@@ -6,9 +6,14 @@
 //! copies out only the slice. Fused only when nothing else can observe the difference: the
 //! read feeds only the `slice_update`, the updated value feeds only that `write_state` and
 //! that slice (no block output), and no other step touches the state in between.
+//!
+//! The slice is then handed out as a view of the state, not a copy (8 × 344 KB a token for
+//! tiny.en), where [`allow_views`] proves that every value that may share its storage is
+//! read for the last time before the state's next in-place update and none is a block
+//! output; otherwise the fused step copies it.
 
 use super::plan::{slot_uses, splice_fused, Src, Step};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The op type fused steps report (in profiles and errors).
 pub const FUSED: &str = "read_state+slice_update+write_state";
@@ -45,6 +50,60 @@ pub fn fuse_state_updates(steps: &mut Vec<Step>, outputs: &[Src]) {
         fused.insert(at, step);
     }
     splice_fused(steps, fused, &removed);
+    allow_views(steps, outputs);
+}
+
+/// Whether a fused update step hands out its slice as a view (see [`allow_views`]).
+pub fn hands_out_view(st: &Step) -> bool {
+    let view: crate::ops::EvalFn = crate::ops::eval_state_slice_update_view;
+    st.eval as usize == view as usize
+}
+
+/// Op types whose evaluation always returns new storage, never a view of an input: a value
+/// they compute from the slice no longer shares the state's storage. Every other op may
+/// (reshape, transpose, slice, squeeze, a same-dtype cast ...), so aliasing follows it.
+const FRESH: &[&str] = &["conv", "linear", "matmul", "concat", super::fusion::FUSED];
+
+/// Lets each fused update hand out its slice as a view when that is unobservable: every
+/// step reading a value that may share the slice's storage runs before the next step that
+/// reads the state's slot (the only steps that can write it in place), and none of those
+/// values is a block output (which would outlive the call).
+pub fn allow_views(steps: &mut [Step], outputs: &[Src]) {
+    let uses = slot_uses(steps, outputs);
+    for i in 0..steps.len() {
+        let Some(Src::Slot(state)) = (steps[i].op_type == FUSED)
+            .then(|| steps[i].single("state"))
+            .flatten()
+        else {
+            continue;
+        };
+        let next = (i + 1..steps.len())
+            .find(|&j| {
+                steps[j]
+                    .args
+                    .iter()
+                    .flat_map(|(_, v)| v)
+                    .any(|s| *s == Src::Slot(state))
+            })
+            .unwrap_or(steps.len());
+        let (mut stack, mut seen, mut safe) = (steps[i].outs.clone(), HashSet::new(), true);
+        while let (Some(slot), true) = (stack.pop(), safe) {
+            if !seen.insert(slot) {
+                continue;
+            }
+            for &r in uses.get(&slot).into_iter().flatten() {
+                // usize::MAX: a block output.
+                if r >= next {
+                    safe = false;
+                } else if !FRESH.contains(&steps[r].op_type.as_str()) {
+                    stack.extend(steps[r].outs.iter().copied());
+                }
+            }
+        }
+        if safe {
+            steps[i].eval = crate::ops::eval_state_slice_update_view;
+        }
+    }
 }
 
 /// For the `slice_update` at `i`: the steps the chain removes, the position of its slice
