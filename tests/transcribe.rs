@@ -50,15 +50,7 @@ fn folders(fx: &Path) -> &'static (PathBuf, PathBuf) {
         let enc =
             export_encoder(&ckpt, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
         let (cfg, w) = WhisperWeights::open(&ckpt).unwrap();
-        let dims = DecoderDims {
-            d_model: cfg.d_model,
-            layers: cfg.decoder_layers,
-            heads: cfg.decoder_attention_heads,
-            ffn: cfg.decoder_ffn_dim,
-            vocab: cfg.vocab_size,
-            n_text_ctx: cfg.max_target_positions,
-            n_audio_ctx: cfg.max_source_positions,
-        };
+        let dims = DecoderDims::from_config(&cfg);
         let gen = json(&ckpt.join("generation_config.json"));
         let mut dirs = vec![];
         for (name, kv) in [("io", KvCache::Io), ("state", KvCache::State)] {

@@ -48,15 +48,7 @@ impl DecodeRow {
 /// name contains `only`), each the best of `runs` timed passes.
 pub fn measure(model_dir: &Path, only: Option<&str>, runs: usize) -> Result<Vec<DecodeRow>> {
     let (cfg, w) = open_checked(model_dir, Component::Decoder)?;
-    let dims = DecoderDims {
-        d_model: cfg.d_model,
-        layers: cfg.decoder_layers,
-        heads: cfg.decoder_attention_heads,
-        ffn: cfg.decoder_ffn_dim,
-        vocab: cfg.vocab_size,
-        n_text_ctx: cfg.max_target_positions,
-        n_audio_ctx: cfg.max_source_positions,
-    };
+    let dims = DecoderDims::from_config(&cfg);
     ensure!(
         START + WARMUP + STEPS <= dims.n_text_ctx,
         "the text context ({}) is too short for the timed positions",
