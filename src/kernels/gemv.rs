@@ -13,16 +13,19 @@ use candle_core::Tensor;
 use half::f16;
 use rayon::prelude::*;
 
+pub mod store;
+pub use store::{share_arena, Store};
+
 /// How a packed weight's elements are stored.
 #[derive(Clone, Debug)]
 pub enum Packed {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(Store<f32>),
+    F16(Store<f16>),
     /// Two indices a byte (low nibble first), `n·k/2` bytes; `lut` holds 16 f32 entries per
     /// group of `rows_per_group` consecutive output rows; `tables` the same palettes as
     /// `pshufb` tables when every entry is an fp16 value (see `simd::F16Table`).
     Lut4 {
-        idx: Vec<u8>,
+        idx: Store<u8>,
         lut: Vec<f32>,
         rows_per_group: usize,
         tables: Option<Vec<[u8; 32]>>,
@@ -32,7 +35,7 @@ pub enum Packed {
     /// `uniform_zero`: the zero point when every block has the same integer one (symmetric
     /// quantization: 8), which the shuffle kernel then folds into its code table.
     Int4 {
-        q: Vec<u8>,
+        q: Store<u8>,
         scale: Vec<f32>,
         zero: Vec<f32>,
         block: usize,
@@ -71,7 +74,7 @@ impl PackedWeight {
             n,
             k,
             shape: shape.to_vec(),
-            data: Packed::F32(w),
+            data: Packed::F32(Store::new(w)),
         })
     }
 
@@ -82,7 +85,7 @@ impl PackedWeight {
             n,
             k,
             shape: shape.to_vec(),
-            data: Packed::F16(w),
+            data: Packed::F16(Store::new(w)),
         })
     }
 
@@ -105,7 +108,7 @@ impl PackedWeight {
             k,
             shape: shape.to_vec(),
             data: Packed::Lut4 {
-                idx: pack_nibbles(codes),
+                idx: Store::new(pack_nibbles(codes)),
                 lut,
                 rows_per_group: n / groups,
                 tables,
@@ -140,7 +143,7 @@ impl PackedWeight {
             k,
             shape: shape.to_vec(),
             data: Packed::Int4 {
-                q: pack_nibbles(codes),
+                q: Store::new(pack_nibbles(codes)),
                 uniform_zero: zero
                     .first()
                     .copied()
@@ -160,6 +163,17 @@ impl PackedWeight {
             Packed::F16(w) => w.len() * 2,
             Packed::Lut4 { idx, lut, .. } => idx.len() + lut.len() * 4,
             Packed::Int4 { q, scale, zero, .. } => q.len() + (scale.len() + zero.len()) * 4,
+        }
+    }
+
+    /// The bulk of the stored weight as bytes (values, codes): what a product streams,
+    /// less the small palettes and scales.
+    pub fn stored(&self) -> &[u8] {
+        match &self.data {
+            Packed::F32(w) => bytemuck::cast_slice(w),
+            Packed::F16(w) => bytemuck::cast_slice(w),
+            Packed::Lut4 { idx, .. } => idx,
+            Packed::Int4 { q, .. } => q,
         }
     }
 

@@ -4,6 +4,7 @@
 //! codes + per-row/block scales when it came from a `constexpr_blockwise_shift_scale` whose
 //! data fits in 4 bits, else fp16 (or f32) as stored. Decode-sized products then stream
 //! those bytes (see `kernels::gemv`); the dense decode made while folding is released.
+//! The bulk of the small ones then moves into one shared block (`kernels::gemv::Store`).
 
 use super::plan::{Const, Src, Step};
 use crate::ir::ValueType;
@@ -68,6 +69,12 @@ pub fn pack_weights(
         consts[i].packed = Some(p);
         consts[i].val = RValue::Str(vec![]);
     }
+    // The small weights into one block, large enough for huge pages (see `Store`).
+    let mut packed: Vec<&mut PackedWeight> = consts
+        .iter_mut()
+        .filter_map(|c| c.packed.as_mut())
+        .collect();
+    kernels::gemv::share_arena(&mut packed);
     Ok(())
 }
 

@@ -124,3 +124,56 @@ fn shuffle_kernels_match_plain_loops() {
         }
     }
 }
+
+/// Weights moved into a shared arena give bit-identical products in every storage form; a
+/// weight of `store::OWN_FROM` bytes or more keeps its own allocation; clones of shared
+/// weights read the same elements.
+#[test]
+fn shared_arena_keeps_every_product() {
+    use super::{share_arena, store::OWN_FROM, PackedWeight};
+    let mut r = Lcg(21);
+    let (n, k) = (24, 128);
+    let vals: Vec<f32> = (0..n * k).map(|_| r.f()).collect();
+    let codes: Vec<u8> = (0..n * k).map(|_| r.code()).collect();
+    let pal: Vec<f32> = (0..3 * 16)
+        .map(|_| half::f16::from_f32(r.f()).to_f32())
+        .collect();
+    let nb = n * k / 32;
+    let scales: Vec<f32> = (0..nb).map(|_| 0.01 + r.f().abs() * 0.1).collect();
+    // Large enough to keep its own block: OWN_FROM bytes of fp16.
+    let big_n = OWN_FROM / (2 * k);
+    let big: Vec<half::f16> = (0..big_n * k).map(|_| half::f16::from_f32(r.f())).collect();
+    let mut ws = [
+        PackedWeight::from_f32(&[n, k], vals.clone()).unwrap(),
+        PackedWeight::from_f16(
+            &[n, k],
+            vals.iter().map(|&v| half::f16::from_f32(v)).collect(),
+        )
+        .unwrap(),
+        PackedWeight::lut4(&[n, k], &codes, pal).unwrap(),
+        PackedWeight::int4(&[n, k], &codes, scales, vec![8.0; nb], 32).unwrap(),
+        PackedWeight::from_f16(&[big_n, k], big).unwrap(),
+    ];
+    let x: Vec<f32> = (0..2 * k).map(|_| r.f()).collect();
+    let before: Vec<(Vec<f32>, Vec<f32>)> = ws
+        .iter()
+        .map(|w| (w.gemv(&x[..k], 1).unwrap(), w.gemv(&x, 2).unwrap()))
+        .collect();
+    let mut refs: Vec<&mut PackedWeight> = ws.iter_mut().collect();
+    let bytes = share_arena(&mut refs);
+    assert_eq!(bytes, (n * k * 4) + (n * k * 2) + 2 * (n * k / 2));
+    for (i, (w, b)) in ws.iter().zip(&before).enumerate() {
+        let shared = match &w.data {
+            super::Packed::F32(s) => s.is_shared(),
+            super::Packed::F16(s) => s.is_shared(),
+            super::Packed::Lut4 { idx, .. } => idx.is_shared(),
+            super::Packed::Int4 { q, .. } => q.is_shared(),
+        };
+        assert_eq!(shared, i < 4, "weight {i} ({})", w.form());
+        let again = (w.gemv(&x[..k], 1).unwrap(), w.gemv(&x, 2).unwrap());
+        assert_eq!(&again, b, "weight {i} ({}) after the move", w.form());
+        let c = w.clone();
+        assert_eq!(c.stored(), w.stored(), "clone of weight {i}");
+        assert_eq!(c.gemv(&x[..k], 1).unwrap(), b.0, "clone of weight {i}");
+    }
+}
