@@ -637,3 +637,64 @@ fn fused_decode_attention_hands_out_probabilities() {
         assert_close(&f32s(&of[i].1), &want, 2e-3, what);
     }
 }
+
+/// BC1S shapes: layer_norm over the channel axis of `[2, C, 1, 1]` and softmax over axis 1
+/// of `[2, C, 1]` (the rows are contiguous behind unit axes, so the kernels take them
+/// without a permutation) against the formulas.
+#[test]
+fn norms_over_channels_of_bc1s_tensors_match_formulas() {
+    let mut r = Lcg(8);
+    let c_n = 6;
+    let xa: Vec<f32> = r.vec(2 * c_n).iter().map(|v| v * 3.0).collect();
+    let (ga, ba) = (r.vec(c_n), r.vec(c_n));
+    let mut b = Builder::new(Opset::Ios15);
+    let x = b.input("x", tin(DType::F32, &[2, c_n, 1, 1]));
+    let g = b.konst("g", Value::Tensor(ITensor::f32(&[c_n], &ga)));
+    let bt = b.konst("bt", Value::Tensor(ITensor::f32(&[c_n], &ba)));
+    let ln = b
+        .op1(
+            "layer_norm",
+            "ln",
+            vec![
+                ("x", In::from(&x)),
+                ("axes", ints(&[1])),
+                ("gamma", g.into()),
+                ("beta", bt.into()),
+                ("epsilon", c(Value::f32_scalar(1e-5))),
+            ],
+        )
+        .unwrap();
+    let x3 = b
+        .op1(
+            "reshape",
+            "x3",
+            vec![("x", x.into()), ("shape", ints(&[2, c_n as i32, 1]))],
+        )
+        .unwrap();
+    let s = b
+        .op1(
+            "softmax",
+            "s",
+            vec![("x", x3.into()), ("axis", In::C(Value::i32_scalar(1)))],
+        )
+        .unwrap();
+    let out = run(
+        b,
+        &[(ln, "ln"), (s, "s")],
+        &[("x", host(&xa, &[2, c_n, 1, 1]))],
+    );
+    let mut want_ln = vec![];
+    let mut want_s = vec![];
+    for row in xa.chunks(c_n) {
+        let v: Vec<f64> = row.iter().map(|&e| e as f64).collect();
+        let m = v.iter().sum::<f64>() / c_n as f64;
+        let var = v.iter().map(|e| (e - m) * (e - m)).sum::<f64>() / c_n as f64;
+        for (i, e) in v.iter().enumerate() {
+            want_ln.push((e - m) / (var + 1e-5).sqrt() * ga[i] as f64 + ba[i] as f64);
+        }
+        let z: f64 = v.iter().map(|e| e.exp()).sum();
+        want_s.extend(v.iter().map(|e| e.exp() / z));
+    }
+    assert_close(&f32s(&out[0]), &want_ln, 1e-5, "layer_norm over channels");
+    assert_close(&f32s(&out[1]), &want_s, 1e-6, "softmax over channels");
+}

@@ -21,10 +21,10 @@ fn rows_last(t: &Tensor, axes: &[usize]) -> Result<(Tensor, Option<Vec<usize>>, 
         "axes {axes:?} out of range for rank {r}"
     );
     let n: usize = axes.iter().map(|&a| t.dims()[a]).product();
-    let trailing = axes
-        .iter()
-        .enumerate()
-        .all(|(i, &a)| a == r - axes.len() + i);
+    // The rows are already contiguous when every axis after the first normalised one is
+    // normalised or of size 1 (BC1S `[1, C, 1, 1]` over axis 1): no permutation then.
+    let first = axes.first().copied().unwrap_or(r);
+    let trailing = (first..r).all(|a| axes.contains(&a) || t.dims()[a] == 1);
     if trailing {
         return Ok((t.clone(), None, n));
     }
