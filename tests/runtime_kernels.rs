@@ -448,3 +448,62 @@ fn fp16_binary_ops_round_once_under_broadcasting() {
         }
     }
 }
+
+/// An fp16 1x1 conv with a bias, run on the GEMV path (1 and 4 columns: bias and the fp16
+/// rounding in the kernel's epilogue) and on the general path (20 columns), against f64.
+#[test]
+fn packed_conv_adds_its_bias_on_every_path() {
+    let mut r = Lcg(33);
+    let (n, k) = (24, 40);
+    let w: Vec<f32> = r.vec(n * k).into_iter().map(|v| q16(v * 0.3)).collect();
+    let bias: Vec<f32> = r.vec(n).into_iter().map(q16).collect();
+    let mut b = Builder::new(Opset::Ios18);
+    let wt = b.konst("w", f16_tensor(&[n, k, 1, 1], &w));
+    let bt = b.konst("b", f16_tensor(&[n], &bias));
+    let mut outs = vec![];
+    for s in [1usize, 4, 20] {
+        let x = b.input(&format!("x{s}"), tin(DType::F16, &[1, k, 1, s]));
+        let y = b
+            .op1(
+                "conv",
+                &format!("c{s}"),
+                vec![
+                    ("x", x.into()),
+                    ("weight", In::from(&wt)),
+                    ("bias", In::from(&bt)),
+                ],
+            )
+            .unwrap();
+        outs.push(y);
+    }
+    let names = [("c1"), ("c4"), ("c20")];
+    let named: Vec<(milkit::ops::V, &str)> = outs.into_iter().zip(names).collect();
+    let mut s = Session::from_model(model(b, &named)).unwrap();
+    let xs: Vec<Vec<f32>> = [1usize, 4, 20]
+        .iter()
+        .map(|&sp| r.vec(k * sp).into_iter().map(q16).collect())
+        .collect();
+    let inputs = [
+        ("x1", host(&xs[0], &[1, k, 1, 1])),
+        ("x4", host(&xs[1], &[1, k, 1, 4])),
+        ("x20", host(&xs[2], &[1, k, 1, 20])),
+    ];
+    let out = s.predict(&inputs).unwrap();
+    for ((sp, x), (_, got)) in [1usize, 4, 20].iter().zip(&xs).zip(&out) {
+        let mut want = vec![0f64; n * sp];
+        for o in 0..n {
+            for j in 0..*sp {
+                want[o * sp + j] = bias[o] as f64
+                    + (0..k)
+                        .map(|c| w[o * k + c] as f64 * x[c * sp + j] as f64)
+                        .sum::<f64>();
+            }
+        }
+        assert_eq!(got.dtype(), candle_core::DType::F16, "{sp} columns");
+        close16(
+            &f32s(got),
+            &want,
+            &format!("fp16 conv + bias, {sp} columns"),
+        );
+    }
+}

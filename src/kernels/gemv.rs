@@ -468,15 +468,29 @@ pub fn linear(x: &Tensor, p: &PackedWeight) -> Result<Tensor> {
 }
 
 /// A 1x1, stride-1, unpadded, ungrouped convolution of `x [N, C, *S]` (S: spatial axes)
-/// with `W [O, C, 1..]`; returns f32 `[N, O, *S]`. `None` when the rows (N·ΠS) are too
-/// many for the GEMV path: the caller then runs its general convolution.
-pub fn conv1x1(x: &Tensor, p: &PackedWeight) -> Result<Option<Tensor>> {
+/// with `W [O, C, 1..]`, plus `bias` (one per output channel) when given, computed in f32
+/// and rounded once to `dtype`: `[N, O, *S]`. `None` when the rows (N·ΠS) are too many for
+/// the GEMV path: the caller then runs its general convolution.
+pub fn conv1x1(
+    x: &Tensor,
+    p: &PackedWeight,
+    bias: Option<&[f32]>,
+    dtype: candle_core::DType,
+) -> Result<Option<Tensor>> {
     let d = x.dims();
     ensure!(
         d.len() >= 2 && d[1] == p.k,
         "conv input {d:?} for a 1x1 kernel of {} input channels",
         p.k
     );
+    if let Some(b) = bias {
+        ensure!(
+            b.len() == p.n,
+            "{} bias values for {} output channels",
+            b.len(),
+            p.n
+        );
+    }
     let (nb, s): (usize, usize) = (d[0], d[2..].iter().product());
     let m = nb * s;
     if m > GEMV_MAX_ROWS {
@@ -485,9 +499,18 @@ pub fn conv1x1(x: &Tensor, p: &PackedWeight) -> Result<Option<Tensor>> {
     let xs = super::to_f32_vec(x)?;
     let mut shape = d.to_vec();
     shape[1] = p.n;
+    let add_bias = |y: &mut [f32]| {
+        if let Some(b) = bias {
+            for row in y.chunks_mut(p.n) {
+                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
+        }
+    };
     if s == 1 {
         // [N, C, 1…] already is rows [N, C], and [N, O] is the output's layout.
-        return Ok(Some(super::from_vec(p.gemv(&xs, m)?, &shape)?));
+        let mut y = p.gemv(&xs, m)?;
+        add_bias(&mut y);
+        return Ok(Some(super::from_f32(y, &shape, dtype)?));
     }
     // [N, C, S] → rows [N·S, C] (a copy of ≤ GEMV_MAX_ROWS columns).
     let mut rows = vec![0f32; m * p.k];
@@ -498,7 +521,8 @@ pub fn conv1x1(x: &Tensor, p: &PackedWeight) -> Result<Option<Tensor>> {
             }
         }
     }
-    let y = p.gemv(&rows, m)?;
+    let mut y = p.gemv(&rows, m)?;
+    add_bias(&mut y);
     let mut out = vec![0f32; m * p.n];
     for b in 0..nb {
         for j in 0..s {
@@ -507,7 +531,7 @@ pub fn conv1x1(x: &Tensor, p: &PackedWeight) -> Result<Option<Tensor>> {
             }
         }
     }
-    Ok(Some(super::from_vec(out, &shape)?))
+    Ok(Some(super::from_f32(out, &shape, dtype)?))
 }
 
 /// Code `j` of a nibble-packed row.

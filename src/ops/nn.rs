@@ -362,15 +362,10 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
         && p.pads.iter().all(|&(a, b)| a + b == 0)
         && p.groups == 1;
     if let (Some(pw), true) = (packed, pointwise) {
-        if let Some(y) = kernels::gemv::conv1x1(x, pw)? {
-            let y = match &bias {
-                Some(b) => {
-                    let mut bs = vec![1; y.rank()];
-                    bs[1] = b.elem_count();
-                    kernels::binary(&y, &b.reshape(bs)?, kernels::BinOp::Add)?
-                }
-                None => y,
-            };
+        // Bias and the rounding to the output dtype happen in the GEMV's epilogue (the same
+        // f32 sum rounded once, as op by op), without two more passes and tensors.
+        let b = bias.as_ref().map(kernels::to_f32_vec).transpose()?;
+        if let Some(y) = kernels::gemv::conv1x1(x, pw, b.as_deref(), cx.out_dtype(0)?)? {
             return out0(cx, y);
         }
     }
