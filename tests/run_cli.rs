@@ -236,3 +236,48 @@ fn bench_flags_parse_as_flags() {
         "only AUDIO is positional:\n{text}"
     );
 }
+
+/// `bench --suite decode --only fp16 --runs 3 --json` on tiny.en: one row, the fp16 decoder,
+/// its bytes per token (weights + cross K/V), and a ratio that is its time over its floor.
+#[test]
+fn decode_bench_reports_one_variant_against_its_floor() {
+    let Some(fx) = common::fixtures() else { return };
+    let out = Command::new(env!("CARGO_BIN_EXE_milkit"))
+        .args([
+            "bench", "--suite", "decode", "--only", "fp16", "--runs", "3", "--json",
+        ])
+        .arg("--model")
+        .arg(fx.join("models/whisper-tiny.en"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "--only fp16 keeps one variant: {v}");
+    let r = &rows[0];
+    assert_eq!(r["variant"], "fp16");
+    let f = |k: &str| r[k].as_f64().unwrap();
+    // tiny.en's decoder weights (incl. the 51864 × 384 head) are ~56 MB in fp16, and the
+    // cross K/V 4 layers × 2 × 384 × 1500 fp16 values.
+    assert_eq!(f("cross_kv_bytes"), (4 * 2 * 384 * 1500 * 2) as f64);
+    assert!((50e6..70e6).contains(&f("weight_bytes")), "{r}");
+    let floor = f("bytes_per_token") / (f("bandwidth_gbps") * 1e9) * 1e3;
+    assert!((f("floor_ms_per_token") - floor).abs() < 1e-9 * floor.max(1.0));
+    assert!((f("ratio") - f("ms_per_token") / floor).abs() < 1e-9 * f("ratio"));
+    assert!(f("ms_per_token") > 0.0 && f("ratio") > 0.0, "{r}");
+    let none = Command::new(env!("CARGO_BIN_EXE_milkit"))
+        .args(["bench", "--suite", "decode", "--only", "fp8", "--model"])
+        .arg(fx.join("models/whisper-tiny.en"))
+        .output()
+        .unwrap();
+    assert!(!none.status.success());
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("no decode variant matches `fp8`"),
+        "{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
+}

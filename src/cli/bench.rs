@@ -38,8 +38,9 @@ pub struct BenchArgs {
     /// compared with coremltools; default ../shared/models/whisper-tiny.en).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Repetitions (export: the median; audio: the best, after one warm-up run; decode: the
-    /// best of this many timed passes per variant).
+    /// Repetitions (export: the median; audio: the best, after one warm-up run; decode:
+    /// timed passes per variant, each paired with its own bandwidth measurement; the pass
+    /// with the median ratio to its floor is shown).
     #[arg(long, default_value_t = 1)]
     pub runs: usize,
     /// Python with coremltools 9 to compare against (compress suite).

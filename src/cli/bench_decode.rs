@@ -45,7 +45,8 @@ impl DecodeRow {
 }
 
 /// Builds, loads and times the four decoders of the checkpoint at `model_dir` (those whose
-/// name contains `only`), each the best of `runs` timed passes.
+/// name contains `only`): `runs` timed passes each, every one paired with a bandwidth
+/// measurement; the pass with the median ratio to its floor is reported.
 pub fn measure(model_dir: &Path, only: Option<&str>, runs: usize) -> Result<Vec<DecodeRow>> {
     let (cfg, w) = open_checked(model_dir, Component::Decoder)?;
     let dims = DecoderDims::from_config(&cfg);
@@ -86,6 +87,16 @@ pub fn measure(model_dir: &Path, only: Option<&str>, runs: usize) -> Result<Vec<
     ];
     let mut rows = vec![];
     let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
+    ensure!(
+        variants.iter().any(|(n, _)| wanted(n)),
+        "no decode variant matches `{}` (have: {})",
+        only.unwrap_or_default(),
+        variants
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     for (name, how) in variants.into_iter().filter(|(n, _)| wanted(n)) {
         let mut m = base.clone();
         if let Some((method, sel)) = how {
@@ -141,15 +152,26 @@ fn time_variant(name: &str, m: Model, d: &DecoderDims, runs: usize) -> Result<De
     }
     // The timed steps continue at fresh cache positions, each a complete one-token run;
     // every pass covers the same positions (the states are not reset: what a position
-    // holds does not change the work).
-    let mut ms_per_token = f64::INFINITY;
+    // holds does not change the work). Each pass is paired with a bandwidth measurement
+    // taken just before it (the same measurement as `milkit bench AUDIO`, best of 4 passes
+    // over a buffer of the bytes a token reads): the machine's bandwidth drifts between
+    // minutes, so a ratio is only meaningful within a pair. The pass with the median ratio
+    // is reported.
+    let weight_bytes = s.streamed_bytes(None)?;
+    let cross_kv_bytes = 2 * dl * na * 2;
+    let bytes = (weight_bytes + cross_kv_bytes) as u64;
+    let mut pairs = vec![];
     for _ in 0..runs {
+        let bw = milkit::transcribe::cost::stream_bandwidth_gbps(bytes, 4);
         let t2 = Instant::now();
         for p in START + WARMUP..START + WARMUP + STEPS {
             step(&mut s, p)?;
         }
-        ms_per_token = ms_per_token.min(t2.elapsed().as_secs_f64() * 1e3 / STEPS as f64);
+        pairs.push((t2.elapsed().as_secs_f64() * 1e3 / STEPS as f64, bw));
     }
+    // ms × GB/s orders the pairs as their ratios to the floor do.
+    pairs.sort_by(|a, b| (a.0 * a.1).total_cmp(&(b.0 * b.1)));
+    let (ms_per_token, bandwidth_gbps) = pairs[pairs.len() / 2];
     // Where a step's time goes (a few more profiled steps, to stderr).
     s.enable_profiling(true);
     for p in START + WARMUP + STEPS..START + WARMUP + STEPS + 4 {
@@ -162,11 +184,6 @@ fn time_variant(name: &str, m: Model, d: &DecoderDims, runs: usize) -> Result<De
         .map(|(op, n, t)| format!("{op} {:.2} ms ({} calls)", t.as_secs_f64() * 250.0, n / 4))
         .collect();
     eprintln!("{name} per step: {}", prof.join(", "));
-    let weight_bytes = s.streamed_bytes(None)?;
-    let cross_kv_bytes = 2 * dl * na * 2;
-    // The same measurement as `milkit bench AUDIO`: best of 12 passes over that many bytes.
-    let bandwidth_gbps =
-        milkit::transcribe::cost::stream_bandwidth_gbps((weight_bytes + cross_kv_bytes) as u64, 12);
     Ok(DecodeRow {
         variant: name.to_string(),
         load_ms,
@@ -199,7 +216,7 @@ pub fn run(model: Option<&Path>, json: bool, only: Option<&str>, runs: usize) ->
         return Ok(0);
     }
     println!(
-        "decode: {WARMUP} warm-up + {STEPS} timed steps from cache position {START} (best of {} passes), {} threads",
+        "decode: {WARMUP} warm-up + {STEPS} timed steps from cache position {START}; median ratio of {} passes, each against the bandwidth measured just before it; {} threads",
         runs.max(1),
         rayon::current_num_threads()
     );
