@@ -134,17 +134,28 @@ pub fn mul_mul_add(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Result<Ten
             .for_each(|(y, (p, q))| *y = p + q);
     };
     if dt == DType::F16 {
+        // Each operand's row widened once per task and reused while the next output row
+        // reads the same elements (a broadcast mask is one row for the whole cache); then
+        // one pass multiplies, rounds, adds and narrows.
         let mut out16 = vec![f16::ZERO; total];
         out16
             .par_chunks_mut(rows_per_task * len)
             .enumerate()
             .for_each(|(t, ys)| {
-                let mut bufs = vec![0f32; 3 * len];
-                let (p, rest) = bufs.split_at_mut(len);
-                let (q, y) = rest.split_at_mut(len);
+                let mut bufs = vec![0f32; 4 * len];
+                let mut last = [usize::MAX; 4];
                 for (i, yr) in ys.chunks_mut(len).enumerate() {
-                    row(t * rows_per_task + i, p, q, y);
-                    super::convert::f32_to_f16(y, yr);
+                    let r = t * rows_per_task + i;
+                    for (k, (op, buf)) in ops.iter().zip(bufs.chunks_mut(len)).enumerate() {
+                        if last[k] != op.row_base[r] {
+                            op.row(r, buf);
+                            last[k] = op.row_base[r];
+                        }
+                    }
+                    let (a, rest) = bufs.split_at(len);
+                    let (b, rest) = rest.split_at(len);
+                    let (c, d) = rest.split_at(len);
+                    super::convert::blend_to_f16(a, b, c, d, yr);
                 }
             });
         return from_vec(out16, &out);

@@ -59,6 +59,29 @@ pub fn round_f16(buf: &mut [f32]) {
     }
 }
 
+/// `out[i] = fp16(r(a[i]·b[i]) + r(c[i]·d[i]))` with `r` the rounding to fp16 and back: the
+/// cache blend `a·b + c·d` of fp16 operands (given widened) rounded exactly as `mul`, `mul`
+/// and `add` on fp16 tensors round, in one pass.
+pub fn blend_to_f16(a: &[f32], b: &[f32], c: &[f32], d: &[f32], out: &mut [f16]) {
+    let n = out.len();
+    assert!(
+        a.len() == n && b.len() == n && c.len() == n && d.len() == n,
+        "blend_to_f16: length mismatch"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if f16c() && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has F16C and AVX (checked above); all lengths are `n`.
+            unsafe { avx::blend(a, b, c, d, out) };
+            return;
+        }
+    }
+    let r = |x: f32| f16::from_f32(x).to_f32();
+    for i in 0..n {
+        out[i] = f16::from_f32(r(a[i] * b[i]) + r(c[i] * d[i]));
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx {
     use half::f16;
@@ -77,6 +100,36 @@ mod avx {
         }
         for j in i..n {
             dst[j] = src[j].to_f32();
+        }
+    }
+
+    #[target_feature(enable = "avx,f16c")]
+    pub unsafe fn blend(a: &[f32], b: &[f32], c: &[f32], d: &[f32], out: &mut [f16]) {
+        let n = out.len();
+        let mut i = 0;
+        unsafe {
+            macro_rules! r16 {
+                ($v:expr) => {
+                    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>($v))
+                };
+            }
+            macro_rules! ld {
+                ($s:expr) => {
+                    _mm256_loadu_ps($s.as_ptr().add(i))
+                };
+            }
+            while i + 8 <= n {
+                // Separate multiplies (no FMA): each product is rounded on its own.
+                let p = r16!(_mm256_mul_ps(ld!(a), ld!(b)));
+                let q = r16!(_mm256_mul_ps(ld!(c), ld!(d)));
+                let y = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_add_ps(p, q));
+                _mm_storeu_si128(out.as_mut_ptr().add(i) as *mut __m128i, y);
+                i += 8;
+            }
+        }
+        let r = |x: f32| f16::from_f32(x).to_f32();
+        for j in i..n {
+            out[j] = f16::from_f32(r(a[j] * b[j]) + r(c[j] * d[j]));
         }
     }
 
@@ -133,6 +186,31 @@ mod tests {
         f32_to_f16(&v, &mut out);
         for (x, h) in v.iter().zip(&out) {
             assert_eq!(h.to_bits(), f16::from_f32(*x).to_bits(), "{x}");
+        }
+    }
+
+    #[test]
+    fn blend_rounds_like_three_fp16_ops() {
+        // Operands that are fp16 values (as widened fp16 tensors are), products that need
+        // rounding, and sums near ties; 37 elements: SIMD lanes and a tail.
+        let v = |i: usize, k: u32| {
+            let x = ((i as f32 * 0.37 + k as f32).sin() * 3.0) * (1.0 + (i % 7) as f32 * 0.11);
+            f16::from_f32(x).to_f32()
+        };
+        let n = 37;
+        let (a, b, c, d): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) = (
+            (0..n).map(|i| v(i, 1)).collect(),
+            (0..n).map(|i| v(i, 2)).collect(),
+            (0..n).map(|i| v(i, 3)).collect(),
+            (0..n).map(|i| v(i, 4)).collect(),
+        );
+        let mut got = vec![f16::ZERO; n];
+        blend_to_f16(&a, &b, &c, &d, &mut got);
+        for i in 0..n {
+            let p = f16::from_f32(a[i] * b[i]);
+            let q = f16::from_f32(c[i] * d[i]);
+            let want = f16::from_f32(p.to_f32() + q.to_f32());
+            assert_eq!(got[i].to_bits(), want.to_bits(), "element {i}");
         }
     }
 }
