@@ -239,6 +239,29 @@ fn conv1d_same_padding_stride2_and_pointwise_match_naive() {
     assert_close(&f32s(&out[1]), &want_z, 1e-5, "pointwise conv");
 }
 
+/// `layer_norm(x, axes = [1], gamma, beta, epsilon = 1e-5)` named `ln`.
+fn layer_norm_over_axis_1(
+    b: &mut Builder,
+    x: &milkit::ops::V,
+    gamma: &[f32],
+    beta: &[f32],
+) -> milkit::ops::V {
+    let g = b.konst("g", Value::Tensor(ITensor::f32(&[gamma.len()], gamma)));
+    let bt = b.konst("bt", Value::Tensor(ITensor::f32(&[beta.len()], beta)));
+    b.op1(
+        "layer_norm",
+        "ln",
+        vec![
+            ("x", In::from(x)),
+            ("axes", ints(&[1])),
+            ("gamma", g.into()),
+            ("beta", bt.into()),
+            ("epsilon", c(Value::f32_scalar(1e-5))),
+        ],
+    )
+    .unwrap()
+}
+
 #[test]
 fn softmax_layer_norm_and_gelu_match_formulas() {
     let mut r = Lcg(5);
@@ -253,21 +276,7 @@ fn softmax_layer_norm_and_gelu_match_formulas() {
             vec![("x", In::from(&x)), ("axis", In::C(Value::i32_scalar(-1)))],
         )
         .unwrap();
-    let g = b.konst("g", Value::Tensor(ITensor::f32(&[4], &ga)));
-    let bt = b.konst("bt", Value::Tensor(ITensor::f32(&[4], &ba)));
-    let ln = b
-        .op1(
-            "layer_norm",
-            "ln",
-            vec![
-                ("x", In::from(&x)),
-                ("axes", ints(&[1])),
-                ("gamma", g.into()),
-                ("beta", bt.into()),
-                ("epsilon", c(Value::f32_scalar(1e-5))),
-            ],
-        )
-        .unwrap();
+    let ln = layer_norm_over_axis_1(&mut b, &x, &ga, &ba);
     let ge = b
         .op1(
             "gelu",
@@ -649,21 +658,7 @@ fn norms_over_channels_of_bc1s_tensors_match_formulas() {
     let (ga, ba) = (r.vec(c_n), r.vec(c_n));
     let mut b = Builder::new(Opset::Ios15);
     let x = b.input("x", tin(DType::F32, &[2, c_n, 1, 1]));
-    let g = b.konst("g", Value::Tensor(ITensor::f32(&[c_n], &ga)));
-    let bt = b.konst("bt", Value::Tensor(ITensor::f32(&[c_n], &ba)));
-    let ln = b
-        .op1(
-            "layer_norm",
-            "ln",
-            vec![
-                ("x", In::from(&x)),
-                ("axes", ints(&[1])),
-                ("gamma", g.into()),
-                ("beta", bt.into()),
-                ("epsilon", c(Value::f32_scalar(1e-5))),
-            ],
-        )
-        .unwrap();
+    let ln = layer_norm_over_axis_1(&mut b, &x, &ga, &ba);
     let x3 = b
         .op1(
             "reshape",
