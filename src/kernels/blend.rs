@@ -117,22 +117,6 @@ pub fn mul_mul_add(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Result<Ten
         ops.push(Operand::new(v, t.dims(), &out));
     }
     let rows_per_task = MIN_TASK.div_ceil(len).max(1);
-    // One row: both products rounded to the dtype, then their sum (rounded on the way out).
-    let row = |r: usize, p: &mut [f32], q: &mut [f32], y: &mut [f32]| {
-        ops[0].row(r, p);
-        ops[1].row(r, y);
-        p.iter_mut().zip(&*y).for_each(|(p, v)| *p *= v);
-        ops[2].row(r, q);
-        ops[3].row(r, y);
-        q.iter_mut().zip(&*y).for_each(|(q, v)| *q *= v);
-        if dt == DType::F16 {
-            super::convert::round_f16(p);
-            super::convert::round_f16(q);
-        }
-        y.iter_mut()
-            .zip(p.iter().zip(&*q))
-            .for_each(|(y, (p, q))| *y = p + q);
-    };
     if dt == DType::F16 {
         // Each operand's row widened once per task and reused while the next output row
         // reads the same elements (a broadcast mask is one row for the whole cache); then
@@ -160,6 +144,18 @@ pub fn mul_mul_add(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Result<Ten
             });
         return from_vec(out16, &out);
     }
+    // f32: one row's two products and their sum, each an f32 operation as op by op.
+    let row = |r: usize, p: &mut [f32], q: &mut [f32], y: &mut [f32]| {
+        ops[0].row(r, p);
+        ops[1].row(r, y);
+        p.iter_mut().zip(&*y).for_each(|(p, v)| *p *= v);
+        ops[2].row(r, q);
+        ops[3].row(r, y);
+        q.iter_mut().zip(&*y).for_each(|(q, v)| *q *= v);
+        y.iter_mut()
+            .zip(p.iter().zip(&*q))
+            .for_each(|(y, (p, q))| *y = p + q);
+    };
     let mut y = vec![0f32; total];
     y.par_chunks_mut(rows_per_task * len)
         .enumerate()

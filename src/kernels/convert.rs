@@ -68,16 +68,17 @@ pub fn blend_to_f16(a: &[f32], b: &[f32], c: &[f32], d: &[f32], out: &mut [f16])
         a.len() == n && b.len() == n && c.len() == n && d.len() == n,
         "blend_to_f16: length mismatch"
     );
+    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     {
-        if f16c() && is_x86_feature_detected!("fma") {
+        if f16c() {
             // SAFETY: the CPU has F16C and AVX (checked above); all lengths are `n`.
-            unsafe { avx::blend(a, b, c, d, out) };
-            return;
+            done = unsafe { avx::blend(a, b, c, d, out) };
         }
     }
+    // What the vector loop left (all of it without F16C).
     let r = |x: f32| f16::from_f32(x).to_f32();
-    for i in 0..n {
+    for i in done..n {
         out[i] = f16::from_f32(r(a[i] * b[i]) + r(c[i] * d[i]));
     }
 }
@@ -103,8 +104,9 @@ mod avx {
         }
     }
 
+    /// The whole groups of eight of `blend_to_f16`; returns how many elements it wrote.
     #[target_feature(enable = "avx,f16c")]
-    pub unsafe fn blend(a: &[f32], b: &[f32], c: &[f32], d: &[f32], out: &mut [f16]) {
+    pub unsafe fn blend(a: &[f32], b: &[f32], c: &[f32], d: &[f32], out: &mut [f16]) -> usize {
         let n = out.len();
         let mut i = 0;
         unsafe {
@@ -127,10 +129,7 @@ mod avx {
                 i += 8;
             }
         }
-        let r = |x: f32| f16::from_f32(x).to_f32();
-        for j in i..n {
-            out[j] = f16::from_f32(r(a[j] * b[j]) + r(c[j] * d[j]));
-        }
+        i
     }
 
     #[target_feature(enable = "avx,f16c")]
