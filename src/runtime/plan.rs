@@ -43,6 +43,11 @@ pub struct Step {
 }
 
 impl Step {
+    /// Whether any parameter of this step is bound to `src`.
+    pub fn reads(&self, src: Src) -> bool {
+        self.args.iter().flat_map(|(_, v)| v).any(|x| *x == src)
+    }
+
     /// The single binding of parameter `name` (None when absent or variadic).
     pub fn single(&self, name: &str) -> Option<Src> {
         match self.args.iter().find(|(p, _)| p == name) {

@@ -78,13 +78,7 @@ pub fn allow_views(steps: &mut [Step], outputs: &[Src]) {
             continue;
         };
         let next = (i + 1..steps.len())
-            .find(|&j| {
-                steps[j]
-                    .args
-                    .iter()
-                    .flat_map(|(_, v)| v)
-                    .any(|s| *s == Src::Slot(state))
-            })
+            .find(|&j| steps[j].reads(Src::Slot(state)))
             .unwrap_or(steps.len());
         let (mut stack, mut seen, mut safe) = (steps[i].outs.clone(), HashSet::new(), true);
         while let (Some(slot), true) = (stack.pop(), safe) {
@@ -172,14 +166,7 @@ fn match_chain(
     }
     let last = s;
     let chain = [r, i, w, s];
-    let touches = |j: usize| {
-        steps[j]
-            .args
-            .iter()
-            .flat_map(|(_, v)| v)
-            .any(|x| *x == Src::Slot(state))
-    };
-    if (r..=last).any(|j| !chain.contains(&j) && touches(j)) {
+    if (r..=last).any(|j| !chain.contains(&j) && steps[j].reads(Src::Slot(state))) {
         return None;
     }
     let mut args = vec![
