@@ -365,25 +365,8 @@ fn recipe_table_takes_the_flag() {
     let Some(fx) = common::fixtures() else { return };
     let hf = fx.join("models/whisper-tiny.en");
     let dir = tempfile::tempdir().unwrap();
-    let recipe = dir.path().join("og.toml");
-    std::fs::write(
-        &recipe,
-        "name = \"og\"\n\n[[component]]\ncomponent = \"encoder\"\nabi = \"whisperkit\"\n\
-         target = \"ios18\"\nfile = \"encoder.mlpackage\"\n\n[component.compress]\n\
-         palettize = \"kmeans\"\nnbits = 4\ngroup_size = 16\noutlier_grouping = true\n",
-    )
-    .unwrap();
-    let out = dir.path().join("folder");
-    let o = milkit()
-        .args(["export", "--quiet", "--recipe"])
-        .arg(&recipe)
-        .arg("--model")
-        .arg(&hf)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out =
+        common::export_encoder_recipe(dir.path(), "whisperkit", "outlier_grouping = true", &hf);
     // fc1's bias (too small to compress) is the checkpoint's, reordered.
     let got = milkit::package::load_package(&out.join("encoder.mlpackage")).unwrap();
     let plain = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();

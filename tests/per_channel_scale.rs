@@ -432,24 +432,9 @@ fn tiny_en_encoder_lut4_with_channel_scales() {
 fn recipe_table_takes_the_flag() {
     let Some(fx) = common::fixtures() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let recipe = dir.path().join("pcs.toml");
-    std::fs::write(
-        &recipe,
-        "name = \"pcs\"\n\n[[component]]\ncomponent = \"encoder\"\nabi = \"whispercpp\"\n\
-         target = \"ios18\"\nfile = \"encoder.mlpackage\"\n\n[component.compress]\n\
-         palettize = \"kmeans\"\nnbits = 4\ngroup_size = 16\nper_channel_scale = true\n",
-    )
-    .unwrap();
-    let out = dir.path().join("folder");
-    ok(&milkit()
-        .args(["export", "--quiet", "--recipe"])
-        .arg(&recipe)
-        .arg("--model")
-        .arg(fx.join("models/whisper-tiny.en"))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap());
+    let hf = fx.join("models/whisper-tiny.en");
+    let out =
+        common::export_encoder_recipe(dir.path(), "whispercpp", "per_channel_scale = true", &hf);
     let m = milkit::package::load_package(&out.join("encoder.mlpackage")).unwrap();
     let n = m
         .program

@@ -79,6 +79,38 @@ pub fn milkit() -> Command {
     Command::new(env!("CARGO_BIN_EXE_milkit"))
 }
 
+/// Writes a one-component recipe (the encoder for `abi`, iOS18, LUT4 k-means per 16 output
+/// channels plus the compress-table line `extra`) into `dir`, exports it from `model` with
+/// `milkit export --recipe`, asserts success and returns the folder.
+pub fn export_encoder_recipe(dir: &Path, abi: &str, extra: &str, model: &Path) -> PathBuf {
+    let recipe = dir.join("recipe.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"test\"\n\n[[component]]\ncomponent = \"encoder\"\nabi = \"{abi}\"\n\
+             target = \"ios18\"\nfile = \"encoder.mlpackage\"\n\n[component.compress]\n\
+             palettize = \"kmeans\"\nnbits = 4\ngroup_size = 16\n{extra}\n"
+        ),
+    )
+    .unwrap();
+    let out = dir.join("folder");
+    let o = milkit()
+        .args(["export", "--quiet", "--recipe"])
+        .arg(&recipe)
+        .arg("--model")
+        .arg(model)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "recipe export failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
 /// A tiny-shaped but much smaller Whisper config (d_model 64, 2 + 2 layers, 4 heads, ffn 128)
 /// for self-contained tests on random checkpoints.
 pub fn micro_config() -> milkit::whisper::config::WhisperConfig {
