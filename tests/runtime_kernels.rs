@@ -3,6 +3,7 @@
 //! activations, row lengths with SIMD tails, and matrices big enough to run multi-threaded.
 
 use half::f16;
+use milkit::kernels::gemv::Isa;
 use milkit::kernels::PackedWeight;
 
 /// xorshift64*: deterministic test data without a dependency.
@@ -55,6 +56,15 @@ fn check(what: &str, got: &[f32], want: &(Vec<f64>, Vec<f64>)) {
     }
 }
 
+/// [`check`] of the product through every inner-loop level this CPU runs (portable,
+/// AVX2, AVX-512), so that each path is held to the reference wherever it can run.
+fn check_isas(what: &str, p: &PackedWeight, x: &[f32], m: usize, want: &(Vec<f64>, Vec<f64>)) {
+    for isa in Isa::supported() {
+        let got = p.gemv_with(x, m, isa).unwrap();
+        check(&format!("{what} {isa:?}"), &got, want);
+    }
+}
+
 const SIZES: &[(usize, usize)] = &[(1, 8), (5, 40), (37, 72), (64, 200), (3000, 384)];
 
 #[test]
@@ -67,10 +77,10 @@ fn f16_and_f32_gemv_match_reference() {
             let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
             let want = reference(n, k, m, &x, |r, c| w[r * k + c].to_f64());
             let p = PackedWeight::from_f16(&[n, k], w.clone()).unwrap();
-            check(&format!("f16 {n}x{k} m{m}"), &p.gemv(&x, m).unwrap(), &want);
+            check_isas(&format!("f16 {n}x{k} m{m}"), &p, &x, m, &want);
             let w32: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
             let p = PackedWeight::from_f32(&[n, k, 1, 1], w32.clone()).unwrap();
-            check(&format!("f32 {n}x{k} m{m}"), &p.gemv(&x, m).unwrap(), &want);
+            check_isas(&format!("f32 {n}x{k} m{m}"), &p, &x, m, &want);
             assert_eq!(p.to_f32(), w32);
             assert_eq!(p.bytes(), n * k * 4);
         }
@@ -92,11 +102,7 @@ fn lut4_gemv_reads_packed_codes_and_group_palettes() {
         for m in [1, 2] {
             let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
             let want = reference(n, k, m, &x, dense);
-            check(
-                &format!("lut4 {n}x{k} m{m}"),
-                &p.gemv(&x, m).unwrap(),
-                &want,
-            );
+            check_isas(&format!("lut4 {n}x{k} m{m}"), &p, &x, m, &want);
         }
         let d = p.to_f32();
         assert!((0..n * k).all(|i| d[i] as f64 == dense(i / k, i % k)));
@@ -126,7 +132,7 @@ fn int4_gemv_per_channel_and_per_block() {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
                 let want = reference(n, k, m, &x, dense);
                 let what = format!("int4 {n}x{k} block {block} m{m}");
-                check(&what, &p.gemv(&x, m).unwrap(), &want);
+                check_isas(&what, &p, &x, m, &want);
             }
             let d = p.to_f32();
             for (i, v) in d.iter().enumerate() {
@@ -154,11 +160,7 @@ fn shuffle_lookup_paths_match_reference() {
         for m in [1, 2] {
             let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
             let want = reference(n, k, m, &x, dense);
-            check(
-                &format!("fp16-palette lut4 {n}x{k} m{m}"),
-                &p.gemv(&x, m).unwrap(),
-                &want,
-            );
+            check_isas(&format!("fp16-palette lut4 {n}x{k} m{m}"), &p, &x, m, &want);
         }
         for block in [32, 64] {
             if k % block != 0 {
@@ -175,7 +177,7 @@ fn shuffle_lookup_paths_match_reference() {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
                 let want = reference(n, k, m, &x, dense);
                 let what = format!("int4 {n}x{k} block {block} m{m}");
-                check(&what, &p.gemv(&x, m).unwrap(), &want);
+                check_isas(&what, &p, &x, m, &want);
             }
         }
     }

@@ -235,7 +235,14 @@ enum Rows<'a> {
     F(&'a [f32]),
 }
 
-impl Rows<'_> {
+impl<'a> Rows<'a> {
+    fn f16(&self) -> Option<&'a [f16]> {
+        match *self {
+            Rows::H(h) => Some(h),
+            Rows::F(_) => None,
+        }
+    }
+
     fn row(&self, i: usize, n: usize, buf: &mut [f32]) {
         match self {
             Rows::H(s) => super::convert::f16_to_f32(&s[i * n..(i + 1) * n], buf),
@@ -252,7 +259,10 @@ impl Rows<'_> {
             while r + 4 <= q.len() {
                 let w = &h[(row0 + r) * n..(row0 + r + 4) * n];
                 let qv = [q[r], q[r + 1], q[r + 2], q[r + 3]];
-                super::gemv::simd::axpy4_f16(w, qv, s, simd);
+                match simd && super::gemv::wide::available() {
+                    true => super::gemv::wide::axpy4_f16(w, qv, s, true),
+                    false => super::gemv::simd::axpy4_f16(w, qv, s, simd),
+                }
                 r += 4;
             }
         }
@@ -340,6 +350,22 @@ fn few_rows(
                     }
                     round_to(&mut s, a.round[2]);
                     let mut o = vec![0f32; d * m];
+                    // One query row against fp16 values: the `d` value rows in one pass of
+                    // the 4-row kernel (AVX-512).
+                    if let (Some(h), 1, true) =
+                        (vv.f16(), m, simd && super::gemv::wide::available())
+                    {
+                        super::gemv::wide::f16_rows(
+                            &h[b * d * n..(b + 1) * d * n],
+                            &s,
+                            &mut o,
+                            true,
+                        );
+                        if !want_probs {
+                            s = vec![];
+                        }
+                        return (o, s);
+                    }
                     for r in 0..d {
                         for i in 0..m {
                             o[r * m + i] =

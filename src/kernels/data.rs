@@ -143,7 +143,7 @@ pub fn map_rows(t: &Tensor, n: usize, f: impl Fn(&mut [f32]) + Sync + Send) -> R
 /// buffer, so an fp16 tensor never exists as a whole in f32. Keeps shape and dtype.
 pub fn map_chunks(t: &Tensor, n: usize, f: impl Fn(&mut [f32]) + Sync + Send) -> Result<Tensor> {
     ensure!(
-        n > 0 && t.elem_count() % n == 0,
+        n > 0 && t.elem_count().is_multiple_of(n),
         "rows of {n} do not tile {:?}",
         t.dims()
     );

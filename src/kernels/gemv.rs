@@ -6,7 +6,9 @@
 //! weight bytes once: AVX2/FMA/F16C inner loops (runtime-detected, scalar fallback) and
 //! rayon over output rows in chunks large enough to amortise the fork/join. 4-bit codes are
 //! looked up 64 at a time with `pshufb` in fp16 tables (exact palettes only) against
-//! activations permuted once per call to the order the lookup produces.
+//! activations permuted once per call to the order the lookup produces. Where the CPU has
+//! AVX-512 the one-row products run [`wide`]'s loops instead: four output rows a pass, codes
+//! looked up in f32 palettes with `vpermps` (any palette), fp16 converted 16 at a time.
 
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
@@ -14,7 +16,40 @@ use half::f16;
 use rayon::prelude::*;
 
 pub mod store;
+pub mod wide;
 pub use store::{share_arena, Store};
+
+/// Which inner loops a product runs: plain Rust, AVX2 + FMA + F16C, or AVX-512 (which
+/// falls back to the AVX2 loops where it has none of its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    /// The widest this CPU runs.
+    pub fn best() -> Isa {
+        match (simd::available(), wide::available()) {
+            (true, true) => Isa::Avx512,
+            (true, false) => Isa::Avx2,
+            _ => Isa::Portable,
+        }
+    }
+
+    /// Every level this CPU runs, narrowest first (for tests of each path).
+    pub fn supported() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        if simd::available() {
+            v.push(Isa::Avx2);
+            if wide::available() {
+                v.push(Isa::Avx512);
+            }
+        }
+        v
+    }
+}
 
 /// How a packed weight's elements are stored.
 #[derive(Clone, Debug)]
@@ -98,7 +133,7 @@ impl PackedWeight {
         ensure!(codes.iter().all(|&c| c < 16), "LUT4 code out of range");
         let groups = lut.len() / 16;
         ensure!(
-            lut.len() % 16 == 0 && groups >= 1 && n % groups == 0,
+            lut.len().is_multiple_of(16) && groups >= 1 && n % groups == 0,
             "{} palette entries for {n} rows",
             lut.len()
         );
@@ -127,7 +162,7 @@ impl PackedWeight {
         let (n, k) = rows_cols(shape)?;
         ensure!(codes.len() == n * k, "{} codes for {shape:?}", codes.len());
         ensure!(
-            block >= 2 && block % 2 == 0 && k % block == 0,
+            block >= 2 && block.is_multiple_of(2) && k % block == 0,
             "int4 block {block} must be even and divide the row length {k}"
         );
         ensure!(codes.iter().all(|&c| c < 16), "int4 code out of range");
@@ -237,6 +272,17 @@ impl PackedWeight {
 
     /// `y = x · Wᵀ` for `m` rows of `x` (`[m, k]` row-major); returns `[m, n]`.
     pub fn gemv(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        self.gemv_with(x, m, Isa::best())
+    }
+
+    /// [`PackedWeight::gemv`] through the inner loops of `isa` (which the CPU must run:
+    /// see [`Isa::supported`]; a wider one than it has is narrowed).
+    pub fn gemv_with(&self, x: &[f32], m: usize, isa: Isa) -> Result<Vec<f32>> {
+        let isa = match (isa, Isa::best()) {
+            (_, Isa::Portable) => Isa::Portable,
+            (Isa::Avx512, Isa::Avx2) => Isa::Avx2,
+            (i, _) => i,
+        };
         let (n, k) = (self.n, self.k);
         ensure!(
             x.len() == m * k,
@@ -251,10 +297,10 @@ impl PackedWeight {
             Packed::Int4 { block, .. } => x.chunks(*block).map(|c| c.iter().sum()).collect(),
             _ => vec![],
         };
-        let simd = simd::available();
-        // The shuffle-lookup kernels take the activations permuted, once per call.
-        // A uniform integer zero point is folded into the table (`code − zero`, exact in
-        // fp16), which drops the zero-point term.
+        let (simd, wide) = (isa != Isa::Portable, isa == Isa::Avx512);
+        // The lookup kernels take the activations permuted, once per call. A uniform
+        // integer zero point is folded into the code table (`code − zero`, exact in fp16
+        // and f32), which drops the zero-point term.
         let (int4_vals, folded) = match &self.data {
             Packed::Int4 {
                 uniform_zero: Some(z),
@@ -263,23 +309,43 @@ impl PackedWeight {
             _ => (INT4_CODES, false),
         };
         let int4_table = simd::f16_table(&int4_vals);
-        let shuffle = simd
-            && k >= simd::CHUNK
-            && match &self.data {
-                Packed::Lut4 { tables, .. } => tables.is_some(),
-                Packed::Int4 { block, .. } => block % 32 == 0 && int4_table.is_some(),
-                _ => false,
-            };
-        let xp: Vec<f32> = match shuffle {
-            true => x.chunks(k).flat_map(simd::permute_chunks).collect(),
-            false => vec![],
+        let shuffle = match wide {
+            true => {
+                k >= wide::STEP
+                    && match &self.data {
+                        Packed::Lut4 { .. } => true,
+                        Packed::Int4 { block, .. } => block % wide::STEP == 0 || *block == k,
+                        _ => false,
+                    }
+            }
+            false => {
+                simd && k >= simd::CHUNK
+                    && match &self.data {
+                        Packed::Lut4 { tables, .. } => tables.is_some(),
+                        Packed::Int4 { block, .. } => block % 32 == 0 && int4_table.is_some(),
+                        _ => false,
+                    }
+            }
         };
+        // (A loop of `extend`s: a `flat_map` collect pushes element by element, which
+        // cost more than the kernel itself on a small weight.)
+        let mut xp: Vec<f32> = Vec::with_capacity(if shuffle { x.len() } else { 0 });
+        if shuffle {
+            for row in x.chunks(k) {
+                xp.extend(match wide {
+                    true => wide::permute_pairs(row),
+                    false => simd::permute_chunks(row),
+                });
+            }
+        }
         let cx = RowCx {
             xsum: &xsum,
             xp: shuffle.then_some(xp.as_slice()),
             int4_table: int4_table.unwrap_or([0; 32]),
+            int4_vals,
             zero_folded: folded && shuffle,
             simd,
+            wide,
         };
         // Each task streams ≥ 256 KiB of weight (fork/join costs microseconds, and a long
         // run of consecutive rows keeps the prefetchers streaming), and there are at least
@@ -318,14 +384,22 @@ impl PackedWeight {
         Ok(y)
     }
 
-    /// One activation row against the output rows `r0..r0 + out.len()` through the shuffle
-    /// kernels in runs of rows (a palette group for LUT4, the whole range for int4); false
-    /// when this call does not use them.
+    /// One activation row against the output rows `r0..r0 + out.len()` through the
+    /// many-row kernels (fp16 with AVX-512; the lookup kernels in runs of rows: a palette
+    /// group for LUT4, the whole range for int4); false when this call does not use them.
     fn rows_shuffled(&self, r0: usize, out: &mut [f32], x: &[f32], cx: &RowCx) -> bool {
-        let (Some(xp), k) = (cx.xp, self.k) else {
+        let (k, r1) = (self.k, r0 + out.len());
+        if let (Packed::F16(w), true) = (&self.data, cx.wide) {
+            wide::f16_rows(&w[r0 * k..r1 * k], x, out, true);
+            return true;
+        }
+        let Some(xp) = cx.xp else {
             return false;
         };
-        let (half, r1) = (k / 2, r0 + out.len());
+        let half = k / 2;
+        if cx.wide {
+            return self.rows_wide(r0, out, xp, x, cx);
+        }
         match &self.data {
             Packed::Lut4 {
                 idx,
@@ -354,15 +428,50 @@ impl PackedWeight {
                 let (codes, sc) = (&q[r0 * half..r1 * half], &scale[r0 * nb..r1 * nb]);
                 let t = &cx.int4_table;
                 simd::int4_f16_rows(codes, k, sc, *block, t, xp, x, out, cx.simd);
-                if cx.zero_folded {
-                    return true;
+                if !cx.zero_folded {
+                    int4_zero_term(out, r0, nb, scale, zero, cx.xsum);
                 }
-                // The zero-point term, as in `dot`.
-                for (i, y) in out.iter_mut().enumerate() {
-                    let b = (r0 + i) * nb;
-                    let (s, z) = (&scale[b..b + nb], &zero[b..b + nb]);
-                    let zs = s.iter().zip(z).zip(cx.xsum);
-                    *y -= zs.map(|((s, z), x)| s * z * x).sum::<f32>();
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// [`PackedWeight::rows_shuffled`] through the AVX-512 lookup kernels (`xp`: one row
+    /// after `wide::permute_pairs`).
+    fn rows_wide(&self, r0: usize, out: &mut [f32], xp: &[f32], x: &[f32], cx: &RowCx) -> bool {
+        let (k, r1) = (self.k, r0 + out.len());
+        let half = k / 2;
+        match &self.data {
+            Packed::Lut4 {
+                idx,
+                lut,
+                rows_per_group: rpg,
+                ..
+            } => {
+                let mut r = r0;
+                while r < r1 {
+                    let g = r / rpg;
+                    let end = ((g + 1) * rpg).min(r1);
+                    let pal: &[f32; 16] = lut[g * 16..][..16].try_into().unwrap_or(&[0.0; 16]);
+                    let (codes, o) = (&idx[r * half..end * half], &mut out[r - r0..end - r0]);
+                    wide::code_rows(codes, k, pal, None, k, xp, x, o, true);
+                    r = end;
+                }
+            }
+            Packed::Int4 {
+                q,
+                scale,
+                zero,
+                block,
+                ..
+            } => {
+                let nb = k / block;
+                let (codes, sc) = (&q[r0 * half..r1 * half], &scale[r0 * nb..r1 * nb]);
+                let t = &cx.int4_vals;
+                wide::code_rows(codes, k, t, Some(sc), *block, xp, x, out, true);
+                if !cx.zero_folded {
+                    int4_zero_term(out, r0, nb, scale, zero, cx.xsum);
                 }
             }
             _ => return false,
@@ -374,6 +483,21 @@ impl PackedWeight {
     fn dot(&self, r: usize, x: &[f32], j: usize, cx: &RowCx) -> f32 {
         let (k, simd) = (self.k, cx.simd);
         let xp = cx.xp.map(|p| &p[j * k..(j + 1) * k]);
+        if let (Some(xp), true) = (xp, cx.wide) {
+            let mut y = [0f32];
+            // This activation row's block sums (int4).
+            let sub = RowCx {
+                xsum: match &self.data {
+                    Packed::Int4 { block, .. } => &cx.xsum[j * (k / block)..(j + 1) * (k / block)],
+                    _ => cx.xsum,
+                },
+                xp: Some(xp),
+                ..*cx
+            };
+            if self.rows_wide(r, &mut y, xp, x, &sub) {
+                return y[0];
+            }
+        }
         match &self.data {
             Packed::F32(w) => simd::dot_f32(&w[r * k..(r + 1) * k], x, simd),
             Packed::F16(w) => simd::dot_f16(&w[r * k..(r + 1) * k], x, simd),
@@ -425,15 +549,38 @@ impl PackedWeight {
     }
 }
 
+/// Subtracts the int4 zero-point term `Σ_b scale·zero·Σ_{j ∈ b} x_j` from the products of
+/// rows `r0..r0 + out.len()` (`nb` blocks a row; `xsum`: the activation row's block sums).
+fn int4_zero_term(
+    out: &mut [f32],
+    r0: usize,
+    nb: usize,
+    scale: &[f32],
+    zero: &[f32],
+    xsum: &[f32],
+) {
+    for (i, y) in out.iter_mut().enumerate() {
+        let b = (r0 + i) * nb;
+        let (s, z) = (&scale[b..b + nb], &zero[b..b + nb]);
+        let zs = s.iter().zip(z).zip(xsum);
+        *y -= zs.map(|((s, z), x)| s * z * x).sum::<f32>();
+    }
+}
+
 /// What every row of one `gemv` call shares: per-block activation sums (int4), the
 /// activations permuted for the shuffle kernels (when they run), the int4 code table and
 /// whether it has the zero point folded in.
+#[derive(Clone, Copy)]
 struct RowCx<'a> {
     xsum: &'a [f32],
     xp: Option<&'a [f32]>,
     int4_table: simd::F16Table,
+    /// The int4 codes' values in the table (the zero point subtracted when folded).
+    int4_vals: [f32; 16],
     zero_folded: bool,
     simd: bool,
+    /// The AVX-512 loops ([`wide`]) run.
+    wide: bool,
 }
 
 /// int4 codes as values: the palette the int4 shuffle kernel looks them up in.

@@ -300,7 +300,7 @@ impl<W: Write + Seek> BlobWriter<W> {
         );
         let elem = (dtype.bits() / 8) as usize;
         ensure!(
-            data.len() % elem == 0,
+            data.len().is_multiple_of(elem),
             "{}: {} bytes is not a whole number of {dtype:?} elements",
             self.name,
             data.len()
@@ -443,7 +443,7 @@ impl BlobReader {
         if offset < ALIGNMENT {
             return Err(fail("offset lies inside the 64-byte file header".into()));
         }
-        if offset % ALIGNMENT != 0 {
+        if !offset.is_multiple_of(ALIGNMENT) {
             return Err(fail("offset is not a multiple of 64".into()));
         }
         if offset
@@ -482,14 +482,14 @@ impl BlobReader {
             if p >= 8 || (size == 0 && p != 0) {
                 return Err(fail(format!("invalid padding of {p} bits")));
             }
-            if (size * 8 - p) % u64::from(dtype.bits()) != 0 {
+            if !(size * 8 - p).is_multiple_of(u64::from(dtype.bits())) {
                 return Err(fail(format!(
                     "{size} bytes minus {p} padding bits is not a whole number of {dtype:?} elements"
                 )));
             }
             p
         } else {
-            if size % u64::from(dtype.bits() / 8) != 0 {
+            if !size.is_multiple_of(u64::from(dtype.bits() / 8)) {
                 return Err(fail(format!(
                     "{size} bytes is not a whole number of {dtype:?} elements"
                 )));

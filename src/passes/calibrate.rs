@@ -343,7 +343,7 @@ impl Calibration {
         };
         let rest: usize = shape.iter().skip(1).product();
         ensure!(
-            shape.len() >= 2 && rest % m.len() == 0 && shape[1] == m.len(),
+            shape.len() >= 2 && rest.is_multiple_of(m.len()) && shape[1] == m.len(),
             "calibration for `{weight}` has {} channels but the weight is {shape:?}; calibrate the same model",
             m.len()
         );

@@ -131,7 +131,7 @@ pub fn mode_name(m: &Method) -> String {
 fn indivisible(method: &Method, shape: &[usize]) -> Option<String> {
     match method {
         Method::Palettize(c) => match c.granularity {
-            LutGranularity::PerGroupedChannel(g) if g == 0 || shape[0] % g != 0 => Some(format!(
+            LutGranularity::PerGroupedChannel(g) if g == 0 || !shape[0].is_multiple_of(g) => Some(format!(
                 "group size {g} does not divide the {} output channels (axis 0); use a group size that divides {} (e.g. {}) or --granularity per-tensor",
                 shape[0],
                 shape[0],
@@ -140,7 +140,7 @@ fn indivisible(method: &Method, shape: &[usize]) -> Option<String> {
             _ => None,
         },
         Method::Quantize(c) => match c.granularity {
-            QuantGranularity::PerBlock(b) if shape.len() < 2 || b == 0 || shape[1] % b != 0 => Some(format!(
+            QuantGranularity::PerBlock(b) if shape.len() < 2 || b == 0 || !shape[1].is_multiple_of(b) => Some(format!(
                 "block size {b} does not divide the {} input channels (axis 1); use a block size that divides {} (e.g. {}) or --granularity per-channel",
                 shape.get(1).copied().unwrap_or(0),
                 shape.get(1).copied().unwrap_or(0),
@@ -154,7 +154,7 @@ fn indivisible(method: &Method, shape: &[usize]) -> Option<String> {
 fn largest_divisor(n: usize, at_most: usize) -> usize {
     (1..=at_most.min(n).max(1))
         .rev()
-        .find(|d| n % d == 0)
+        .find(|d| n.is_multiple_of(*d))
         .unwrap_or(1)
 }
 

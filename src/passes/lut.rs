@@ -105,7 +105,7 @@ impl Palettized {
         ensure!(
             weight.len() == self.indices.len()
                 && groups > 0
-                && weight.len() % groups == 0
+                && weight.len().is_multiple_of(groups)
                 && self.lut.len() == groups * entries
                 && self.lut_shape.iter().product::<usize>() == self.lut.len(),
             "palettized error: {} weights, {} indices, lut shape {:?} do not belong together",
@@ -233,7 +233,7 @@ fn uniform_group(w: &[f16], nbits: u32, lut: &mut [f16], idx: &mut [u8]) {
 fn divisor_at_most(dim: usize, want: usize) -> usize {
     (1..=want.min(dim))
         .rev()
-        .find(|d| dim % d == 0)
+        .find(|d| dim.is_multiple_of(*d))
         .unwrap_or(1)
 }
 
@@ -286,7 +286,7 @@ pub fn palettize(
         LutGranularity::PerTensor => 1,
         LutGranularity::PerGroupedChannel(gs) => {
             let out = shape[0];
-            if gs == 0 || out % gs != 0 {
+            if gs == 0 || !out.is_multiple_of(gs) {
                 bail!(
                     "palettize: group_size {gs} does not divide the output channels (axis 0 = \
                      {out}) of the weight with shape {shape:?}; use a group size that divides \
@@ -400,7 +400,7 @@ pub fn normalize_rows(weight: &[f16], rows: usize) -> (Vec<f16>, Vec<f16>) {
 /// one rounding, as numpy's fp16 multiply).
 pub fn apply_row_scale(mut dense: Vec<f16>, scale: &[f16]) -> Result<Vec<f16>> {
     ensure!(
-        !scale.is_empty() && dense.len() % scale.len() == 0,
+        !scale.is_empty() && dense.len().is_multiple_of(scale.len()),
         "per-channel scale: {} scales for {} elements",
         scale.len(),
         dense.len()
@@ -455,7 +455,7 @@ pub fn decode_lut(
     let mut blocks = Vec::with_capacity(rank);
     for a in 0..rank {
         ensure!(
-            lut_shape[a] > 0 && shape[a] % lut_shape[a] == 0,
+            lut_shape[a] > 0 && shape[a].is_multiple_of(lut_shape[a]),
             "decode_lut: axis {a}: indices dim {} is not a multiple of lut dim {}",
             shape[a],
             lut_shape[a]

@@ -179,7 +179,7 @@ impl Quantized {
 fn divisor_at_most(dim: usize, want: usize) -> usize {
     (1..=want.min(dim))
         .rev()
-        .find(|d| dim % d == 0)
+        .find(|d| dim.is_multiple_of(*d))
         .unwrap_or(1)
 }
 
@@ -207,7 +207,7 @@ fn layout(weight: &[f16], shape: &[usize], cfg: &QuantConfig) -> Result<(usize, 
                  has shape {shape:?}; use per-channel granularity for it"
             );
             let input = shape[1];
-            if block == 0 || input % block != 0 {
+            if block == 0 || !input.is_multiple_of(block) {
                 bail!(
                     "quantize: block_size {block} does not divide the input axis (axis 1 = \
                      {input}) of the weight with shape {shape:?}; use a block size that divides \

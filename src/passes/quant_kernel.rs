@@ -361,7 +361,7 @@ pub(crate) fn quantize_blocks(
     pack: bool,
 ) -> Result<Raw> {
     let numel = weight.len();
-    if chunk == 0 || numel % chunk != 0 {
+    if chunk == 0 || !numel.is_multiple_of(chunk) {
         bail!("quantize: blocks of {chunk} elements do not tile the weight of shape {shape:?}");
     }
     let (qmin, qmax) = cfg.dtype.range(cfg.symmetric);
@@ -376,7 +376,7 @@ pub(crate) fn quantize_blocks(
     // Work is split into groups of whole blocks: an error piece when blocks tile one (then the
     // sums equal `relative_rms_error`'s), else about as many elements; and a whole number of
     // bytes once packed, so each group writes its own bytes.
-    let mut ge = if chunk <= ERR_PIECE && ERR_PIECE % chunk == 0 {
+    let mut ge = if chunk <= ERR_PIECE && ERR_PIECE.is_multiple_of(chunk) {
         ERR_PIECE
     } else {
         chunk * (ERR_PIECE / chunk).max(1)

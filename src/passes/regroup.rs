@@ -293,7 +293,7 @@ fn permute_axis(t: &Tensor, outer: usize, perm: &[usize]) -> Result<Tensor> {
     let bytes = t.data.as_slice();
     let esize = t.dtype.bits() / 8;
     let slab = bytes.len() / (outer * n).max(1);
-    if esize == 0 || slab * outer * n != bytes.len() || slab % esize != 0 {
+    if esize == 0 || slab * outer * n != bytes.len() || !slab.is_multiple_of(esize) {
         bail!(
             "cannot reorder a {:?} {:?} tensor along a {n}-channel axis",
             t.dtype,

@@ -150,7 +150,7 @@ fn from_origin(
                 && sd.len() == r
                 && sd[0] == n
                 && sd[1] >= 1
-                && shape[1] % sd[1] == 0
+                && shape[1].is_multiple_of(sd[1])
                 && shape[2..].iter().all(|&d| d == 1)
                 && sd[2..].iter().all(|&d| d == 1);
             if !ok {
@@ -164,7 +164,7 @@ fn from_origin(
                 _ => return Ok(None),
             };
             let raw = kernels::to_vec::<i64>(dt)?;
-            if block % 2 != 0 || raw.iter().any(|&v| !(0..16).contains(&(v + shift))) {
+            if !block.is_multiple_of(2) || raw.iter().any(|&v| !(0..16).contains(&(v + shift))) {
                 return Ok(None);
             }
             let codes: Vec<u8> = raw.iter().map(|&v| (v + shift) as u8).collect();

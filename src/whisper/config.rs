@@ -130,7 +130,7 @@ impl WhisperConfig {
             ("decoder_attention_heads", self.decoder_attention_heads),
         ] {
             ensure!(
-                self.d_model % heads == 0,
+                self.d_model.is_multiple_of(heads),
                 "d_model {} is not divisible by {key} {heads}",
                 self.d_model
             );

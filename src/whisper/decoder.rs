@@ -194,7 +194,7 @@ pub const CROSS_KV_NAMES: [&str; 2] = ["encoder_attn_key_cache", "encoder_attn_v
 
 pub(super) fn check(d: &DecoderDims, o: &DecoderOptions, opset: Opset) -> Result<()> {
     ensure!(
-        d.heads > 0 && d.d_model % d.heads == 0,
+        d.heads > 0 && d.d_model.is_multiple_of(d.heads),
         "d_model {} is not divisible by {} heads",
         d.d_model,
         d.heads

@@ -75,7 +75,7 @@ impl PrefillSpec {
 
     /// Prefix tokens of lookup row `row` (= 2·language index + task).
     pub fn prefix(&self, row: usize) -> [usize; PREFILL_LEN] {
-        let task = if row % 2 == 0 {
+        let task = if row.is_multiple_of(2) {
             self.transcribe
         } else {
             self.translate

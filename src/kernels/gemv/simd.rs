@@ -92,7 +92,7 @@ pub fn dot_lut4(row: &[u8], pal: &[f32; 16], x: &[f32], simd: bool) -> f32 {
 pub fn dot_int4_blocks(row: &[u8], scale: &[f32], block: usize, x: &[f32], simd: bool) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
-        if simd && block % 8 == 0 {
+        if simd && block.is_multiple_of(8) {
             // SAFETY: as above.
             return unsafe { avx::dot_int4_blocks(row, scale, block, x) };
         }
@@ -174,7 +174,7 @@ pub fn lut4_f16_rows(
 ) {
     let (rows, half) = (out.len(), k / 2);
     assert!(
-        k % 2 == 0 && idx.len() >= rows * half && x.len() >= k && xp.len() >= k,
+        k.is_multiple_of(2) && idx.len() >= rows * half && x.len() >= k && xp.len() >= k,
         "lut4_f16_rows: {rows} rows of {k} need {} code bytes and {k} activations",
         rows * half
     );
@@ -223,9 +223,9 @@ pub fn int4_f16_rows(
 ) {
     let (rows, half) = (out.len(), k / 2);
     assert!(
-        k % 2 == 0
-            && block % 32 == 0
-            && k % block == 0
+        k.is_multiple_of(2)
+            && block.is_multiple_of(32)
+            && k.is_multiple_of(block)
             && q.len() >= rows * half
             && scale.len() >= rows * (k / block)
             && x.len() >= k

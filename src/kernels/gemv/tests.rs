@@ -177,3 +177,136 @@ fn shared_arena_keeps_every_product() {
         assert_eq!(c.gemv(&x[..k], 1).unwrap(), b.0, "clone of weight {i}");
     }
 }
+
+/// The AVX-512 kernels (where the CPU has them) and their portable forms against the plain
+/// per-element loops: fp16 rows (counts past the last group of four, lengths past the last
+/// 32-element step), 4-bit code rows with one palette (LUT4) and with block scales (int4:
+/// blocks of 32/64/96 and the whole row), and the attention's four-row fp16 update.
+#[test]
+fn wide_kernels_match_plain_loops() {
+    use super::wide;
+    let mut r = Lcg(9);
+    let on = wide::available();
+    for k in [32usize, 40, 72, 200, 384] {
+        for rows in [1usize, 4, 7] {
+            let w: Vec<half::f16> = (0..rows * k).map(|_| half::f16::from_f32(r.f())).collect();
+            let x: Vec<f32> = (0..k).map(|_| r.f()).collect();
+            for o in [false, on] {
+                let mut got = vec![0f32; rows];
+                wide::f16_rows(&w, &x, &mut got, o);
+                for (i, g) in got.iter().enumerate() {
+                    let row = &w[i * k..(i + 1) * k];
+                    let want: f32 = row.iter().zip(&x).map(|(a, b)| a.to_f32() * b).sum();
+                    let mag: f32 = row
+                        .iter()
+                        .zip(&x)
+                        .map(|(a, b)| (a.to_f32() * b).abs())
+                        .sum();
+                    close(
+                        *g,
+                        want,
+                        mag,
+                        &format!("f16_rows k {k} row {i}/{rows} on {o}"),
+                    );
+                }
+            }
+            let codes: Vec<u8> = (0..rows * k).map(|_| r.code()).collect();
+            let packed = nibbles(&codes);
+            let xp = wide::permute_pairs(&x);
+            let table: [f32; 16] = std::array::from_fn(|_| r.f());
+            for block in [32usize, 64, 96, k] {
+                if k % block != 0 {
+                    continue;
+                }
+                let nb = k / block;
+                let scale: Vec<f32> = (0..rows * nb).map(|_| r.f()).collect();
+                for scaled in [false, true] {
+                    if !scaled && block != k {
+                        continue;
+                    }
+                    let s = scaled.then_some(scale.as_slice());
+                    for o in [false, on] {
+                        let mut got = vec![0f32; rows];
+                        wide::code_rows(&packed, k, &table, s, block, &xp, &x, &mut got, o);
+                        for (i, g) in got.iter().enumerate() {
+                            let term = |j: usize| {
+                                let sc = if scaled {
+                                    scale[i * nb + j / block]
+                                } else {
+                                    1.0
+                                };
+                                sc * table[codes[i * k + j] as usize] * x[j]
+                            };
+                            let want: f32 = (0..k).map(term).sum();
+                            let mag: f32 = (0..k).map(|j| term(j).abs()).sum();
+                            let what =
+                                format!("code_rows k {k} block {block} scaled {scaled} row {i}/{rows} on {o}");
+                            close(*g, want, mag, &what);
+                        }
+                    }
+                }
+            }
+        }
+        let n = k;
+        let w: Vec<half::f16> = (0..4 * n).map(|_| half::f16::from_f32(r.f())).collect();
+        let q = [r.f(), r.f(), r.f(), r.f()];
+        let s0: Vec<f32> = (0..n).map(|_| r.f()).collect();
+        let mut want = s0.clone();
+        simd::axpy4_f16(&w, q, &mut want, false);
+        for o in [false, on] {
+            let mut got = s0.clone();
+            wide::axpy4_f16(&w, q, &mut got, o);
+            for j in 0..n {
+                let mag = s0[j].abs()
+                    + (0..4)
+                        .map(|t| (q[t] * w[t * n + j].to_f32()).abs())
+                        .sum::<f32>();
+                close(
+                    got[j],
+                    want[j],
+                    mag,
+                    &format!("wide axpy4 n {n} at {j} on {o}"),
+                );
+            }
+        }
+    }
+}
+
+/// `permute_pairs` is a permutation that leaves the tail past the last step in place.
+#[test]
+fn permuted_pairs_are_a_permutation() {
+    let x: Vec<f32> = (0..100).map(|i| i as f32).collect();
+    let mut p = super::wide::permute_pairs(&x);
+    assert_eq!(p[96..], x[96..], "the tail stays in place");
+    assert_eq!(p[..4], [0.0, 2.0, 4.0, 6.0], "even elements first");
+    assert_eq!(p[16], 1.0, "then the odd ones");
+    p.sort_by(f32::total_cmp);
+    assert_eq!(p, x);
+}
+
+/// The levels listed as supported are those the CPU reports, so that the tests that loop
+/// over them really run the AVX-512 path where it exists.
+#[test]
+fn supported_levels_follow_the_cpu() {
+    use super::Isa;
+    let levels = Isa::supported();
+    assert_eq!(levels[0], Isa::Portable);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        let avx512 =
+            avx2 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
+        assert_eq!(
+            levels.contains(&Isa::Avx2),
+            avx2 && is_x86_feature_detected!("f16c")
+        );
+        assert_eq!(
+            levels.contains(&Isa::Avx512),
+            avx512 && is_x86_feature_detected!("f16c")
+        );
+        if avx512 {
+            eprintln!("this CPU runs the AVX-512 kernels; they are tested");
+        }
+    }
+    assert_eq!(*levels.last().unwrap(), Isa::best());
+}

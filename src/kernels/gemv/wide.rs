@@ -1,0 +1,379 @@
+//! AVX-512 inner loops of the decode GEMVs, four output rows a pass (the activation loads
+//! are shared by the four rows; eight accumulators hide the FMA latency):
+//! - fp16 rows converted in registers (`vcvtph2ps`, 16 a step);
+//! - 4-bit codes (LUT4 palettes, int4 codes) looked up with one `vpermps` per 16 codes in a
+//!   16-entry **f32** table held in one register. The table is the palette itself, so any
+//!   palette takes this path (the AVX2 `pshufb` path needs every entry to be an fp16 value)
+//!   and each code costs a fraction of an instruction instead of the byte shuffles,
+//!   unpacks and conversions of the AVX2 form, which made LUT4 compute-bound.
+//!
+//! The code kernels read 16 code bytes (32 elements) a step, zero-extended to 16 dword
+//! lanes: `vpermps` reads each lane's low four bits, so the low nibbles (even elements)
+//! need no mask and the high nibbles (odd elements) one shift. The activations are
+//! permuted once per call to that order ([`permute_pairs`]). Every kernel has a portable
+//! form computing the same products, used where the CPU lacks AVX-512 (and by the tests).
+
+use half::f16;
+
+/// Elements per step of the code kernels: 16 code bytes.
+pub const STEP: usize = 32;
+
+/// Whether the AVX-512 loops may run on this CPU (checked once).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("f16c")
+                && is_x86_feature_detected!("fma")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Where, within one [`STEP`] of a row, the element that slot `s` of the permuted
+/// activations multiplies sits: slots 0-15 are the even elements (low nibbles of bytes
+/// 0-15), slots 16-31 the odd ones (high nibbles).
+fn pair_source(s: usize) -> usize {
+    2 * (s % 16) + s / 16
+}
+
+/// `x` with each whole [`STEP`] permuted to the code kernels' order (the tail as is).
+pub fn permute_pairs(x: &[f32]) -> Vec<f32> {
+    let mut out = x.to_vec();
+    for (o, c) in out.chunks_exact_mut(STEP).zip(x.chunks_exact(STEP)) {
+        for (s, v) in o.iter_mut().enumerate() {
+            *v = c[pair_source(s)];
+        }
+    }
+    out
+}
+
+#[inline]
+fn code(row: &[u8], j: usize) -> usize {
+    ((row[j / 2] >> ((j & 1) * 4)) & 15) as usize
+}
+
+/// `out[i] = row i · x` for `out.len()` consecutive fp16 rows of `k = x.len()`.
+pub fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32], on: bool) {
+    let k = x.len();
+    assert!(
+        w.len() >= out.len() * k,
+        "f16_rows: {} rows of {k} need {} weights, have {}",
+        out.len(),
+        out.len() * k,
+        w.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if on {
+            // SAFETY: `on` is only true when `available()` confirmed the CPU features; the
+            // assert above bounds every read.
+            unsafe { avx512::f16_rows(w, x, out) };
+            return;
+        }
+    }
+    let _ = on;
+    for (i, o) in out.iter_mut().enumerate() {
+        let row = &w[i * k..(i + 1) * k];
+        *o = row.iter().zip(x).map(|(a, b)| a.to_f32() * b).sum();
+    }
+}
+
+/// `s += q[0]·w₀ + … + q[3]·w₃` for four consecutive fp16 rows `w` of `s.len()` (the
+/// decode-step attention scores `qᵀK`, as `simd::axpy4_f16` with 16 lanes a step).
+pub fn axpy4_f16(w: &[f16], q: [f32; 4], s: &mut [f32], on: bool) {
+    let n = s.len();
+    assert!(
+        w.len() >= 4 * n,
+        "axpy4_f16: {} weights for 4 rows of {n}",
+        w.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if on {
+            // SAFETY: as in `f16_rows`; `w` holds four rows of `n`.
+            unsafe { avx512::axpy4_f16(w, q, s) };
+            return;
+        }
+    }
+    let _ = on;
+    for (j, v) in s.iter_mut().enumerate() {
+        for (r, qr) in q.iter().enumerate() {
+            *v += qr * w[r * n + j].to_f32();
+        }
+    }
+}
+
+/// Consecutive rows of 4-bit codes (`codes`: `out.len()` rows of `k/2` bytes) against `x`,
+/// each code standing for `table[code]` scaled per block: `out[i] = Σ_b scale[i·nb + b] ·
+/// Σ_{j ∈ block b} table[code_ij] · x_j`, `nb = k / block`. LUT4 rows sharing one palette
+/// pass the palette and `block = k` with unit scales (`scale: None`); int4 rows the codes'
+/// values (`code − zero` when the zero point is uniform) and their block scales. `xp` is
+/// `x` after [`permute_pairs`]; `block` is a multiple of [`STEP`] or `k` itself; elements
+/// past the last whole step use `x` directly.
+#[allow(clippy::too_many_arguments)]
+pub fn code_rows(
+    codes: &[u8],
+    k: usize,
+    table: &[f32; 16],
+    scale: Option<&[f32]>,
+    block: usize,
+    xp: &[f32],
+    x: &[f32],
+    out: &mut [f32],
+    on: bool,
+) {
+    let (rows, half) = (out.len(), k / 2);
+    let nb = k / block.max(1);
+    assert!(
+        k.is_multiple_of(2)
+            && block > 0
+            && k.is_multiple_of(block)
+            && (block.is_multiple_of(STEP) || block == k)
+            && codes.len() >= rows * half
+            && scale.is_none_or(|s| s.len() >= rows * nb)
+            && x.len() >= k
+            && xp.len() >= k,
+        "code_rows: {rows} rows of {k} in blocks of {block} do not match the buffers"
+    );
+    let whole = k / STEP * STEP;
+    // A block that is the whole row but no multiple of STEP (LUT4 rows, scale None): the
+    // steps all lie in it and the tail is added unscaled below.
+    #[cfg(target_arch = "x86_64")]
+    {
+        if on {
+            // SAFETY: as in `f16_rows`; `whole ≤ k` bounds every code and activation read,
+            // and the scales read are `rows · nb` (asserted).
+            unsafe { avx512::code_rows(codes, half, table, scale, block, xp, whole, out) };
+        }
+    }
+    let portable = !on || cfg!(not(target_arch = "x86_64"));
+    for (i, o) in out.iter_mut().enumerate() {
+        let row = &codes[i * half..(i + 1) * half];
+        let sc = |j: usize| scale.map_or(1.0, |s| s[i * nb + j / block]);
+        if portable {
+            *o = (0..whole)
+                .map(|s| {
+                    let j = s / STEP * STEP + pair_source(s % STEP);
+                    sc(j) * (table[code(row, j)] * xp[s])
+                })
+                .sum();
+        }
+        for j in whole..k {
+            *o += sc(j) * (table[code(row, j)] * x[j]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// Bytes ahead of the current group of rows that the loops prefetch: rows are short
+    /// (a tiny decoder's are 768 bytes of fp16, 192 of codes) and read back to back, and
+    /// the hardware prefetchers stop at every 4 KiB page.
+    const AHEAD: usize = 4096;
+
+    /// Prefetches, during step `c` of `steps` over a group of rows spanning `span` bytes
+    /// from `base`, that step's share of the lines `AHEAD` bytes further on.
+    #[inline(always)]
+    unsafe fn prefetch_share(base: *const u8, span: usize, c: usize, steps: usize) {
+        let per = span.div_ceil(64 * steps.max(1));
+        for l in c * per..(c + 1) * per {
+            // Prefetches never fault: past the end they are dropped.
+            _mm_prefetch(base.wrapping_add(AHEAD + 64 * l) as *const i8, _MM_HINT_T0);
+        }
+    }
+
+    #[target_feature(enable = "avx512f,f16c,fma")]
+    pub unsafe fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32]) {
+        let k = x.len();
+        let (wp, xp) = (w.as_ptr() as *const u8, x.as_ptr());
+        let whole = k / 32 * 32;
+        let steps = whole / 32;
+        unsafe {
+            macro_rules! ld {
+                ($r:expr, $j:expr) => {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(
+                        wp.add(2 * ($r * k + $j)) as *const __m256i
+                    ))
+                };
+            }
+            let mut i = 0;
+            while i + 4 <= out.len() {
+                let mut a = [_mm512_setzero_ps(); 8];
+                let base = wp.add(2 * i * k);
+                let mut j = 0;
+                while j < whole {
+                    prefetch_share(base, 8 * k, j / 32, steps);
+                    let (x0, x1) = (_mm512_loadu_ps(xp.add(j)), _mm512_loadu_ps(xp.add(j + 16)));
+                    for r in 0..4 {
+                        a[2 * r] = _mm512_fmadd_ps(ld!(i + r, j), x0, a[2 * r]);
+                        a[2 * r + 1] = _mm512_fmadd_ps(ld!(i + r, j + 16), x1, a[2 * r + 1]);
+                    }
+                    j += 32;
+                }
+                for r in 0..4 {
+                    let mut s = _mm512_reduce_add_ps(_mm512_add_ps(a[2 * r], a[2 * r + 1]));
+                    for jj in whole..k {
+                        s += w[(i + r) * k + jj].to_f32() * x[jj];
+                    }
+                    out[i + r] = s;
+                }
+                i += 4;
+            }
+            for (r, o) in out.iter_mut().enumerate().skip(i) {
+                let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                let mut j = 0;
+                while j < whole {
+                    a0 = _mm512_fmadd_ps(ld!(r, j), _mm512_loadu_ps(xp.add(j)), a0);
+                    a1 = _mm512_fmadd_ps(ld!(r, j + 16), _mm512_loadu_ps(xp.add(j + 16)), a1);
+                    j += 32;
+                }
+                let mut s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+                for jj in whole..k {
+                    s += w[r * k + jj].to_f32() * x[jj];
+                }
+                *o = s;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,f16c,fma")]
+    pub unsafe fn axpy4_f16(w: &[f16], q: [f32; 4], s: &mut [f32]) {
+        let n = s.len();
+        let (wp, sp) = (w.as_ptr() as *const u8, s.as_mut_ptr());
+        unsafe {
+            macro_rules! ld {
+                ($r:expr, $j:expr) => {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(
+                        wp.add(2 * ($r * n + $j)) as *const __m256i
+                    ))
+                };
+            }
+            let qv = q.map(|v| _mm512_set1_ps(v));
+            let mut j = 0;
+            while j + 16 <= n {
+                // Two FMA chains: rows 0, 2 and rows 1, 3, summed at the end.
+                let a = _mm512_fmadd_ps(ld!(0, j), qv[0], _mm512_loadu_ps(sp.add(j)));
+                let b = _mm512_mul_ps(ld!(1, j), qv[1]);
+                let a = _mm512_fmadd_ps(ld!(2, j), qv[2], a);
+                let b = _mm512_fmadd_ps(ld!(3, j), qv[3], b);
+                _mm512_storeu_ps(sp.add(j), _mm512_add_ps(a, b));
+                j += 16;
+            }
+            for j in j..n {
+                for (r, qr) in q.iter().enumerate() {
+                    s[j] += qr * w[r * n + j].to_f32();
+                }
+            }
+        }
+    }
+
+    /// The 32 elements of one step (16 code bytes at `p`) looked up in `t`: (even
+    /// elements, odd elements).
+    #[inline(always)]
+    unsafe fn look(p: *const u8, t: __m512) -> (__m512, __m512) {
+        unsafe {
+            let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+            (
+                _mm512_permutexvar_ps(b, t),
+                _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), t),
+            )
+        }
+    }
+
+    /// See `super::code_rows`; writes `out` from the `whole` elements of each row.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn code_rows(
+        codes: &[u8],
+        half: usize,
+        table: &[f32; 16],
+        scale: Option<&[f32]>,
+        block: usize,
+        xp: &[f32],
+        whole: usize,
+        out: &mut [f32],
+    ) {
+        let k = 2 * half;
+        let nb = k / block;
+        // Steps per scale block; a block of the whole row covers every step.
+        let per = if block == k { usize::MAX } else { block / 32 };
+        let steps = whole / 32;
+        let (cp, xq) = (codes.as_ptr(), xp.as_ptr());
+        unsafe {
+            let t = _mm512_loadu_ps(table.as_ptr());
+            // A macro, not a closure: the intrinsics stay inlined in this target context.
+            macro_rules! sc {
+                ($row:expr, $b:expr) => {
+                    match scale {
+                        Some(s) => _mm512_set1_ps(*s.get_unchecked($row * nb + $b)),
+                        None => _mm512_set1_ps(1.0),
+                    }
+                };
+            }
+            let mut i = 0;
+            while i + 4 <= out.len() {
+                let base = cp.add(i * half);
+                // Per row: the running total and the current block's (even, odd) sums.
+                let mut tot = [_mm512_setzero_ps(); 4];
+                let mut acc = [_mm512_setzero_ps(); 8];
+                let (mut b, mut left) = (0, per);
+                let mut c = 0;
+                while c < steps {
+                    prefetch_share(base, 4 * half, c, steps);
+                    let j = 32 * c;
+                    let (xe, xo) = (_mm512_loadu_ps(xq.add(j)), _mm512_loadu_ps(xq.add(j + 16)));
+                    for r in 0..4 {
+                        let (lo, hi) = look(base.add(r * half + j / 2), t);
+                        acc[2 * r] = _mm512_fmadd_ps(lo, xe, acc[2 * r]);
+                        acc[2 * r + 1] = _mm512_fmadd_ps(hi, xo, acc[2 * r + 1]);
+                    }
+                    c += 1;
+                    left -= 1;
+                    if left == 0 || c == steps {
+                        for r in 0..4 {
+                            let s = _mm512_add_ps(acc[2 * r], acc[2 * r + 1]);
+                            tot[r] = _mm512_fmadd_ps(sc!(i + r, b), s, tot[r]);
+                            acc[2 * r] = _mm512_setzero_ps();
+                            acc[2 * r + 1] = _mm512_setzero_ps();
+                        }
+                        (b, left) = (b + 1, per);
+                    }
+                }
+                for r in 0..4 {
+                    out[i + r] = _mm512_reduce_add_ps(tot[r]);
+                }
+                i += 4;
+            }
+            for (r, o) in out.iter_mut().enumerate().skip(i) {
+                let row = cp.add(r * half);
+                let mut tot = _mm512_setzero_ps();
+                let (mut ae, mut ao) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                let (mut b, mut left) = (0, per);
+                for c in 0..steps {
+                    let j = 32 * c;
+                    let (lo, hi) = look(row.add(j / 2), t);
+                    ae = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xq.add(j)), ae);
+                    ao = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xq.add(j + 16)), ao);
+                    left -= 1;
+                    if left == 0 || c + 1 == steps {
+                        tot = _mm512_fmadd_ps(sc!(r, b), _mm512_add_ps(ae, ao), tot);
+                        (ae, ao) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                        (b, left) = (b + 1, per);
+                    }
+                }
+                *o = _mm512_reduce_add_ps(tot);
+            }
+        }
+    }
+}
