@@ -257,9 +257,23 @@ fn decode_bench_reports_one_variant_against_its_floor() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 1, "--only fp16 keeps one variant: {v}");
+    // One row per kernel level: the CPU's best, and AVX2 beside AVX-512.
+    use milkit::kernels::gemv::Isa;
+    let levels: &[&str] = match Isa::cpu() {
+        Isa::Avx512 => &["avx512", "avx2"],
+        Isa::Avx2 => &["avx2"],
+        Isa::Portable => &["portable"],
+    };
+    assert_eq!(
+        rows.len(),
+        levels.len(),
+        "--only fp16 keeps one variant: {v}"
+    );
+    for (r, l) in rows.iter().zip(levels) {
+        assert_eq!(r["variant"], "fp16", "{v}");
+        assert_eq!(r["isa"], *l, "{v}");
+    }
     let r = &rows[0];
-    assert_eq!(r["variant"], "fp16");
     let f = |k: &str| r[k].as_f64().unwrap();
     // tiny.en's decoder weights (incl. the 51864 × 384 head) are ~56 MB in fp16, and the
     // cross K/V 4 layers × 2 × 384 × 1500 fp16 values.
@@ -269,6 +283,17 @@ fn decode_bench_reports_one_variant_against_its_floor() {
     assert!((f("floor_ms_per_token") - floor).abs() < 1e-9 * floor.max(1.0));
     assert!((f("ratio") - f("ms_per_token") / floor).abs() < 1e-9 * f("ratio"));
     assert!(f("ms_per_token") > 0.0 && f("ratio") > 0.0, "{r}");
+    let bad = Command::new(env!("CARGO_BIN_EXE_milkit"))
+        .args(["bench", "--suite", "decode", "--isa", "sse9", "--model"])
+        .arg(fx.join("models/whisper-tiny.en"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("unknown kernel level `sse9`"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
     let none = Command::new(env!("CARGO_BIN_EXE_milkit"))
         .args(["bench", "--suite", "decode", "--only", "fp8", "--model"])
         .arg(fx.join("models/whisper-tiny.en"))

@@ -60,6 +60,12 @@ pub struct BenchArgs {
     /// Compress suite: skip the tiny.en encoder (and coremltools), run only the turbo synth.
     #[arg(long)]
     pub only_turbo: bool,
+    /// Decode suite: the kernel levels to time, comma-separated (`avx512`, `avx2`,
+    /// `portable`; levels this CPU lacks are left out with a note); each variant's passes
+    /// alternate between them, each paired with its own bandwidth measurement. Default: the
+    /// CPU's best and, where that is AVX-512, also AVX2 (the kernels it replaces).
+    #[arg(long, value_delimiter = ',')]
+    pub isa: Vec<String>,
 }
 
 pub fn run(a: &BenchArgs) -> Result<u8> {
@@ -88,9 +94,13 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
                 turbo_only: a.only_turbo,
             },
         ),
-        Suite::Decode => {
-            super::bench_decode::run(a.model.as_deref(), a.json, a.only.as_deref(), a.runs)
-        }
+        Suite::Decode => super::bench_decode::run(
+            a.model.as_deref(),
+            a.json,
+            a.only.as_deref(),
+            a.runs,
+            &a.isa,
+        ),
     }
 }
 

@@ -7,6 +7,7 @@
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use milkit::ir::{Model, Opset};
+use milkit::kernels::gemv::Isa;
 use milkit::passes::compress::{compress, Method, Selection};
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
@@ -24,9 +25,10 @@ const WARMUP: usize = 8;
 const STEPS: usize = 32;
 const START: usize = 200;
 
-/// One measured decoder.
+/// One measured decoder on one kernel level.
 pub struct DecodeRow {
     pub variant: String,
+    pub isa: Isa,
     pub load_ms: f64,
     pub first_call_ms: f64,
     pub ms_per_token: f64,
@@ -44,10 +46,52 @@ impl DecodeRow {
     }
 }
 
+/// The kernel levels to time: the named ones this CPU runs, or by default its best and,
+/// where that is AVX-512, AVX2 too.
+pub fn levels(names: &[String]) -> Result<Vec<Isa>> {
+    let cpu = Isa::supported();
+    if names.is_empty() {
+        return Ok(match Isa::cpu() {
+            Isa::Avx512 => vec![Isa::Avx512, Isa::Avx2],
+            b => vec![b],
+        });
+    }
+    let mut out = vec![];
+    for n in names {
+        let isa = match n.trim() {
+            "avx512" => Isa::Avx512,
+            "avx2" => Isa::Avx2,
+            "portable" => Isa::Portable,
+            other => {
+                anyhow::bail!("unknown kernel level `{other}` (have: avx512, avx2, portable)")
+            }
+        };
+        if !cpu.contains(&isa) {
+            eprintln!(
+                "note: this CPU does not run the {} kernels; left out",
+                isa.name()
+            );
+        } else if !out.contains(&isa) {
+            out.push(isa);
+        }
+    }
+    ensure!(
+        !out.is_empty(),
+        "none of the kernel levels {names:?} runs on this CPU"
+    );
+    Ok(out)
+}
+
 /// Builds, loads and times the four decoders of the checkpoint at `model_dir` (those whose
-/// name contains `only`): `runs` timed passes each, every one paired with a bandwidth
-/// measurement; the pass with the median ratio to its floor is reported.
-pub fn measure(model_dir: &Path, only: Option<&str>, runs: usize) -> Result<Vec<DecodeRow>> {
+/// name contains `only`): `runs` timed passes each per kernel level, alternating between
+/// the levels, every one paired with a bandwidth measurement; per level the pass with the
+/// median ratio to its floor is reported.
+pub fn measure(
+    model_dir: &Path,
+    only: Option<&str>,
+    runs: usize,
+    isas: &[Isa],
+) -> Result<Vec<DecodeRow>> {
     let (cfg, w) = open_checked(model_dir, Component::Decoder)?;
     let dims = DecoderDims::from_config(&cfg);
     ensure!(
@@ -103,14 +147,20 @@ pub fn measure(model_dir: &Path, only: Option<&str>, runs: usize) -> Result<Vec<
             eprintln!("compressing the {name} decoder ...");
             compress(&mut m, method, sel).with_context(|| format!("compressing {name}"))?;
         }
-        rows.push(
-            time_variant(name, m, &dims, runs.max(1)).with_context(|| format!("timing {name}"))?,
-        );
+        let timed = time_variant(name, m, &dims, runs.max(1), isas);
+        Isa::set_cap(None);
+        rows.extend(timed.with_context(|| format!("timing {name}"))?);
     }
     Ok(rows)
 }
 
-fn time_variant(name: &str, m: Model, d: &DecoderDims, runs: usize) -> Result<DecodeRow> {
+fn time_variant(
+    name: &str,
+    m: Model,
+    d: &DecoderDims,
+    runs: usize,
+    isas: &[Isa],
+) -> Result<Vec<DecodeRow>> {
     let t0 = Instant::now();
     let mut s = Session::from_model(m)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -160,51 +210,73 @@ fn time_variant(name: &str, m: Model, d: &DecoderDims, runs: usize) -> Result<De
     let weight_bytes = s.streamed_bytes(None)?;
     let cross_kv_bytes = 2 * dl * na * 2;
     let bytes = (weight_bytes + cross_kv_bytes) as u64;
-    let mut pairs = vec![];
+    // Per level: (ms per token, GB/s) of each pass; the levels alternate pass by pass, so
+    // that a drift of the machine's speed reaches them alike.
+    let mut pairs: Vec<Vec<(f64, f64)>> = vec![vec![]; isas.len()];
     for _ in 0..runs {
-        let bw = milkit::transcribe::cost::stream_bandwidth_gbps(bytes, 4);
-        let t2 = Instant::now();
-        for p in START + WARMUP..START + WARMUP + STEPS {
+        for (li, &isa) in isas.iter().enumerate() {
+            Isa::set_cap(Some(isa));
+            // One untimed step on this level first (its kernels' code and tables warm).
+            step(&mut s, START)?;
+            let bw = milkit::transcribe::cost::stream_bandwidth_gbps(bytes, 4);
+            let t2 = Instant::now();
+            for p in START + WARMUP..START + WARMUP + STEPS {
+                step(&mut s, p)?;
+            }
+            pairs[li].push((t2.elapsed().as_secs_f64() * 1e3 / STEPS as f64, bw));
+        }
+    }
+    let mut out = vec![];
+    for (li, &isa) in isas.iter().enumerate() {
+        let p = &mut pairs[li];
+        // ms × GB/s orders the pairs as their ratios to the floor do.
+        p.sort_by(|a, b| (a.0 * a.1).total_cmp(&(b.0 * b.1)));
+        let (ms_per_token, bandwidth_gbps) = p[p.len() / 2];
+        // Where a step's time goes (a few more profiled steps, to stderr).
+        Isa::set_cap(Some(isa));
+        s.enable_profiling(true);
+        for p in START + WARMUP + STEPS..START + WARMUP + STEPS + 4 {
             step(&mut s, p)?;
         }
-        pairs.push((t2.elapsed().as_secs_f64() * 1e3 / STEPS as f64, bw));
+        let prof: Vec<String> = s
+            .profile()
+            .iter()
+            .take(6)
+            .map(|(op, n, t)| format!("{op} {:.2} ms ({} calls)", t.as_secs_f64() * 250.0, n / 4))
+            .collect();
+        s.enable_profiling(false);
+        eprintln!("{name} [{}] per step: {}", isa.name(), prof.join(", "));
+        out.push(DecodeRow {
+            variant: name.to_string(),
+            isa,
+            load_ms,
+            first_call_ms,
+            ms_per_token,
+            weight_bytes,
+            cross_kv_bytes,
+            bandwidth_gbps,
+        });
     }
-    // ms × GB/s orders the pairs as their ratios to the floor do.
-    pairs.sort_by(|a, b| (a.0 * a.1).total_cmp(&(b.0 * b.1)));
-    let (ms_per_token, bandwidth_gbps) = pairs[pairs.len() / 2];
-    // Where a step's time goes (a few more profiled steps, to stderr).
-    s.enable_profiling(true);
-    for p in START + WARMUP + STEPS..START + WARMUP + STEPS + 4 {
-        step(&mut s, p)?;
-    }
-    let prof: Vec<String> = s
-        .profile()
-        .iter()
-        .take(6)
-        .map(|(op, n, t)| format!("{op} {:.2} ms ({} calls)", t.as_secs_f64() * 250.0, n / 4))
-        .collect();
-    eprintln!("{name} per step: {}", prof.join(", "));
-    Ok(DecodeRow {
-        variant: name.to_string(),
-        load_ms,
-        first_call_ms,
-        ms_per_token,
-        weight_bytes,
-        cross_kv_bytes,
-        bandwidth_gbps,
-    })
+    Ok(out)
 }
 
 /// Runs the suite and prints the table (or JSON).
-pub fn run(model: Option<&Path>, json: bool, only: Option<&str>, runs: usize) -> Result<u8> {
+pub fn run(
+    model: Option<&Path>,
+    json: bool,
+    only: Option<&str>,
+    runs: usize,
+    isa: &[String],
+) -> Result<u8> {
     let model = model.context("the decode suite needs --model HF_DIR (e.g. whisper-tiny.en)")?;
-    let rows = measure(model, only, runs)?;
+    let isas = levels(isa)?;
+    let rows = measure(model, only, runs, &isas)?;
     if json {
         let v: Vec<serde_json::Value> = rows
             .iter()
             .map(|r| {
                 serde_json::json!({
-                    "variant": r.variant, "ms_per_token": r.ms_per_token,
+                    "variant": r.variant, "isa": r.isa.name(), "ms_per_token": r.ms_per_token,
                     "bytes_per_token": r.bytes(), "weight_bytes": r.weight_bytes,
                     "cross_kv_bytes": r.cross_kv_bytes, "bandwidth_gbps": r.bandwidth_gbps,
                     "floor_ms_per_token": r.floor_ms(), "ratio": r.ms_per_token / r.floor_ms(),
@@ -220,12 +292,17 @@ pub fn run(model: Option<&Path>, json: bool, only: Option<&str>, runs: usize) ->
         runs.max(1),
         rayon::current_num_threads()
     );
-    println!("| variant | ms/token | bytes/token | GB/s | floor ms | ratio | first call ms |");
-    println!("|---------|----------|-------------|------|----------|-------|---------------|");
+    println!(
+        "| variant | kernels | ms/token | bytes/token | GB/s | floor ms | ratio | first call ms |"
+    );
+    println!(
+        "|---------|---------|----------|-------------|------|----------|-------|---------------|"
+    );
     for r in &rows {
         println!(
-            "| {} | {:.2} | {:.1} MB | {:.1} | {:.2} | {:.2}× | {:.1} |",
+            "| {} | {} | {:.2} | {:.1} MB | {:.1} | {:.2} | {:.2}× | {:.1} |",
             r.variant,
+            r.isa.name(),
             r.ms_per_token,
             r.bytes() as f64 / 1e6,
             r.bandwidth_gbps,

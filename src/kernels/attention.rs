@@ -252,14 +252,14 @@ impl<'a> Rows<'a> {
 
     /// `s += Σ_r q[r] · row(row0 + r)` over `q.len()` rows of `n = s.len()`; fp16 rows four
     /// at a time, converted in registers (`buf`: scratch for the f32 rows).
-    fn axpy(&self, row0: usize, q: &[f32], s: &mut [f32], buf: &mut [f32], simd: bool) {
+    fn axpy(&self, row0: usize, q: &[f32], s: &mut [f32], buf: &mut [f32], simd: bool, wide: bool) {
         let n = s.len();
         let mut r = 0;
         if let Rows::H(h) = self {
             while r + 4 <= q.len() {
                 let w = &h[(row0 + r) * n..(row0 + r + 4) * n];
                 let qv = [q[r], q[r + 1], q[r + 2], q[r + 3]];
-                match simd && super::gemv::wide::available() {
+                match wide {
                     true => super::gemv::wide::axpy4_f16(w, qv, s, true),
                     false => super::gemv::simd::axpy4_f16(w, qv, s, simd),
                 }
@@ -324,7 +324,11 @@ fn few_rows(
         None => None,
     };
     let (y, v) = (batched(a.y, batch)?, batched(a.v, batch)?);
-    let simd = super::gemv::simd::available();
+    let isa = super::gemv::Isa::best();
+    let (simd, wide) = (
+        isa != super::gemv::Isa::Portable,
+        isa == super::gemv::Isa::Avx512,
+    );
     let out = with_rows(&y, |ky| {
         with_rows(&v, |vv| {
             Ok((0..nb)
@@ -334,7 +338,7 @@ fn few_rows(
                     let mut s = vec![0f32; m * n];
                     for (i, si) in s.chunks_mut(n).enumerate() {
                         let qi = &q[(b * m + i) * k..(b * m + i + 1) * k];
-                        ky.axpy(b * k, qi, si, &mut buf, simd);
+                        ky.axpy(b * k, qi, si, &mut buf, simd, wide);
                     }
                     round_to(&mut s, a.round[0]);
                     if let Some(mk) = &mask {
@@ -352,9 +356,7 @@ fn few_rows(
                     let mut o = vec![0f32; d * m];
                     // One query row against fp16 values: the `d` value rows in one pass of
                     // the 4-row kernel (AVX-512).
-                    if let (Some(h), 1, true) =
-                        (vv.f16(), m, simd && super::gemv::wide::available())
-                    {
+                    if let (Some(h), 1, true) = (vv.f16(), m, wide) {
                         super::gemv::wide::f16_rows(
                             &h[b * d * n..(b + 1) * d * n],
                             &s,

@@ -28,13 +28,47 @@ pub enum Isa {
     Avx512,
 }
 
+/// The widest level the products may use (0: no cap; see [`Isa::set_cap`]).
+static CAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
 impl Isa {
-    /// The widest this CPU runs.
+    /// The widest this CPU runs, within the cap set by [`Isa::set_cap`].
     pub fn best() -> Isa {
+        let cpu = Isa::cpu();
+        match CAP.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => Isa::Portable,
+            2 if cpu == Isa::Avx512 => Isa::Avx2,
+            _ => cpu,
+        }
+    }
+
+    /// The widest this CPU runs.
+    pub fn cpu() -> Isa {
         match (simd::available(), wide::available()) {
             (true, true) => Isa::Avx512,
             (true, false) => Isa::Avx2,
             _ => Isa::Portable,
+        }
+    }
+
+    /// Caps the level every later product of this process uses (`None`: the CPU's best),
+    /// so that a benchmark can time the same program on narrower kernels (`milkit bench
+    /// --suite decode --isa`), or a user rule out a path.
+    pub fn set_cap(cap: Option<Isa>) {
+        let v = match cap {
+            None | Some(Isa::Avx512) => 0,
+            Some(Isa::Portable) => 1,
+            Some(Isa::Avx2) => 2,
+        };
+        CAP.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Lower-case name (`portable`, `avx2`, `avx512`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
         }
     }
 
@@ -278,7 +312,7 @@ impl PackedWeight {
     /// [`PackedWeight::gemv`] through the inner loops of `isa` (which the CPU must run:
     /// see [`Isa::supported`]; a wider one than it has is narrowed).
     pub fn gemv_with(&self, x: &[f32], m: usize, isa: Isa) -> Result<Vec<f32>> {
-        let isa = match (isa, Isa::best()) {
+        let isa = match (isa, Isa::cpu()) {
             (_, Isa::Portable) => Isa::Portable,
             (Isa::Avx512, Isa::Avx2) => Isa::Avx2,
             (i, _) => i,
