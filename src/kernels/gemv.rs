@@ -386,7 +386,14 @@ impl PackedWeight {
         // as many tasks as threads when the matrix is big enough.
         let row_bytes = (self.bytes() / n).max(1);
         let threads = rayon::current_num_threads().max(1);
-        let rows = ((256 << 10) / row_bytes).clamp(1, n.div_ceil(threads).max(1));
+        let mut rows = ((256 << 10) / row_bytes).clamp(1, n.div_ceil(threads).max(1));
+        // The AVX-512 code lookups are compute-bound (~20 G elements/s a thread here), and
+        // a small coded weight takes a few microseconds on one thread, about what the
+        // fork/join costs: a 384 × 384 LUT4 product ran 7.7 µs on one thread against
+        // 8.8-9.1 µs split over two. Such weights stay one task.
+        if wide && m == 1 && shuffle && n * k < SMALL_CODED {
+            rows = n;
+        }
         let mut yt = vec![0f32; n * m];
         let work = |(t, out): (usize, &mut [f32])| {
             let r0 = t * rows;
@@ -621,6 +628,10 @@ struct RowCx<'a> {
 const INT4_CODES: [f32; 16] = [
     0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
 ];
+
+/// Elements below which a coded (LUT4/int4) one-row product on the AVX-512 kernels runs
+/// as one task (see `gemv_with`).
+const SMALL_CODED: usize = 1 << 18;
 
 /// Activation rows up to which the packed kernels run. Above it the product is a GEMM: the
 /// weight is decoded to a dense f32 `[n, k]` for that call and handed to candle's gemm.

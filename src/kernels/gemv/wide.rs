@@ -193,6 +193,34 @@ mod avx512 {
         }
     }
 
+    /// The sums of four vectors' lanes, into `out[0..4]`: one transpose-and-add across
+    /// the four (six lane-block shuffles, two in-lane permutes) instead of four separate
+    /// reductions, which took a tenth of a LUT4 pass over a palette group's 8 short rows.
+    #[inline(always)]
+    unsafe fn hsum4(v: [__m512; 4], out: &mut [f32]) {
+        unsafe {
+            // [a0 a1 b0 b1] + [a2 a3 b2 b3] (128-bit blocks), likewise for c, d.
+            let ab = _mm512_add_ps(
+                _mm512_shuffle_f32x4(v[0], v[1], 0x44),
+                _mm512_shuffle_f32x4(v[0], v[1], 0xEE),
+            );
+            let cd = _mm512_add_ps(
+                _mm512_shuffle_f32x4(v[2], v[3], 0x44),
+                _mm512_shuffle_f32x4(v[2], v[3], 0xEE),
+            );
+            // Block r: row r's four partial sums.
+            let u = _mm512_add_ps(
+                _mm512_shuffle_f32x4(ab, cd, 0x88),
+                _mm512_shuffle_f32x4(ab, cd, 0xDD),
+            );
+            let u = _mm512_add_ps(u, _mm512_permute_ps(u, 0b1011_0001));
+            let u = _mm512_add_ps(u, _mm512_permute_ps(u, 0b0100_1110));
+            let mut t = [0f32; 16];
+            _mm512_storeu_ps(t.as_mut_ptr(), u);
+            out[..4].copy_from_slice(&[t[0], t[4], t[8], t[12]]);
+        }
+    }
+
     #[target_feature(enable = "avx512f,f16c,fma")]
     pub unsafe fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32]) {
         let k = x.len();
@@ -221,12 +249,17 @@ mod avx512 {
                     }
                     j += 32;
                 }
+                let pairs = [
+                    _mm512_add_ps(a[0], a[1]),
+                    _mm512_add_ps(a[2], a[3]),
+                    _mm512_add_ps(a[4], a[5]),
+                    _mm512_add_ps(a[6], a[7]),
+                ];
+                hsum4(pairs, &mut out[i..i + 4]);
                 for r in 0..4 {
-                    let mut s = _mm512_reduce_add_ps(_mm512_add_ps(a[2 * r], a[2 * r + 1]));
                     for jj in whole..k {
-                        s += w[(i + r) * k + jj].to_f32() * x[jj];
+                        out[i + r] += w[(i + r) * k + jj].to_f32() * x[jj];
                     }
-                    out[i + r] = s;
                 }
                 i += 4;
             }
@@ -350,9 +383,7 @@ mod avx512 {
                         (b, left) = (b + 1, per);
                     }
                 }
-                for r in 0..4 {
-                    out[i + r] = _mm512_reduce_add_ps(tot[r]);
-                }
+                hsum4(tot, &mut out[i..i + 4]);
                 i += 4;
             }
             for (r, o) in out.iter_mut().enumerate().skip(i) {
