@@ -343,7 +343,49 @@ pub fn all_schemas() -> Vec<(&'static str, String)> {
             "folder-bits.schema.json",
             schema_json::<crate::quality::bits::FolderBits>(),
         ),
+        (
+            "bench-decode.schema.json",
+            schema_json::<DecodeBenchReport>(),
+        ),
     ]
+}
+
+/// `milkit bench --suite decode --model HF_DIR --json`: decoder ms per token against the
+/// weight-stream floor, per weight form and kernel level.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeBenchReport {
+    /// Always `decode`.
+    pub suite: String,
+    /// One row per (variant, kernel level), in the order timed.
+    pub rows: Vec<DecodeBenchRow>,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeBenchRow {
+    /// Weight form: `fp16`, `head-LUT4`, `all-LUT4`, `int4 block32`.
+    pub variant: String,
+    /// Kernel level the products ran on: `avx512`, `avx2` or `portable`.
+    pub isa: String,
+    /// The timed pass with the median ratio to its own floor.
+    pub ms_per_token: f64,
+    /// weight_bytes + cross_kv_bytes.
+    pub bytes_per_token: u64,
+    /// Stored bytes of the weights one token reads (compressed weights at their stored size).
+    pub weight_bytes: u64,
+    /// Cross-attention K/V one token reads (fp16).
+    pub cross_kv_bytes: u64,
+    /// Read bandwidth measured just before that pass on a buffer of bytes_per_token.
+    pub bandwidth_gbps: f64,
+    /// bytes_per_token ÷ bandwidth.
+    pub floor_ms_per_token: f64,
+    /// ms_per_token ÷ floor_ms_per_token.
+    pub ratio: f64,
+    /// Building the session from the in-memory program.
+    pub load_ms: f64,
+    /// The first call (cold caches, first allocations).
+    pub first_call_ms: f64,
 }
 
 /// `milkit compress --json` / `milkit export --json` with compression flags.

@@ -256,6 +256,16 @@ fn decode_bench_reports_one_variant_against_its_floor() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let schema_path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/bench-decode.schema.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&schema_path).unwrap()).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+    assert!(
+        errors.is_empty(),
+        "decode report violates its schema: {errors:?}"
+    );
     let rows = v["rows"].as_array().unwrap();
     // One row per kernel level: the CPU's best, and AVX2 beside AVX-512.
     use milkit::kernels::gemv::Isa;

@@ -272,19 +272,26 @@ pub fn run(
     let isas = levels(isa)?;
     let rows = measure(model, only, runs, &isas)?;
     if json {
-        let v: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "variant": r.variant, "isa": r.isa.name(), "ms_per_token": r.ms_per_token,
-                    "bytes_per_token": r.bytes(), "weight_bytes": r.weight_bytes,
-                    "cross_kv_bytes": r.cross_kv_bytes, "bandwidth_gbps": r.bandwidth_gbps,
-                    "floor_ms_per_token": r.floor_ms(), "ratio": r.ms_per_token / r.floor_ms(),
-                    "load_ms": r.load_ms, "first_call_ms": r.first_call_ms,
+        let report = milkit::report::DecodeBenchReport {
+            suite: "decode".into(),
+            rows: rows
+                .iter()
+                .map(|r| milkit::report::DecodeBenchRow {
+                    variant: r.variant.clone(),
+                    isa: r.isa.name().into(),
+                    ms_per_token: r.ms_per_token,
+                    bytes_per_token: r.bytes() as u64,
+                    weight_bytes: r.weight_bytes as u64,
+                    cross_kv_bytes: r.cross_kv_bytes as u64,
+                    bandwidth_gbps: r.bandwidth_gbps,
+                    floor_ms_per_token: r.floor_ms(),
+                    ratio: r.ms_per_token / r.floor_ms(),
+                    load_ms: r.load_ms,
+                    first_call_ms: r.first_call_ms,
                 })
-            })
-            .collect();
-        println!("{}", serde_json::json!({"suite": "decode", "rows": v}));
+                .collect(),
+        };
+        println!("{}", serde_json::to_string(&report)?);
         return Ok(0);
     }
     println!(
