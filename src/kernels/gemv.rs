@@ -434,53 +434,16 @@ impl PackedWeight {
             wide::f16_rows(&w[r0 * k..r1 * k], x, out, true);
             return true;
         }
-        let Some(xp) = cx.xp else {
-            return false;
-        };
-        let half = k / 2;
-        if cx.wide {
-            return self.rows_wide(r0, out, xp, x, cx);
+        match cx.xp {
+            Some(xp) => self.rows_coded(r0, out, xp, x, cx),
+            None => false,
         }
-        match &self.data {
-            Packed::Lut4 {
-                idx,
-                lut,
-                rows_per_group: rpg,
-                tables: Some(t),
-            } => {
-                let mut r = r0;
-                while r < r1 {
-                    let g = r / rpg;
-                    let end = ((g + 1) * rpg).min(r1);
-                    let pal: &[f32; 16] = lut[g * 16..][..16].try_into().unwrap_or(&[0.0; 16]);
-                    let (codes, o) = (&idx[r * half..end * half], &mut out[r - r0..end - r0]);
-                    simd::lut4_f16_rows(codes, k, &t[g], pal, xp, x, o, cx.simd);
-                    r = end;
-                }
-            }
-            Packed::Int4 {
-                q,
-                scale,
-                zero,
-                block,
-                ..
-            } => {
-                let nb = k / block;
-                let (codes, sc) = (&q[r0 * half..r1 * half], &scale[r0 * nb..r1 * nb]);
-                let t = &cx.int4_table;
-                simd::int4_f16_rows(codes, k, sc, *block, t, xp, x, out, cx.simd);
-                if !cx.zero_folded {
-                    int4_zero_term(out, r0, nb, scale, zero, cx.xsum);
-                }
-            }
-            _ => return false,
-        }
-        true
     }
 
-    /// [`PackedWeight::rows_shuffled`] through the AVX-512 lookup kernels (`xp`: one row
-    /// after `wide::permute_pairs`).
-    fn rows_wide(&self, r0: usize, out: &mut [f32], xp: &[f32], x: &[f32], cx: &RowCx) -> bool {
+    /// The lookup kernels of this call's level over rows `r0..r0 + out.len()`: AVX-512
+    /// (`xp` after `wide::permute_pairs`) or the `pshufb` ones (`xp` after
+    /// `simd::permute_chunks`); false for a weight they do not take.
+    fn rows_coded(&self, r0: usize, out: &mut [f32], xp: &[f32], x: &[f32], cx: &RowCx) -> bool {
         let (k, r1) = (self.k, r0 + out.len());
         let half = k / 2;
         match &self.data {
@@ -488,15 +451,23 @@ impl PackedWeight {
                 idx,
                 lut,
                 rows_per_group: rpg,
-                ..
+                tables,
             } => {
+                if !cx.wide && tables.is_none() {
+                    return false;
+                }
                 let mut r = r0;
                 while r < r1 {
                     let g = r / rpg;
                     let end = ((g + 1) * rpg).min(r1);
                     let pal: &[f32; 16] = lut[g * 16..][..16].try_into().unwrap_or(&[0.0; 16]);
                     let (codes, o) = (&idx[r * half..end * half], &mut out[r - r0..end - r0]);
-                    wide::code_rows(codes, k, pal, None, k, xp, x, o, true);
+                    match tables {
+                        Some(t) if !cx.wide => {
+                            simd::lut4_f16_rows(codes, k, &t[g], pal, xp, x, o, cx.simd)
+                        }
+                        _ => wide::code_rows(codes, k, pal, None, k, xp, x, o, true),
+                    }
                     r = end;
                 }
             }
@@ -509,8 +480,13 @@ impl PackedWeight {
             } => {
                 let nb = k / block;
                 let (codes, sc) = (&q[r0 * half..r1 * half], &scale[r0 * nb..r1 * nb]);
-                let t = &cx.int4_vals;
-                wide::code_rows(codes, k, t, Some(sc), *block, xp, x, out, true);
+                if cx.wide {
+                    let t = &cx.int4_vals;
+                    wide::code_rows(codes, k, t, Some(sc), *block, xp, x, out, true);
+                } else {
+                    let t = &cx.int4_table;
+                    simd::int4_f16_rows(codes, k, sc, *block, t, xp, x, out, cx.simd);
+                }
                 if !cx.zero_folded {
                     int4_zero_term(out, r0, nb, scale, zero, cx.xsum);
                 }
@@ -523,19 +499,17 @@ impl PackedWeight {
     /// Output row `r` dotted with one activation row `x` (row `j` of the call).
     fn dot(&self, r: usize, x: &[f32], j: usize, cx: &RowCx) -> f32 {
         let (k, simd) = (self.k, cx.simd);
-        let xp = cx.xp.map(|p| &p[j * k..(j + 1) * k]);
-        if let (Some(xp), true) = (xp, cx.wide) {
-            let mut y = [0f32];
-            // This activation row's block sums (int4).
+        if let Some(p) = cx.xp {
+            // The lookup kernels on this activation row (and its block sums, int4).
             let sub = RowCx {
                 xsum: match &self.data {
                     Packed::Int4 { block, .. } => &cx.xsum[j * (k / block)..(j + 1) * (k / block)],
                     _ => cx.xsum,
                 },
-                xp: Some(xp),
                 ..*cx
             };
-            if self.rows_wide(r, &mut y, xp, x, &sub) {
+            let mut y = [0f32];
+            if self.rows_coded(r, &mut y, &p[j * k..(j + 1) * k], x, &sub) {
                 return y[0];
             }
         }
@@ -546,19 +520,11 @@ impl PackedWeight {
                 idx,
                 lut,
                 rows_per_group,
-                tables,
+                ..
             } => {
                 let g = r / rows_per_group;
                 let pal: &[f32; 16] = lut[g * 16..][..16].try_into().unwrap_or(&[0.0; 16]);
-                let row = &idx[r * k / 2..(r + 1) * k / 2];
-                match (xp, tables) {
-                    (Some(xp), Some(t)) => {
-                        let mut y = [0f32];
-                        simd::lut4_f16_rows(row, k, &t[g], pal, xp, x, &mut y, simd);
-                        y[0]
-                    }
-                    _ => simd::dot_lut4(row, pal, x, simd),
-                }
+                simd::dot_lut4(&idx[r * k / 2..(r + 1) * k / 2], pal, x, simd)
             }
             Packed::Int4 {
                 q,
@@ -571,18 +537,7 @@ impl PackedWeight {
                 let (s, z) = (&scale[r * nb..(r + 1) * nb], &zero[r * nb..(r + 1) * nb]);
                 let xs = &cx.xsum[j * nb..(j + 1) * nb];
                 let qs = &q[r * k / 2..(r + 1) * k / 2];
-                let acc = match xp {
-                    Some(xp) => {
-                        let mut y = [0f32];
-                        let t = &cx.int4_table;
-                        simd::int4_f16_rows(qs, k, s, *block, t, xp, x, &mut y, simd);
-                        if cx.zero_folded {
-                            return y[0];
-                        }
-                        y[0]
-                    }
-                    None => simd::dot_int4_blocks(qs, s, *block, x, simd),
-                };
+                let acc = simd::dot_int4_blocks(qs, s, *block, x, simd);
                 let zterm: f32 = s.iter().zip(z).zip(xs).map(|((s, z), x)| s * z * x).sum();
                 acc - zterm
             }

@@ -104,11 +104,7 @@ pub fn axpy4_f16(w: &[f16], q: [f32; 4], s: &mut [f32], on: bool) {
         }
     }
     let _ = on;
-    for (j, v) in s.iter_mut().enumerate() {
-        for (r, qr) in q.iter().enumerate() {
-            *v += qr * w[r * n + j].to_f32();
-        }
-    }
+    super::simd::axpy4_f16(w, q, s, false);
 }
 
 /// Consecutive rows of 4-bit codes (`codes`: `out.len()` rows of `k/2` bytes) against `x`,
