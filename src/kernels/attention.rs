@@ -357,21 +357,14 @@ fn few_rows(
                     // One query row against fp16 values: the `d` value rows in one pass of
                     // the 4-row kernel (AVX-512).
                     if let (Some(h), 1, true) = (vv.f16(), m, wide) {
-                        super::gemv::wide::f16_rows(
-                            &h[b * d * n..(b + 1) * d * n],
-                            &s,
-                            &mut o,
-                            true,
-                        );
-                        if !want_probs {
-                            s = vec![];
-                        }
-                        return (o, s);
-                    }
-                    for r in 0..d {
-                        for i in 0..m {
-                            o[r * m + i] =
-                                vv.dot(b * d + r, &s[i * n..(i + 1) * n], &mut buf, simd);
+                        let hb = &h[b * d * n..(b + 1) * d * n];
+                        super::gemv::wide::f16_rows(hb, &s, &mut o, true);
+                    } else {
+                        for r in 0..d {
+                            for i in 0..m {
+                                o[r * m + i] =
+                                    vv.dot(b * d + r, &s[i * n..(i + 1) * n], &mut buf, simd);
+                            }
                         }
                     }
                     if !want_probs {

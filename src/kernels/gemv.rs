@@ -20,26 +20,24 @@ pub mod wide;
 pub use store::{share_arena, Store};
 
 /// Which inner loops a product runs: plain Rust, AVX2 + FMA + F16C, or AVX-512 (which
-/// falls back to the AVX2 loops where it has none of its own).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// falls back to the AVX2 loops where it has none of its own). Ordered narrowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     Portable,
     Avx2,
     Avx512,
 }
 
-/// The widest level the products may use (0: no cap; see [`Isa::set_cap`]).
-static CAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// The widest level the products may use, as `Isa as u8` (see [`Isa::set_cap`]).
+static CAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(Isa::Avx512 as u8);
 
 impl Isa {
+    const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+
     /// The widest this CPU runs, within the cap set by [`Isa::set_cap`].
     pub fn best() -> Isa {
-        let cpu = Isa::cpu();
-        match CAP.load(std::sync::atomic::Ordering::Relaxed) {
-            1 => Isa::Portable,
-            2 if cpu == Isa::Avx512 => Isa::Avx2,
-            _ => cpu,
-        }
+        let cap = Isa::ALL[CAP.load(std::sync::atomic::Ordering::Relaxed) as usize];
+        Isa::cpu().min(cap)
     }
 
     /// The widest this CPU runs.
@@ -55,11 +53,7 @@ impl Isa {
     /// so that a benchmark can time the same program on narrower kernels (`milkit bench
     /// --suite decode --isa`), or a user rule out a path.
     pub fn set_cap(cap: Option<Isa>) {
-        let v = match cap {
-            None | Some(Isa::Avx512) => 0,
-            Some(Isa::Portable) => 1,
-            Some(Isa::Avx2) => 2,
-        };
+        let v = cap.unwrap_or(Isa::Avx512) as u8;
         CAP.store(v, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -74,14 +68,8 @@ impl Isa {
 
     /// Every level this CPU runs, narrowest first (for tests of each path).
     pub fn supported() -> Vec<Isa> {
-        let mut v = vec![Isa::Portable];
-        if simd::available() {
-            v.push(Isa::Avx2);
-            if wide::available() {
-                v.push(Isa::Avx512);
-            }
-        }
-        v
+        let cpu = Isa::cpu();
+        Isa::ALL.into_iter().filter(|&i| i <= cpu).collect()
     }
 }
 
@@ -275,7 +263,7 @@ impl PackedWeight {
                 let pal = &lut[(r / rows_per_group) * 16..][..16];
                 let row = &idx[r * k / 2..(r + 1) * k / 2];
                 for (j, d) in dst.iter_mut().enumerate() {
-                    *d = pal[nibble(row, j)];
+                    *d = pal[simd::code(row, j)];
                 }
             }
             Packed::Int4 {
@@ -289,7 +277,7 @@ impl PackedWeight {
                 let row = &q[r * k / 2..(r + 1) * k / 2];
                 for (j, d) in dst.iter_mut().enumerate() {
                     let b = r * nb + j / block;
-                    *d = scale[b] * (nibble(row, j) as f32 - zero[b]);
+                    *d = scale[b] * (simd::code(row, j) as f32 - zero[b]);
                 }
             }
         }
@@ -312,11 +300,7 @@ impl PackedWeight {
     /// [`PackedWeight::gemv`] through the inner loops of `isa` (which the CPU must run:
     /// see [`Isa::supported`]; a wider one than it has is narrowed).
     pub fn gemv_with(&self, x: &[f32], m: usize, isa: Isa) -> Result<Vec<f32>> {
-        let isa = match (isa, Isa::cpu()) {
-            (_, Isa::Portable) => Isa::Portable,
-            (Isa::Avx512, Isa::Avx2) => Isa::Avx2,
-            (i, _) => i,
-        };
+        let isa = isa.min(Isa::cpu());
         let (n, k) = (self.n, self.k);
         ensure!(
             x.len() == m * k,
@@ -534,12 +518,11 @@ impl PackedWeight {
                 ..
             } => {
                 let nb = k / block;
-                let (s, z) = (&scale[r * nb..(r + 1) * nb], &zero[r * nb..(r + 1) * nb]);
-                let xs = &cx.xsum[j * nb..(j + 1) * nb];
                 let qs = &q[r * k / 2..(r + 1) * k / 2];
-                let acc = simd::dot_int4_blocks(qs, s, *block, x, simd);
-                let zterm: f32 = s.iter().zip(z).zip(xs).map(|((s, z), x)| s * z * x).sum();
-                acc - zterm
+                let s = &scale[r * nb..(r + 1) * nb];
+                let mut y = [simd::dot_int4_blocks(qs, s, *block, x, simd)];
+                int4_zero_term(&mut y, r, nb, scale, zero, &cx.xsum[j * nb..(j + 1) * nb]);
+                y[0]
             }
         }
     }
@@ -679,12 +662,6 @@ pub fn conv1x1(
         }
     }
     Ok(Some(super::from_f32(out, &shape, dtype)?))
-}
-
-/// Code `j` of a nibble-packed row.
-#[inline]
-fn nibble(row: &[u8], j: usize) -> usize {
-    ((row[j / 2] >> ((j & 1) * 4)) & 15) as usize
 }
 
 /// The inner loops; the decode-step attention (`kernels::attention`) uses the fp16 ones.

@@ -18,8 +18,9 @@ pub fn available() -> bool {
     }
 }
 
+/// Code `j` of a nibble-packed row (low nibble first).
 #[inline]
-fn code(row: &[u8], j: usize) -> usize {
+pub(super) fn code(row: &[u8], j: usize) -> usize {
     ((row[j / 2] >> ((j & 1) * 4)) & 15) as usize
 }
 

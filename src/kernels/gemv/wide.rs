@@ -13,6 +13,7 @@
 //! permuted once per call to that order ([`permute_pairs`]). Every kernel has a portable
 //! form computing the same products, used where the CPU lacks AVX-512 (and by the tests).
 
+use super::simd::code;
 use half::f16;
 
 /// Elements per step of the code kernels: 16 code bytes.
@@ -55,11 +56,6 @@ pub fn permute_pairs(x: &[f32]) -> Vec<f32> {
     out
 }
 
-#[inline]
-fn code(row: &[u8], j: usize) -> usize {
-    ((row[j / 2] >> ((j & 1) * 4)) & 15) as usize
-}
-
 /// `out[i] = row i · x` for `out.len()` consecutive fp16 rows of `k = x.len()`.
 pub fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32], on: bool) {
     let k = x.len();
@@ -81,8 +77,7 @@ pub fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32], on: bool) {
     }
     let _ = on;
     for (i, o) in out.iter_mut().enumerate() {
-        let row = &w[i * k..(i + 1) * k];
-        *o = row.iter().zip(x).map(|(a, b)| a.to_f32() * b).sum();
+        *o = super::simd::dot_f16(&w[i * k..(i + 1) * k], x, false);
     }
 }
 
@@ -140,8 +135,8 @@ pub fn code_rows(
         "code_rows: {rows} rows of {k} in blocks of {block} do not match the buffers"
     );
     let whole = k / STEP * STEP;
-    // A block that is the whole row but no multiple of STEP (LUT4 rows, scale None): the
-    // steps all lie in it and the tail is added unscaled below.
+    // A block that is the whole row but no multiple of STEP (LUT4 rows, per-channel int4):
+    // every step lies in it, and the tail below takes the same scale.
     #[cfg(target_arch = "x86_64")]
     {
         if on {
