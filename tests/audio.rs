@@ -1,7 +1,7 @@
 //! Audio front end, detokenizer and decoding rules against the Hugging Face reference outputs
 //! in the fixtures, plus WAV loading / resampling checks on files written here with hound.
 use milkit::whisper::audio::{self, load_wav, log_mel, log_mel_windows, resample, MelFilters};
-use milkit::whisper::generate::{argmax, GreedyRules};
+use milkit::whisper::generate::{argmax, DecodingRules, PassOptions, Rng, Task};
 use milkit::whisper::tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -211,9 +211,12 @@ fn tokenizer_errors_name_the_file() {
 #[test]
 fn greedy_rules_reproduce_reference_choices() {
     let Some(dir) = fixtures() else { return };
-    let rules = GreedyRules::from_file(dir.join("models/whisper-tiny.en/generation_config.json"))
+    let rules = DecodingRules::from_file(dir.join("models/whisper-tiny.en/generation_config.json"))
         .expect("rules");
-    assert_eq!(rules.initial_tokens(), vec![50257, 50362]);
+    assert_eq!(
+        rules.sot_sequence(None, Task::Transcribe, false).unwrap(),
+        vec![50257, 50362]
+    );
     for clip in CLIPS {
         let path = dir.join(format!("reference/tiny.en-{clip}.safetensors"));
         let (tokens, _) = tensor(&path, "tokens");
@@ -223,14 +226,21 @@ fn greedy_rules_reproduce_reference_choices() {
         // Logits at position p predict token p + 1; generation starts after the 2-token prompt.
         for p in 1..shape[0].min(tokens.len() - 1) {
             let mut row = logits[p * vocab..(p + 1) * vocab].to_vec();
-            rules.apply(&mut row, p - 1, &tokens[..=p]);
+            rules.apply(&mut row, &tokens[2..=p], false);
             assert_eq!(argmax(&row), Some(tokens[p + 1]), "{clip} position {p}");
         }
-        // Teacher-forced replay through greedy(): feeding reference logits where available
+        // Teacher-forced replay through decode(): feeding reference logits where available
         // must reproduce the reference prefix.
-        let out = rules
-            .greedy(|seq| {
-                let p = seq.len() - 1;
+        let opts = PassOptions {
+            language: None,
+            task: Task::Transcribe,
+            timestamps: false,
+            temperature: 0.0,
+            previous: vec![],
+            limit: 448,
+        };
+        let pass = rules
+            .decode(&opts, &mut Rng::new(0), |_, p| {
                 if p < shape[0] {
                     Ok(logits[p * vocab..(p + 1) * vocab].to_vec())
                 } else {
@@ -240,6 +250,7 @@ fn greedy_rules_reproduce_reference_choices() {
                 }
             })
             .expect("greedy");
+        let out: Vec<u32> = pass.prompt.iter().chain(&pass.tokens).copied().collect();
         let n = shape[0].min(tokens.len());
         assert_eq!(&out[..n], &tokens[..n], "{clip}");
     }

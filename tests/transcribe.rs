@@ -1,7 +1,7 @@
 //! End-to-end transcription with the bundled runtime: milkit's fp16 tiny.en packages in a
 //! WhisperKit-style folder (built here with the library until `export --component all`
 //! lands) transcribe the reference clips to exactly the Hugging Face greedy text; the stateful
-//! decoder agrees; audio over 30 s is decoded window by window; bad audio is an error that
+//! decoder agrees; audio over 30 s is decoded window by window without timestamps; bad audio is an error that
 //! names the file; `milkit bench --json` follows its schema and its byte count matches an
 //! independent count from the checkpoint.
 
@@ -9,7 +9,7 @@ mod common;
 
 use milkit::ir::Opset;
 use milkit::package::save_package;
-use milkit::transcribe::Transcriber;
+use milkit::transcribe::{TranscribeOptions, Transcriber};
 use milkit::whisper::decoder::{
     alignment_heads_from_json, build_decoder, min_head_chunks, CrossKv, DecoderDims,
     DecoderOptions, KvCache,
@@ -90,7 +90,15 @@ fn cli_transcribes_reference_clips_exactly() {
     let Some(fx) = common::fixtures() else { return };
     let (io, _) = folders(&fx);
     let mut cmd = common::milkit();
-    cmd.arg("transcribe").arg("--models").arg(io);
+    // The references are greedy without timestamps (Hugging Face's generate() defaults).
+    cmd.args([
+        "transcribe",
+        "--no-timestamps",
+        "--temperature",
+        "0",
+        "--models",
+    ])
+    .arg(io);
     for c in CLIPS {
         cmd.arg(fx.join(format!("audio/{c}.wav")));
     }
@@ -119,15 +127,19 @@ fn stateful_decoder_and_library_agree_with_reference() {
     let (io, state) = folders(&fx);
     let want = reference_text(&fx, "jfk");
     let wav = fx.join("audio/jfk.wav");
+    let greedy = TranscribeOptions::greedy_no_timestamps();
     let mut a = Transcriber::open(io).unwrap();
     assert!(!a.stateful_decoder());
-    let ra = a.transcribe_file(&wav).unwrap();
+    let ra = a.transcribe_file_with(&wav, &greedy).unwrap();
     assert_eq!(ra.text, want, "cache-I/O decoder, library");
     let mut b = Transcriber::open(state).unwrap();
     assert!(b.stateful_decoder());
-    let rb = b.transcribe_file(&wav).unwrap();
+    let rb = b.transcribe_file_with(&wav, &greedy).unwrap();
     assert_eq!(rb.text, want, "stateful decoder");
-    assert_eq!(ra.windows, rb.windows, "same tokens");
+    assert_eq!(
+        ra.windows[0].pass.tokens, rb.windows[0].pass.tokens,
+        "same tokens"
+    );
     // Tokens are the reference's generated ones (prompt and end-of-text dropped).
     let refj = json(&fx.join("reference/tiny.en-jfk.json"));
     let toks: Vec<u32> = refj["tokens"]
@@ -136,9 +148,9 @@ fn stateful_decoder_and_library_agree_with_reference() {
         .iter()
         .map(|v| v.as_u64().unwrap() as u32)
         .collect();
-    assert_eq!(ra.windows[0].0, toks[2..toks.len() - 1]);
+    assert_eq!(ra.windows[0].pass.tokens, toks[2..toks.len() - 1]);
     // A second file through the same stateful session: states were reset between files.
-    let rb2 = b.transcribe_file(&wav).unwrap();
+    let rb2 = b.transcribe_file_with(&wav, &greedy).unwrap();
     assert_eq!(rb2.text, want);
     println!(
         "jfk: stateful decoder {:.1} ms/step, cache I/O {:.1} ms/step",
@@ -173,14 +185,20 @@ fn long_audio_is_decoded_in_30_second_windows() {
     }
     w.finalize().unwrap();
     let mut t = Transcriber::open(io).unwrap();
-    let r = t.transcribe_file(&wav).unwrap();
+    // Without timestamps, windows follow each other every 30 s (one segment each).
+    let r = t
+        .transcribe_file_with(&wav, &TranscribeOptions::greedy_no_timestamps())
+        .unwrap();
     assert_eq!(r.windows.len(), 2);
+    assert_eq!(r.windows[1].seek, 3000);
     let (ra, rb) = (
         reference_text(&fx, "jfk"),
         reference_text(&fx, "ljspeech_LJ001-0006"),
     );
-    assert_eq!(r.windows[0].1, ra);
-    assert_eq!(r.windows[1].1, rb);
+    assert_eq!(r.segments.len(), 2);
+    assert_eq!(r.segments[0].text, ra);
+    assert_eq!(r.segments[1].text, rb);
+    assert!((r.segments[1].start - 30.0).abs() < 1e-9);
     assert_eq!(r.text, format!("{ra}{rb}"));
 }
 

@@ -1,17 +1,35 @@
 //! `milkit eval`: corpus word error rate of a models folder.
 
 use super::progress;
+use super::transcribe::DecodeArgs;
 use anyhow::Result;
-use clap::Args;
+use clap::{Args, ValueEnum};
 use milkit::quality::bits::folder_bits;
 use milkit::quality::eval::evaluate;
+use milkit::whisper::wer::Normalization;
 use std::path::PathBuf;
+
+/// `--normalize`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum NormalizeArg {
+    /// Lowercase; punctuation dropped (dashes and slashes become spaces); letters and digits
+    /// kept; whitespace collapsed.
+    Ascii,
+    /// NFKC; lowercase; Unicode punctuation and symbols dropped; whitespace collapsed.
+    Unicode,
+}
 
 /// Transcribes every clip of a manifest with the bundled runtime and prints the word error
 /// rate per clip and over the corpus (Σ errors / Σ reference words).
 ///
-/// Normalisation before scoring: lowercase; punctuation dropped (dashes and slashes become
-/// spaces); letters and digits kept; whitespace collapsed.
+/// Clips are decoded as `milkit transcribe` decodes (same flags); a manifest line's
+/// `language` field sets that clip's language, else it is detected.
+///
+/// Normalisation before scoring (--normalize): `ascii` lowercases, drops punctuation (dashes
+/// and slashes become spaces), keeps letters and digits and collapses whitespace; `unicode`
+/// applies NFKC, lowercases, drops Unicode punctuation and symbols and collapses whitespace.
+/// The default is `unicode` when a manifest line names a language other than English, else
+/// `ascii`.
 ///
 /// Also reports the folder's bits per compressed weight: per package, the elements its
 /// constexpr ops decompress to and the bytes they store (tables and scales included), and
@@ -28,6 +46,11 @@ pub struct EvalArgs {
     /// Print the report as JSON (per-clip table included; schema: schemas/eval.schema.json).
     #[arg(long)]
     pub json: bool,
+    /// Text normalisation before scoring (default: unicode for non-English manifests).
+    #[arg(long, value_enum)]
+    pub normalize: Option<NormalizeArg>,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
@@ -44,7 +67,12 @@ pub fn run(a: &EvalArgs) -> Result<u8> {
         return Ok(0);
     };
     let pb = progress::bar(0, "transcribing", a.quiet || a.json);
-    let r = evaluate(&a.models, manifest, &mut |d, n| {
+    let opts = a.decode.options(&a.models)?;
+    let norm = a.normalize.map(|n| match n {
+        NormalizeArg::Ascii => Normalization::Ascii,
+        NormalizeArg::Unicode => Normalization::Unicode,
+    });
+    let r = evaluate(&a.models, manifest, &opts, norm, &mut |d, n| {
         pb.set_length(n as u64);
         pb.set_position(d as u64);
     })?;

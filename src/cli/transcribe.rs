@@ -1,11 +1,24 @@
-//! `milkit transcribe`: WAV files → text with the bundled runtime, one line per file on
-//! stdout; timings only with `--verbose`, on stderr.
+//! `milkit transcribe`: WAV files → text with the bundled runtime, decoded as openai-whisper
+//! does (language detection, timestamps, fallback, long-form). One line of text per file on
+//! stdout; timings only with `--verbose`, on stderr. A file that cannot be read or decoded
+//! is reported on stderr and the others are still transcribed; the exit status is then 2.
 
 use anyhow::{Context, Result};
-use clap::Args;
-use milkit::transcribe::Transcriber;
-use std::path::PathBuf;
+use clap::{Args, ValueEnum};
+use milkit::transcribe::{TranscribeOptions, Transcriber, Transcript};
+use milkit::whisper::generate::Task;
+use milkit::whisper::tokenizer::Tokenizer;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// `--task`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum TaskArg {
+    /// Text in the spoken language.
+    Transcribe,
+    /// English text from speech in any language (multilingual models).
+    Translate,
+}
 
 #[derive(Args)]
 pub struct TranscribeArgs {
@@ -17,6 +30,12 @@ pub struct TranscribeArgs {
     /// tokenizer.json, optional config.json and preprocessor_config.json.
     #[arg(long)]
     pub models: PathBuf,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+    /// Print the 5 most likely languages of each file's first 30 s with their probabilities,
+    /// and transcribe nothing.
+    #[arg(long)]
+    pub detect_language: bool,
     /// Make the log-mel with the folder's MelSpectrogram.mlpackage (fp16, as WhisperKit does)
     /// instead of milkit's Rust front end (the default, which matches Hugging Face's).
     #[arg(long)]
@@ -26,13 +45,84 @@ pub struct TranscribeArgs {
     pub verbose: bool,
 }
 
+/// How to decode (shared by `transcribe` and `eval`); openai-whisper's options and defaults.
+#[derive(Args, Clone, Debug)]
+pub struct DecodeArgs {
+    /// Spoken language as a Whisper code (de, fr, ...), or `auto` to detect it from the first
+    /// 30 s (multilingual models). English-only models take only `en`.
+    #[arg(long, default_value = "auto")]
+    pub language: String,
+    /// transcribe, or translate into English (multilingual models).
+    #[arg(long, value_enum, default_value = "transcribe")]
+    pub task: TaskArg,
+    /// Decode without timestamp tokens (one segment per 30-s window).
+    #[arg(long)]
+    pub no_timestamps: bool,
+    /// Temperatures to decode at, tried in order when a window fails the thresholds below
+    /// (comma-separated; one value turns the fallback off).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.2,0.4,0.6,0.8,1.0")]
+    pub temperature: Vec<f32>,
+    /// Decode a window again when its text's gzip compression ratio is above this.
+    #[arg(long, default_value_t = 2.4)]
+    pub compression_ratio_threshold: f64,
+    /// Decode a window again when its average token log-probability is below this.
+    #[arg(long, default_value_t = -1.0, allow_negative_numbers = true)]
+    pub logprob_threshold: f64,
+    /// Skip a window as silence when its no-speech probability is above this and its average
+    /// log-probability is below --logprob-threshold.
+    #[arg(long, default_value_t = 0.6)]
+    pub no_speech_threshold: f64,
+    /// Feed each window the text of the windows before it as a prompt.
+    #[arg(long)]
+    pub condition_on_previous_text: bool,
+    /// Text fed as the first window's prompt (spelling, names, style).
+    #[arg(long)]
+    pub initial_prompt: Option<String>,
+    /// Seed of the sampler used at temperatures above 0 (runs are reproducible).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl DecodeArgs {
+    /// The options for the models in `models` (an initial prompt is encoded with the
+    /// folder's tokenizer.json, with a leading space as openai-whisper does).
+    pub fn options(&self, models: &Path) -> Result<TranscribeOptions> {
+        let initial_prompt = match &self.initial_prompt {
+            Some(p) => Tokenizer::from_file(models.join("tokenizer.json"))?
+                .encode(&format!(" {}", p.trim()))
+                .context("encoding --initial-prompt")?,
+            None => vec![],
+        };
+        Ok(TranscribeOptions {
+            language: Some(self.language.clone()),
+            task: match self.task {
+                TaskArg::Transcribe => Task::Transcribe,
+                TaskArg::Translate => Task::Translate,
+            },
+            timestamps: !self.no_timestamps,
+            word_timestamps: false,
+            temperatures: self.temperature.clone(),
+            compression_ratio_threshold: Some(self.compression_ratio_threshold),
+            logprob_threshold: Some(self.logprob_threshold),
+            no_speech_threshold: Some(self.no_speech_threshold),
+            condition_on_previous_text: self.condition_on_previous_text,
+            initial_prompt,
+            seed: self.seed,
+        })
+    }
+}
+
 pub fn run(a: &TranscribeArgs) -> Result<u8> {
     let t0 = Instant::now();
     let mut tr = Transcriber::open_with(&a.models, a.mel_package)
         .with_context(|| format!("opening models folder {}", a.models.display()))?;
+    let opts = a.decode.options(&a.models)?;
+    // Options that cannot work with this model fail before any audio is read.
+    tr.check_options(&opts)
+        .with_context(|| format!("models folder {}", a.models.display()))?;
     if a.verbose {
         eprintln!(
-            "loaded {} in {:.0} ms (decoder: {}{}{})",
+            "loaded {} in {:.0} ms (decoder: {}{}{}; {})",
             a.models.display(),
             t0.elapsed().as_secs_f64() * 1e3,
             if tr.stateful_decoder() {
@@ -46,31 +136,80 @@ pub fn run(a: &TranscribeArgs) -> Result<u8> {
             } else {
                 ""
             },
+            if tr.rules().is_multilingual() {
+                "multilingual"
+            } else {
+                "English-only"
+            },
         );
     }
+    let mut failed = 0usize;
     for path in &a.audio {
-        let r = tr.transcribe_file(path)?;
-        println!("{}", r.text.trim());
-        if a.verbose {
-            let t = &r.timings;
-            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-            eprintln!(
-                "{}: {} window(s), mel {:.0} ms, encoder {:.0} ms, cross K/V {:.0} ms, decoder {:.0} ms \
-                 ({} steps, {:.2} ms/step), total {:.0} ms",
-                path.display(),
-                r.windows.len(),
-                ms(t.mel),
-                ms(t.encoder),
-                ms(t.cross_kv),
-                ms(t.decoder),
-                t.decoder_steps,
-                ms(t.decoder) / t.decoder_steps.max(1) as f64,
-                ms(t.total)
-            );
+        let r = if a.detect_language {
+            detect(&mut tr, path)
+        } else {
+            one_file(&mut tr, path, &opts, a.verbose).map(|_| ())
+        };
+        if let Err(e) = r {
+            eprintln!("error: {}: {e:#}", path.display());
+            failed += 1;
         }
     }
     if a.verbose {
         eprintln!("whole run {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
     }
+    if failed > 0 {
+        if a.audio.len() > 1 {
+            eprintln!("{failed} of {} files failed", a.audio.len());
+        }
+        return Ok(2);
+    }
     Ok(0)
+}
+
+fn detect(tr: &mut Transcriber, path: &Path) -> Result<()> {
+    let samples = milkit::whisper::audio::load_wav(path)?;
+    let probs = tr.detect_language(&samples)?;
+    let top: Vec<String> = probs
+        .iter()
+        .take(5)
+        .map(|(c, p)| format!("{c} {p:.4}"))
+        .collect();
+    println!("{}: {}", path.display(), top.join(", "));
+    Ok(())
+}
+
+fn one_file(
+    tr: &mut Transcriber,
+    path: &Path,
+    opts: &TranscribeOptions,
+    verbose: bool,
+) -> Result<Transcript> {
+    let r = tr.transcribe_file_with(path, opts)?;
+    println!("{}", r.text.trim());
+    if verbose {
+        let t = &r.timings;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let passes: usize = r.windows.iter().map(|w| w.passes).sum();
+        eprintln!(
+            "{}: {}{} window(s), {} pass(es), {} segment(s); mel {:.0} ms, encoder {:.0} ms, \
+             cross K/V {:.0} ms, decoder {:.0} ms ({} steps, {:.2} ms/step), total {:.0} ms",
+            path.display(),
+            r.language
+                .as_deref()
+                .map(|l| format!("language {l}, "))
+                .unwrap_or_default(),
+            r.windows.len(),
+            passes,
+            r.segments.len(),
+            ms(t.mel),
+            ms(t.encoder),
+            ms(t.cross_kv),
+            ms(t.decoder),
+            t.decoder_steps,
+            ms(t.decoder) / t.decoder_steps.max(1) as f64,
+            ms(t.total)
+        );
+    }
+    Ok(r)
 }

@@ -9,7 +9,7 @@ use crate::passes::calibrate::{instrument, Calibration, Moments, Probe, COMPONEN
 use crate::passes::compress::Selection;
 use crate::runtime::{Session, Tensor};
 use crate::transcribe::decoder::TextDecoder;
-use crate::transcribe::Transcriber;
+use crate::transcribe::{TranscribeOptions, Transcriber};
 use crate::whisper::audio::{load_wav, log_mel_windows, MelFilters};
 use crate::whisper::bundle::{write_whisperkit_folder, BundleOptions};
 use crate::whisper::decoder_export::{export_decoder, DecoderExport};
@@ -124,7 +124,7 @@ pub fn calibrate_decoder(
     }));
     t.set_decoder(decoder);
     for (i, path) in audio.iter().enumerate() {
-        t.transcribe_file(path)
+        t.transcribe_file_with(path, &TranscribeOptions::greedy_no_timestamps())
             .with_context(|| format!("transcribing {}", path.display()))?;
         progress(i + 1, audio.len());
     }

@@ -1,9 +1,11 @@
 //! `milkit eval`: corpus word error rate of a models folder on a manifest of clips, with the
-//! runtime's transcription (`crate::transcribe`) and the normalisation of `whisper::wer`.
+//! runtime's transcription (`crate::transcribe`, decoding as `milkit transcribe` does; the
+//! language from a line's `language` field, else detected) and the normalisation of
+//! `whisper::wer` (ASCII-style, or Unicode-aware for non-English sets).
 
 use super::bits::{folder_bits, FolderBits};
-use crate::transcribe::Transcriber;
-use crate::whisper::wer::word_errors;
+use crate::transcribe::{TranscribeOptions, Transcriber};
+use crate::whisper::wer::{word_errors_with, Normalization};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
@@ -42,9 +44,6 @@ pub struct EvalReport {
     pub bits: FolderBits,
 }
 
-/// The normalisation, in words (also in `milkit eval --help`).
-pub const NORMALIZATION: &str = "lowercase; punctuation dropped (dashes and slashes become spaces); letters and digits kept; whitespace collapsed";
-
 /// One line of a manifest.
 pub struct ManifestClip {
     /// The `audio` field as written.
@@ -53,6 +52,8 @@ pub struct ManifestClip {
     pub path: PathBuf,
     /// The `text` field (the reference transcript), if any.
     pub text: Option<String>,
+    /// The `language` field (a Whisper code), if any.
+    pub language: Option<String>,
 }
 
 /// The clips of a JSON-lines manifest (`audio` required, `text` optional); paths relative to
@@ -75,6 +76,10 @@ pub fn read_manifest(path: &Path) -> Result<Vec<ManifestClip>> {
             name: a.to_string(),
             path: base.join(a),
             text: v.get("text").and_then(|t| t.as_str()).map(str::to_string),
+            language: v
+                .get("language")
+                .and_then(|t| t.as_str())
+                .map(str::to_string),
         });
     }
     if out.is_empty() {
@@ -83,13 +88,31 @@ pub fn read_manifest(path: &Path) -> Result<Vec<ManifestClip>> {
     Ok(out)
 }
 
-/// Transcribes every clip of `manifest` with the models in `models` and scores it.
+/// The normalisation a manifest gets by default: Unicode-aware when any line names a
+/// language other than English.
+pub fn default_normalization(clips: &[ManifestClip]) -> Normalization {
+    if clips
+        .iter()
+        .any(|c| c.language.as_deref().is_some_and(|l| l != "en"))
+    {
+        Normalization::Unicode
+    } else {
+        Normalization::Ascii
+    }
+}
+
+/// Transcribes every clip of `manifest` with the models in `models` and scores it: decoding
+/// as `opts` says (each clip's language from its manifest line when it has one), texts
+/// normalised by `normalization` (None: [`default_normalization`]).
 pub fn evaluate(
     models: &Path,
     manifest: &Path,
+    opts: &TranscribeOptions,
+    normalization: Option<Normalization>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<EvalReport> {
     let clips = read_manifest(manifest)?;
+    let norm = normalization.unwrap_or_else(|| default_normalization(&clips));
     // Every clip needs its reference before any transcription starts.
     let mut refs = Vec::new();
     for c in &clips {
@@ -104,16 +127,21 @@ pub fn evaluate(
     }
     let bits = folder_bits(models)?;
     let mut t = Transcriber::open(models)?;
+    t.check_options(opts)?;
     let mut rows = Vec::new();
     for (i, (clip, reference)) in clips.iter().zip(refs).enumerate() {
         let (name, path) = (&clip.name, &clip.path);
+        let mut o = opts.clone();
+        if let Some(l) = &clip.language {
+            o.language = Some(l.clone());
+        }
         let hyp = t
-            .transcribe_file(path)
+            .transcribe_file_with(path, &o)
             .with_context(|| format!("transcribing {}", path.display()))?
             .text
             .trim()
             .to_string();
-        let (errors, words) = word_errors(reference, &hyp);
+        let (errors, words) = word_errors_with(reference, &hyp, norm);
         rows.push(ClipResult {
             audio: name.clone(),
             reference: reference.clone(),
@@ -129,7 +157,7 @@ pub fn evaluate(
     Ok(EvalReport {
         models: models.display().to_string(),
         manifest: manifest.display().to_string(),
-        normalization: NORMALIZATION.into(),
+        normalization: norm.describe().into(),
         clips: rows,
         errors,
         words,

@@ -13,6 +13,9 @@ use std::path::Path;
 /// The additive padding-mask value of hidden cache positions (WhisperKit's).
 const MASK_HIDDEN: f32 = -1e4;
 
+/// WhisperKit's name of the alignment heads' mean cross-attention output.
+pub const ALIGNMENT_OUTPUT: &str = "alignment_heads_weights";
+
 /// Where the self-attention caches live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheKind {
@@ -50,6 +53,10 @@ pub struct TextDecoder {
     value: Vec<f16>,
     cross: Option<Cross>,
     observer: Option<StepObserver>,
+    /// Whether `alignment_heads_weights` rows are kept (for word timestamps).
+    capture_alignment: bool,
+    /// The `alignment_heads_weights` row of the last step, when captured.
+    alignment: Option<Vec<f32>>,
 }
 
 fn fixed_shape(name: &str, ty: &ValueType) -> Result<Vec<usize>> {
@@ -158,12 +165,34 @@ impl TextDecoder {
             value: vec![f16::ZERO; if kind == CacheKind::Io { n } else { 0 }],
             cross: None,
             observer: None,
+            capture_alignment: false,
+            alignment: None,
         })
     }
 
     /// Calls `f` after every step with the outputs the decoder does not consume.
     pub fn set_observer(&mut self, f: StepObserver) {
         self.observer = Some(f);
+    }
+
+    /// Keeps each step's `alignment_heads_weights` output (see [`Self::take_alignment`]).
+    pub fn capture_alignment(&mut self, on: bool) {
+        self.capture_alignment = on;
+        self.alignment = None;
+    }
+
+    /// Whether the package has an `alignment_heads_weights` output.
+    pub fn has_alignment_output(&self) -> bool {
+        self.session
+            .outputs(None)
+            .map(|o| o.iter().any(|(n, _)| n == ALIGNMENT_OUTPUT))
+            .unwrap_or(false)
+    }
+
+    /// The last step's `alignment_heads_weights` row (mean cross-attention of the alignment
+    /// heads over the audio frames), when capture is on and the package has that output.
+    pub fn take_alignment(&mut self) -> Option<Vec<f32>> {
+        self.alignment.take()
     }
 
     pub fn kind(&self) -> CacheKind {
@@ -291,6 +320,13 @@ impl TextDecoder {
                     for (ch, v) in col.into_iter().enumerate() {
                         cache[ch * s + pos] = v;
                     }
+                }
+                ALIGNMENT_OUTPUT if self.capture_alignment => {
+                    self.alignment = Some(
+                        t.to_dtype(candle_core::DType::F32)?
+                            .flatten_all()?
+                            .to_vec1()?,
+                    );
                 }
                 _ => rest.push((name, t)),
             }

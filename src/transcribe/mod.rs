@@ -2,18 +2,23 @@
 //! (and `milkit export --component all`) lays it out: `AudioEncoder.mlpackage`,
 //! `TextDecoder.mlpackage` (cache I/O or stateful), optional `CrossKV.mlpackage`, optional
 //! `MelSpectrogram.mlpackage`, and the model's `generation_config.json`, `tokenizer.json`,
-//! optional `config.json` and `preprocessor_config.json`. Audio is cut in consecutive 30-s
-//! windows; each is log-mel'd (Rust, or the mel package), encoded and greedily decoded with
-//! the generation-config rules. Builds no graphs: uses `runtime` and the `whisper` pieces.
+//! optional `config.json` and `preprocessor_config.json`. Decodes as openai-whisper's
+//! `transcribe()` does — language detection, timestamps and segments, temperature fallback,
+//! no-speech skipping, sequential long-form seeking, an optional previous-text prompt — using
+//! only the packages' inputs and outputs, so argmax's packages run as milkit's do. The rules
+//! live in `whisper::generate`; this module drives the runtime's sessions with them and builds
+//! no graphs.
 
 pub mod cost;
 pub mod decoder;
 
 use crate::ir::{Dim, ValueType};
 use crate::runtime::{Session, Tensor};
-use crate::whisper::audio::{self, MelFilters, N_SAMPLES};
+use crate::whisper::audio::{self, MelFilters, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE};
 use crate::whisper::config::{GenerationConfig, WhisperConfig};
-use crate::whisper::generate::GreedyRules;
+use crate::whisper::generate::{
+    compression_ratio, DecodingRules, Pass, PassOptions, Rng, Task, TIME_PRECISION,
+};
 use crate::whisper::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use decoder::{CacheKind, Cross, TextDecoder};
@@ -40,24 +45,111 @@ pub struct Timings {
     pub total: Duration,
 }
 
-impl Timings {
-    fn add(&mut self, o: &Timings) {
-        self.mel += o.mel;
-        self.encoder += o.encoder;
-        self.cross_kv += o.cross_kv;
-        self.decoder += o.decoder;
-        self.decoder_steps += o.decoder_steps;
+/// How to decode: openai-whisper's `transcribe()` options, with its defaults.
+#[derive(Clone, Debug)]
+pub struct TranscribeOptions {
+    /// A language code (`de`), or None to detect it (multilingual models) / English.
+    pub language: Option<String>,
+    pub task: Task,
+    /// Timestamp tokens and segments (on by default, as openai-whisper and WhisperKit).
+    pub timestamps: bool,
+    /// Word start/end times from the decoder's `alignment_heads_weights`.
+    pub word_timestamps: bool,
+    /// Tried in order; the next one when a window fails the thresholds below.
+    pub temperatures: Vec<f32>,
+    /// A window whose text compresses better than this (gzip) is decoded again.
+    pub compression_ratio_threshold: Option<f64>,
+    /// A window whose average token log-probability is below this is decoded again.
+    pub logprob_threshold: Option<f64>,
+    /// A window is silent when its no-speech probability is above this and its average
+    /// log-probability is below `logprob_threshold`.
+    pub no_speech_threshold: Option<f64>,
+    /// Feed the previous window's text as the prompt (off by default, as Hugging Face).
+    pub condition_on_previous_text: bool,
+    /// Tokens fed as the first window's prompt (`--initial-prompt`).
+    pub initial_prompt: Vec<u32>,
+    /// Seed of the sampler used at temperatures above 0.
+    pub seed: u64,
+}
+
+impl Default for TranscribeOptions {
+    fn default() -> Self {
+        TranscribeOptions {
+            language: None,
+            task: Task::Transcribe,
+            timestamps: true,
+            word_timestamps: false,
+            temperatures: vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
+            compression_ratio_threshold: Some(2.4),
+            logprob_threshold: Some(-1.0),
+            no_speech_threshold: Some(0.6),
+            condition_on_previous_text: false,
+            initial_prompt: vec![],
+            seed: 0,
+        }
     }
+}
+
+impl TranscribeOptions {
+    /// Greedy, no timestamps, no fallback and no silence skipping: Hugging Face's
+    /// `generate()` defaults, which the reference transcripts were made with.
+    pub fn greedy_no_timestamps() -> Self {
+        TranscribeOptions {
+            timestamps: false,
+            temperatures: vec![0.0],
+            compression_ratio_threshold: None,
+            logprob_threshold: None,
+            no_speech_threshold: None,
+            ..TranscribeOptions::default()
+        }
+    }
+}
+
+/// One segment, as openai-whisper's result lists them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    pub id: usize,
+    /// Start of the window it was decoded in, in mel frames (10 ms).
+    pub seek: usize,
+    pub start: f64,
+    pub end: f64,
+    pub text: String,
+    /// Its tokens, timestamp tokens included.
+    pub tokens: Vec<u32>,
+    pub temperature: f32,
+    pub avg_logprob: f64,
+    pub compression_ratio: f64,
+    pub no_speech_prob: f64,
+}
+
+/// One decoded 30-s window.
+#[derive(Clone, Debug)]
+pub struct Window {
+    /// Its start, in mel frames.
+    pub seek: usize,
+    /// The pass that was kept (after any fallback).
+    pub pass: Pass,
+    /// Decoding passes run (1 without fallback).
+    pub passes: usize,
+    /// Skipped as silence (no segment from it).
+    pub silent: bool,
+    /// `alignment_heads_weights` rows of the kept pass, one per decoder call (prompt
+    /// included), when word timestamps were asked for.
+    pub alignment: Vec<Vec<f32>>,
 }
 
 /// The result of one transcription.
 #[derive(Clone, Debug)]
 pub struct Transcript {
-    /// The windows' texts concatenated, as the tokenizer renders them (Whisper's text
+    /// The segments' texts concatenated, as the tokenizer renders them (Whisper's text
     /// usually starts with a space).
     pub text: String,
-    /// Per 30-s window: generated tokens (prompt and end-of-text excluded) and their text.
-    pub windows: Vec<(Vec<u32>, String)>,
+    /// The language decoded with (given or detected); None on an English-only model.
+    pub language: Option<String>,
+    /// Detected language probabilities, best first (empty when the language was given).
+    pub language_probs: Vec<(String, f64)>,
+    pub segments: Vec<Segment>,
+    pub windows: Vec<Window>,
     pub timings: Timings,
 }
 
@@ -73,7 +165,7 @@ pub struct Transcriber {
     n_mels: usize,
     filters: MelFilters,
     tokenizer: Tokenizer,
-    rules: GreedyRules,
+    rules: DecodingRules,
 }
 
 fn single_fixed_input(s: &Session, what: &str) -> Result<(String, Vec<usize>)> {
@@ -143,9 +235,9 @@ impl Transcriber {
             gen.validate(&cfg)
                 .with_context(|| format!("{}: generation_config.json", dir.display()))?;
         }
-        let rules = GreedyRules::new(&gen)
-            .with_context(|| format!("{}: unusable generation_config.json", dir.display()))?;
         let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))?;
+        let rules = DecodingRules::new(&gen, Some(&tokenizer))
+            .with_context(|| format!("{}: unusable generation_config.json", dir.display()))?;
 
         let encoder = load_once_per_window(dir, ENCODER_FILE)?;
         let encoder_input = single_fixed_input(&encoder, "audio encoder")
@@ -269,47 +361,366 @@ impl Transcriber {
         out
     }
 
-    /// Reads a WAV file (any rate, resampled to 16 kHz) and transcribes it.
+    /// The decoding rules of the folder's generation config.
+    pub fn rules(&self) -> &DecodingRules {
+        &self.rules
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Checks options against the model before any audio is read: the language code (an
+    /// English-only model takes only `en`), translation only where the model has a task slot.
+    pub fn check_options(&self, opts: &TranscribeOptions) -> Result<Option<u32>> {
+        let language = match opts.language.as_deref() {
+            None | Some("auto") => None,
+            Some(code) => self.rules.language_token(code)?,
+        };
+        if opts.task == Task::Translate {
+            ensure!(
+                self.rules.has_task(),
+                "this model is English-only: it cannot translate (--task translate)"
+            );
+        }
+        ensure!(
+            !opts.temperatures.is_empty(),
+            "at least one temperature is needed"
+        );
+        for &t in &opts.temperatures {
+            ensure!(
+                t.is_finite() && t >= 0.0,
+                "temperature {t} is not a finite number ≥ 0"
+            );
+        }
+        Ok(language)
+    }
+
+    /// Reads a WAV file (any rate, resampled to 16 kHz) and transcribes it with the default
+    /// options.
     pub fn transcribe_file(&mut self, path: &Path) -> Result<Transcript> {
+        self.transcribe_file_with(path, &TranscribeOptions::default())
+    }
+
+    /// Reads a WAV file and transcribes it with `opts`.
+    pub fn transcribe_file_with(
+        &mut self,
+        path: &Path,
+        opts: &TranscribeOptions,
+    ) -> Result<Transcript> {
         let samples = audio::load_wav(path)?;
-        self.transcribe(&samples)
+        self.transcribe_with(&samples, opts)
             .with_context(|| format!("transcribing {}", path.display()))
     }
 
-    /// Transcribes 16 kHz mono samples, in consecutive 30-s windows.
+    /// Transcribes 16 kHz mono samples with the default options.
     pub fn transcribe(&mut self, samples: &[f32]) -> Result<Transcript> {
+        self.transcribe_with(samples, &TranscribeOptions::default())
+    }
+
+    /// Language probabilities of the first 30 s of `samples`, best first (openai's
+    /// `detect_language`); an error on an English-only model.
+    pub fn detect_language(&mut self, samples: &[f32]) -> Result<Vec<(String, f64)>> {
+        ensure!(
+            self.rules.is_multilingual(),
+            "this model is English-only: it has no language to detect"
+        );
+        let mut t = Timings::default();
+        let first = &samples[..samples.len().min(N_SAMPLES)];
+        let mel = self.mel_of_samples(first, &mut t)?;
+        let cross = self.encode(mel, &mut t)?;
+        Ok(self
+            .language_probs(cross, &mut t)?
+            .into_iter()
+            .map(|(c, _, p)| (c, p))
+            .collect())
+    }
+
+    /// Transcribes 16 kHz mono samples. Audio of 30 s or less is one window (Hugging Face's
+    /// short-form decoding: the reference transcripts); longer audio is decoded sequentially
+    /// as openai-whisper does: each window starts where the last complete segment of the one
+    /// before ended (the end of the window when it closed with a single timestamp), so no word
+    /// is lost at a window edge; without timestamps, windows follow each other every 30 s.
+    pub fn transcribe_with(
+        &mut self,
+        samples: &[f32],
+        opts: &TranscribeOptions,
+    ) -> Result<Transcript> {
         let t0 = Instant::now();
         let mut timings = Timings::default();
-        let mut windows = Vec::new();
-        let chunks: Vec<&[f32]> = if samples.is_empty() {
-            vec![samples]
+        let mut language = self.check_options(opts)?;
+        let mut language_probs = Vec::new();
+        let content_frames = samples.len() / HOP_LENGTH;
+        let single = samples.len() <= N_SAMPLES;
+        // Long audio: one spectrogram of the whole recording (openai's), sliced per window.
+        let long = if single || self.mel.is_some() {
+            None
         } else {
-            samples.chunks(N_SAMPLES).collect()
+            let t = Instant::now();
+            let (f, frames, _) = audio::log_mel_long(samples, self.n_mels, Some(&self.filters))?;
+            timings.mel += t.elapsed();
+            Some((f, frames))
         };
-        for (i, chunk) in chunks.into_iter().enumerate() {
-            let (tokens, t) = self
-                .window(chunk)
-                .with_context(|| format!("30-s window {i}"))?;
-            timings.add(&t);
-            let text = self.tokenizer.decode(&tokens, true);
-            windows.push((tokens, text));
+        let mut rng = Rng::new(opts.seed);
+        let mut all_tokens: Vec<u32> = opts.initial_prompt.clone();
+        let mut prompt_reset_since = 0usize;
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut windows: Vec<Window> = Vec::new();
+        let mut seek = 0usize;
+        let limit = self.rules.max_length().min(self.decoder.positions());
+        loop {
+            if seek >= content_frames {
+                break;
+            }
+            let window_index = windows.len();
+            let time_offset = (seek * HOP_LENGTH) as f64 / f64::from(SAMPLE_RATE);
+            let segment_size = N_FRAMES.min(content_frames - seek);
+            let segment_duration = (segment_size * HOP_LENGTH) as f64 / f64::from(SAMPLE_RATE);
+            let mel = match &long {
+                Some((f, frames)) => {
+                    let w = audio::mel_window(f, *frames, self.n_mels, seek);
+                    Tensor::from_vec(w, self.encoder_input.1.clone(), &candle_core::Device::Cpu)?
+                }
+                None => {
+                    let from = seek * HOP_LENGTH;
+                    let to = (from + N_SAMPLES).min(samples.len());
+                    self.mel_of_samples(&samples[from..to], &mut timings)?
+                }
+            };
+            let cross = self
+                .encode(mel, &mut timings)
+                .with_context(|| format!("window {window_index} at {time_offset:.2} s"))?;
+            if language.is_none() && self.rules.is_multilingual() {
+                let probs = self.language_probs(cross.clone(), &mut timings)?;
+                language = probs.first().map(|p| p.1);
+                language_probs = probs.into_iter().map(|(c, _, p)| (c, p)).collect();
+            }
+            let pass_opts = PassOptions {
+                language,
+                task: opts.task,
+                timestamps: opts.timestamps,
+                temperature: 0.0,
+                previous: all_tokens[prompt_reset_since..].to_vec(),
+                limit,
+            };
+            let (pass, passes, alignment) = self
+                .decode_with_fallback(&cross, pass_opts, opts, &mut rng, &mut timings)
+                .with_context(|| format!("window {window_index} at {time_offset:.2} s"))?;
+            let no_speech = pass.no_speech_prob.unwrap_or(0.0);
+            let silent = opts.no_speech_threshold.is_some_and(|thr| no_speech > thr)
+                && !opts
+                    .logprob_threshold
+                    .is_some_and(|thr| pass.avg_logprob > thr);
+            let next_seek;
+            if silent {
+                next_seek = seek + segment_size;
+            } else {
+                let (pieces, advance) = self.split_segments(&pass.tokens, single, segment_size);
+                next_seek = if single {
+                    content_frames.max(seek + 1)
+                } else {
+                    seek + advance.max(1)
+                };
+                let text = self.tokenizer.decode(&pass.tokens, true);
+                let ratio = compression_ratio(text.trim());
+                for (tokens, start, end) in pieces {
+                    let start = time_offset + start.unwrap_or(0.0);
+                    let end = time_offset + end.unwrap_or(segment_duration);
+                    let text = self.tokenizer.decode(&tokens, true);
+                    all_tokens.extend_from_slice(&tokens);
+                    // openai empties instantaneous and blank segments; they are dropped here.
+                    if start == end || text.trim().is_empty() {
+                        continue;
+                    }
+                    segments.push(Segment {
+                        id: segments.len(),
+                        seek,
+                        start,
+                        end,
+                        text,
+                        tokens,
+                        temperature: pass.temperature,
+                        avg_logprob: pass.avg_logprob,
+                        compression_ratio: ratio,
+                        no_speech_prob: no_speech,
+                    });
+                }
+                if !opts.condition_on_previous_text || pass.temperature > 0.5 {
+                    prompt_reset_since = all_tokens.len();
+                }
+            }
+            windows.push(Window {
+                seek,
+                pass,
+                passes,
+                silent,
+                alignment,
+            });
+            seek = next_seek;
         }
-        let text = windows.iter().map(|(_, t)| t.as_str()).collect();
+        let text = segments.iter().map(|s| s.text.as_str()).collect();
         timings.total = t0.elapsed();
         Ok(Transcript {
             text,
+            language: language.and_then(|id| self.rules.language_code(id).map(str::to_string)),
+            language_probs,
+            segments,
             windows,
             timings,
         })
     }
 
-    /// Log-mel of one window (≤ 30 s), row-major [n_mels, 3000].
-    fn mel(&mut self, chunk: &[f32]) -> Result<Tensor> {
+    /// Segments of one window's tokens, as openai-whisper cuts them: at every pair of
+    /// consecutive timestamps, times relative to the window (None: the window's start/end).
+    /// Returns the pieces and how far (in mel frames) the next window starts. Text after the
+    /// last complete segment is dropped when the audio goes on (the next window decodes it
+    /// again), kept in a single window.
+    #[allow(clippy::type_complexity)]
+    fn split_segments(
+        &self,
+        tokens: &[u32],
+        single: bool,
+        segment_size: usize,
+    ) -> (Vec<(Vec<u32>, Option<f64>, Option<f64>)>, usize) {
+        let secs = |t: u32| self.rules.timestamp_seconds(t);
+        let is_ts: Vec<bool> = tokens.iter().map(|&t| self.rules.is_timestamp(t)).collect();
+        let n = tokens.len();
+        let single_ending = n >= 2 && !is_ts[n - 2] && is_ts[n - 1];
+        let consecutive: Vec<usize> = (1..n).filter(|&i| is_ts[i - 1] && is_ts[i]).collect();
+        if consecutive.is_empty() {
+            // No complete pair: one segment for the window, ending at its last timestamp if
+            // that is past the start.
+            let end = tokens
+                .iter()
+                .rev()
+                .find_map(|&t| secs(t))
+                .filter(|&e| e > 0.0);
+            let start = tokens.first().and_then(|&t| secs(t));
+            return (vec![(tokens.to_vec(), start, end)], segment_size);
+        }
+        let mut slices = consecutive;
+        if single_ending || single {
+            slices.push(n);
+        }
+        let mut pieces = Vec::new();
+        let mut last = 0;
+        for cur in slices {
+            if cur <= last {
+                continue;
+            }
+            let piece = &tokens[last..cur];
+            let start = secs(piece[0]);
+            let end = piece.iter().rev().find_map(|&t| secs(t));
+            let end = if is_ts[cur - 1] { end } else { None };
+            pieces.push((piece.to_vec(), start, end));
+            last = cur;
+        }
+        let advance = if single_ending || single {
+            segment_size
+        } else {
+            // The last complete segment's closing timestamp, in frames (2 per timestamp step).
+            let ts = tokens[last - 1];
+            let steps = secs(ts).map(|s| (s / TIME_PRECISION).round() as usize);
+            steps.map(|s| s * 2).unwrap_or(segment_size)
+        };
+        (pieces, advance)
+    }
+
+    /// Decodes at each temperature in turn until a pass passes openai's thresholds (or the
+    /// last temperature). Returns the kept pass, how many passes ran, and its attention rows.
+    fn decode_with_fallback(
+        &mut self,
+        cross: &Cross,
+        mut pass_opts: PassOptions,
+        opts: &TranscribeOptions,
+        rng: &mut Rng,
+        t: &mut Timings,
+    ) -> Result<(Pass, usize, Vec<Vec<f32>>)> {
+        let mut runs = 0;
+        let mut kept = None;
+        for &temperature in &opts.temperatures {
+            pass_opts.temperature = temperature;
+            let (pass, rows) = self.decode_pass(cross, &pass_opts, opts.word_timestamps, rng, t)?;
+            runs += 1;
+            let text = self.tokenizer.decode(&pass.tokens, true);
+            let ratio = compression_ratio(text.trim());
+            let mut fallback = opts
+                .compression_ratio_threshold
+                .is_some_and(|thr| ratio > thr)
+                || opts
+                    .logprob_threshold
+                    .is_some_and(|thr| pass.avg_logprob < thr);
+            let silence = opts
+                .no_speech_threshold
+                .is_some_and(|thr| pass.no_speech_prob.unwrap_or(0.0) > thr)
+                && opts
+                    .logprob_threshold
+                    .is_some_and(|thr| pass.avg_logprob < thr);
+            if silence {
+                fallback = false;
+            }
+            kept = Some((pass, rows));
+            if !fallback {
+                break;
+            }
+        }
+        let (pass, rows) = kept.context("no temperature to decode at")?;
+        Ok((pass, runs, rows))
+    }
+
+    /// One decoding pass over an encoded window.
+    fn decode_pass(
+        &mut self,
+        cross: &Cross,
+        opts: &PassOptions,
+        alignment: bool,
+        rng: &mut Rng,
+        t: &mut Timings,
+    ) -> Result<(Pass, Vec<Vec<f32>>)> {
+        let t0 = Instant::now();
+        self.decoder.begin(cross.clone())?;
+        let capture = alignment && self.decoder.has_alignment_output();
+        self.decoder.capture_alignment(capture);
+        let decoder = &mut self.decoder;
+        let mut rows = Vec::new();
+        let mut steps = 0;
+        let pass = self.rules.decode(opts, rng, |token, pos| {
+            let logits = decoder.step(token, pos)?;
+            steps += 1;
+            if capture {
+                rows.push(decoder.take_alignment().unwrap_or_default());
+            }
+            Ok(logits)
+        });
+        self.decoder.capture_alignment(false);
+        t.decoder += t0.elapsed();
+        t.decoder_steps += steps;
+        Ok((pass?, rows))
+    }
+
+    /// Language probabilities from the logits at `<|startoftranscript|>`, best first.
+    fn language_probs(&mut self, cross: Cross, t: &mut Timings) -> Result<Vec<(String, u32, f64)>> {
+        let t0 = Instant::now();
+        self.decoder.begin(cross)?;
+        let logits = self.decoder.step(self.rules.sot(), 0)?;
+        t.decoder += t0.elapsed();
+        t.decoder_steps += 1;
+        let probs = self.rules.language_probs(&logits);
+        ensure!(
+            !probs.is_empty(),
+            "the decoder's logits cover no language token"
+        );
+        Ok(probs)
+    }
+
+    /// Log-mel of one window (≤ 30 s of samples, zero-padded), shaped as the encoder input.
+    fn mel_of_samples(&mut self, chunk: &[f32], t: &mut Timings) -> Result<Tensor> {
+        let t0 = Instant::now();
         let shape = self.encoder_input.1.clone();
-        match &mut self.mel {
+        let out = match &mut self.mel {
             None => {
                 let m = audio::log_mel(chunk, self.n_mels, Some(&self.filters))?;
-                Ok(Tensor::from_vec(m, shape, &candle_core::Device::Cpu)?)
+                Tensor::from_vec(m, shape, &candle_core::Device::Cpu)?
             }
             Some(s) => {
                 let (name, ishape) = single_fixed_input(s, "mel spectrogram model")?;
@@ -327,20 +738,16 @@ impl Transcriber {
                     .into_iter()
                     .next()
                     .ok_or_else(|| anyhow!("{MEL_FILE} has no output"))?;
-                Ok(m.reshape(shape).with_context(|| {
-                    format!("{MEL_FILE}: output does not fit the encoder input")
-                })?)
+                m.reshape(shape)
+                    .with_context(|| format!("{MEL_FILE}: output does not fit the encoder input"))?
             }
-        }
+        };
+        t.mel += t0.elapsed();
+        Ok(out)
     }
 
-    /// One window: mel → encoder → (CrossKV) → greedy decoding; the generated tokens.
-    fn window(&mut self, chunk: &[f32]) -> Result<(Vec<u32>, Timings)> {
-        let mut t = Timings::default();
-        let t0 = Instant::now();
-        let mel = self.mel(chunk)?;
-        t.mel = t0.elapsed();
-
+    /// Encoder (and CrossKV) on one window's log-mel: the decoder's cross-attention source.
+    fn encode(&mut self, mel: Tensor, t: &mut Timings) -> Result<Cross> {
         let t0 = Instant::now();
         let out = self
             .encoder
@@ -356,10 +763,9 @@ impl Transcriber {
             3 => enc.transpose(1, 2)?.unsqueeze(2)?.contiguous()?,
             r => bail!("the audio encoder output has rank {r}, expected 3 or 4"),
         };
-        t.encoder = t0.elapsed();
-
-        let cross = match &mut self.cross_kv {
-            None => Cross::Encoder(enc),
+        t.encoder += t0.elapsed();
+        match &mut self.cross_kv {
+            None => Ok(Cross::Encoder(enc)),
             Some(s) => {
                 let t0 = Instant::now();
                 let out = s
@@ -375,34 +781,9 @@ impl Transcriber {
                     key: get("encoder_attn_key_cache")?,
                     value: get("encoder_attn_value_cache")?,
                 };
-                t.cross_kv = t0.elapsed();
-                c
+                t.cross_kv += t0.elapsed();
+                Ok(c)
             }
-        };
-        self.decoder.begin(cross)?;
-
-        let t0 = Instant::now();
-        let limit = self.rules.max_length().min(self.decoder.positions());
-        let prompt_len = self.rules.initial_tokens().len();
-        let mut fed = 0usize;
-        let mut steps = 0usize;
-        let decoder = &mut self.decoder;
-        let mut last = Vec::new();
-        let tokens = self.rules.greedy_limited(limit, |seq| {
-            // Feed every token the cache has not seen; the logits after the last one count.
-            while fed < seq.len() {
-                last = decoder.step(seq[fed], fed)?;
-                fed += 1;
-                steps += 1;
-            }
-            Ok(std::mem::take(&mut last))
-        })?;
-        t.decoder = t0.elapsed();
-        t.decoder_steps = steps;
-        let mut generated = tokens[prompt_len..].to_vec();
-        if generated.last().is_some_and(|&id| self.rules.is_eos(id)) {
-            generated.pop();
         }
-        Ok((generated, t))
     }
 }

@@ -368,6 +368,48 @@ impl MelFilters {
 /// `filters` overrides the default Slaney bank (e.g. from preprocessor_config.json); its band
 /// count must equal `n_mels`. All arithmetic is f64; only the result is rounded to f32.
 pub fn log_mel(samples: &[f32], n_mels: usize, filters: Option<&MelFilters>) -> Result<Vec<f32>> {
+    log_mel_frames(samples, N_SAMPLES, n_mels, filters)
+}
+
+/// Log-mel of a whole recording for sequential long-form decoding, as openai-whisper
+/// computes it: the audio followed by 30 s of zeros, one spectrogram over all of it (so the
+/// (max − 8) floor is the recording's), row-major [n_mels, frames]. Returns the features,
+/// their frame count, and the frames that hold audio (`samples.len() / 160`).
+pub fn log_mel_long(
+    samples: &[f32],
+    n_mels: usize,
+    filters: Option<&MelFilters>,
+) -> Result<(Vec<f32>, usize, usize)> {
+    let total = samples.len() + N_SAMPLES;
+    let frames = total / HOP_LENGTH;
+    let features = log_mel_frames(samples, total, n_mels, filters)?;
+    Ok((features, frames, samples.len() / HOP_LENGTH))
+}
+
+/// Frames `[start, start + 3000)` of a [n_mels, frames] spectrogram, zero-padded past its end
+/// (openai's `pad_or_trim`), as one window [n_mels, 3000].
+pub fn mel_window(features: &[f32], frames: usize, n_mels: usize, start: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n_mels * N_FRAMES];
+    if start >= frames {
+        return out;
+    }
+    let len = (frames - start).min(N_FRAMES);
+    for m in 0..n_mels {
+        let src = &features[m * frames + start..m * frames + start + len];
+        out[m * N_FRAMES..m * N_FRAMES + len].copy_from_slice(src);
+    }
+    out
+}
+
+/// [`log_mel`] over `total` samples (the audio zero-padded or truncated to it): `total / 160`
+/// frames.
+fn log_mel_frames(
+    samples: &[f32],
+    total: usize,
+    n_mels: usize,
+    filters: Option<&MelFilters>,
+) -> Result<Vec<f32>> {
+    let n_frames = total / HOP_LENGTH;
     let owned;
     let filters = match filters {
         Some(f) => {
@@ -384,16 +426,20 @@ pub fn log_mel(samples: &[f32], n_mels: usize, filters: Option<&MelFilters>) -> 
         }
     };
 
-    // Centre padding: N_FFT/2 reflected samples on each side of the 30-s window (the edge sample
+    ensure!(
+        total > N_FFT,
+        "log-mel of {total} samples: at least {N_FFT} are needed"
+    );
+    // Centre padding: N_FFT/2 reflected samples on each side of the signal (the edge sample
     // itself is not repeated, as numpy/torch "reflect").
     let pad = N_FFT / 2;
-    let mut padded = vec![0f64; N_SAMPLES + 2 * pad];
-    for (dst, &s) in padded[pad..pad + N_SAMPLES].iter_mut().zip(samples) {
+    let mut padded = vec![0f64; total + 2 * pad];
+    for (dst, &s) in padded[pad..pad + total].iter_mut().zip(samples) {
         *dst = f64::from(s);
     }
     for i in 0..pad {
         padded[pad - 1 - i] = padded[pad + 1 + i];
-        padded[pad + N_SAMPLES + i] = padded[pad + N_SAMPLES - 2 - i];
+        padded[pad + total + i] = padded[pad + total - 2 - i];
     }
 
     let window: Vec<f64> = (0..N_FFT)
@@ -401,9 +447,9 @@ pub fn log_mel(samples: &[f32], n_mels: usize, filters: Option<&MelFilters>) -> 
         .collect();
     let fft = RealFftPlanner::<f64>::new().plan_fft_forward(N_FFT);
 
-    // Frame-major mel energies [N_FRAMES, n_mels], frames in parallel.
+    // Frame-major mel energies [frames, n_mels], frames in parallel.
     const FRAMES_PER_TASK: usize = 64;
-    let mut mel = vec![0f64; N_FRAMES * n_mels];
+    let mut mel = vec![0f64; n_frames * n_mels];
     mel.par_chunks_mut(FRAMES_PER_TASK * n_mels)
         .enumerate()
         .try_for_each_init(
@@ -446,10 +492,10 @@ pub fn log_mel(samples: &[f32], n_mels: usize, filters: Option<&MelFilters>) -> 
 
     let logs: Vec<f64> = mel.iter().map(|&v| v.max(1e-10).log10()).collect();
     let floor = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max) - 8.0;
-    let mut features = vec![0f32; n_mels * N_FRAMES];
+    let mut features = vec![0f32; n_mels * n_frames];
     for (t, frame) in logs.chunks_exact(n_mels).enumerate() {
         for (m, &v) in frame.iter().enumerate() {
-            features[m * N_FRAMES + t] = ((v.max(floor) + 4.0) / 4.0) as f32;
+            features[m * n_frames + t] = ((v.max(floor) + 4.0) / 4.0) as f32;
         }
     }
     Ok(features)

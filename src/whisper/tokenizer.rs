@@ -1,6 +1,6 @@
-//! Whisper detokenizer: reads a Hugging Face `tokenizer.json` (byte-level BPE, GPT-2 byte
-//! alphabet) and turns token ids back into text. Encoding text is not needed to run Whisper
-//! and is not implemented.
+//! Whisper's tokenizer: reads a Hugging Face `tokenizer.json` (byte-level BPE, GPT-2 byte
+//! alphabet), turns token ids back into text, and encodes text (for prompts) with GPT-2's
+//! pre-tokenization and the file's BPE merges.
 use anyhow::{ensure, Context, Result};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -16,6 +16,16 @@ struct TokenizerFile {
 #[derive(Deserialize)]
 struct ModelSection {
     vocab: HashMap<String, u32>,
+    #[serde(default)]
+    merges: Vec<Merge>,
+}
+
+/// One BPE merge: `"a b"` (older files) or `["a", "b"]` (newer ones).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Merge {
+    Joined(String),
+    Pair(String, String),
 }
 
 #[derive(Deserialize)]
@@ -46,6 +56,8 @@ pub struct Tokenizer {
     /// `<|notimestamps|>`; ids above it that the file lacks are rendered as timestamps.
     no_timestamps: Option<u32>,
     char_to_byte: HashMap<char, u8>,
+    /// Merge rank of each pair of symbols (lower merges first).
+    merges: HashMap<(String, String), usize>,
 }
 
 /// GPT-2's reversible byte → printable character table: printable Latin-1 bytes map to
@@ -116,6 +128,17 @@ impl Tokenizer {
             .min()
             .unwrap_or(u32::MAX);
         let no_timestamps = by_string.get("<|notimestamps|>").copied();
+        let mut merges = HashMap::with_capacity(file.model.merges.len());
+        for (rank, m) in file.model.merges.into_iter().enumerate() {
+            let pair = match m {
+                Merge::Pair(a, b) => (a, b),
+                Merge::Joined(s) => match s.split_once(' ') {
+                    Some((a, b)) => (a.to_string(), b.to_string()),
+                    None => anyhow::bail!("merge {rank} \"{s}\" is not two symbols"),
+                },
+            };
+            merges.entry(pair).or_insert(rank);
+        }
         let char_to_byte = byte_to_char_table()
             .iter()
             .enumerate()
@@ -127,7 +150,45 @@ impl Tokenizer {
             first_special,
             no_timestamps,
             char_to_byte,
+            merges,
         })
+    }
+
+    /// Encodes text as byte-level BPE tokens (no special tokens): GPT-2's pre-tokenizer
+    /// splits it into words, each word's UTF-8 bytes are written in the byte alphabet and
+    /// merged by rank. An error when a piece has no token (a vocabulary without the byte
+    /// tokens).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let table = byte_to_char_table();
+        let mut out = Vec::new();
+        for piece in pretokenize(text) {
+            let mut symbols: Vec<String> = piece
+                .bytes()
+                .map(|b| table[usize::from(b)].to_string())
+                .collect();
+            loop {
+                let best = symbols
+                    .windows(2)
+                    .enumerate()
+                    .filter_map(|(i, w)| {
+                        self.merges
+                            .get(&(w[0].clone(), w[1].clone()))
+                            .map(|&r| (r, i))
+                    })
+                    .min();
+                let Some((_, i)) = best else { break };
+                let merged = format!("{}{}", symbols[i], symbols[i + 1]);
+                symbols.splice(i..i + 2, [merged]);
+            }
+            for s in symbols {
+                let id = self
+                    .by_string
+                    .get(&s)
+                    .with_context(|| format!("no token for \"{s}\" (from \"{piece}\")"))?;
+                out.push(*id);
+            }
+        }
+        Ok(out)
     }
 
     /// Id of a token written as in tokenizer.json: an added token's content
@@ -196,6 +257,72 @@ impl Tokenizer {
     }
 }
 
+/// GPT-2's pre-tokenization, the regex
+/// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+/// written out as a scanner (the lookahead is not in Rust's regex crate).
+fn pretokenize(text: &str) -> Vec<&str> {
+    #[derive(PartialEq)]
+    enum Class {
+        Letter,
+        Number,
+        Space,
+        Other,
+    }
+    let class = |c: char| {
+        if c.is_alphabetic() {
+            Class::Letter
+        } else if c.is_numeric() {
+            Class::Number
+        } else if c.is_whitespace() {
+            Class::Space
+        } else {
+            Class::Other
+        }
+    };
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let at = |i: usize| chars.get(i).map_or(text.len(), |&(b, _)| b);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let rest = &text[at(i)..];
+        if let Some(c) = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d"]
+            .iter()
+            .find(|c| rest.starts_with(**c))
+        {
+            out.push(&rest[..c.len()]);
+            i += c.chars().count();
+            continue;
+        }
+        let j = if chars[i].1 == ' ' { i + 1 } else { i };
+        if let Some(&(_, c)) = chars.get(j) {
+            let k = class(c);
+            if k != Class::Space {
+                let mut e = j + 1;
+                while e < chars.len() && class(chars[e].1) == k {
+                    e += 1;
+                }
+                out.push(&text[at(i)..at(e)]);
+                i = e;
+                continue;
+            }
+        }
+        // A whitespace run: all of it at the end of the text; before other text, all but its
+        // last character (which then joins the next word), unless it is a single character.
+        let mut e = i;
+        while e < chars.len() && class(chars[e].1) == Class::Space {
+            e += 1;
+        }
+        let end = if e == chars.len() || e - i == 1 {
+            e
+        } else {
+            e - 1
+        };
+        out.push(&text[at(i)..at(end)]);
+        i = end;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +360,28 @@ mod tests {
         assert_eq!(t.token_id("<|notimestamps|>"), Some(6));
         assert_eq!(t.token_id("Ġw"), Some(1));
         assert_eq!(t.token_id("nope"), None);
+    }
+
+    #[test]
+    fn pretokenizer_splits_as_gpt2() {
+        assert_eq!(
+            pretokenize("Hello world, it's 2024!  ok\n"),
+            vec!["Hello", " world", ",", " it", "'s", " 2024", "!", " ", " ok", "\n"]
+        );
+        assert_eq!(pretokenize("  a"), vec![" ", " a"]);
+        assert_eq!(pretokenize("a\nb"), vec!["a", "\n", "b"]);
+        assert!(pretokenize("").is_empty());
+    }
+
+    #[test]
+    fn encode_applies_merges_by_rank_and_round_trips() {
+        let json = r#"{"model": {"vocab": {"Ġ": 0, "h": 1, "i": 2, "Ġh": 3, "Ġhi": 4, "!": 5, "hi": 6},
+            "merges": ["Ġ h", ["Ġh", "i"], "h i"]}, "added_tokens": []}"#;
+        let t = Tokenizer::from_json(json).expect("valid");
+        assert_eq!(t.encode(" hi!").unwrap(), vec![4, 5]);
+        assert_eq!(t.encode("hi").unwrap(), vec![6]);
+        assert_eq!(t.decode(&t.encode(" hi hi!").unwrap(), true), " hi hi!");
+        assert!(t.encode("x").is_err(), "no token for x");
     }
 
     #[test]

@@ -1,6 +1,60 @@
-//! Word error rate: the text normalisation used to compare transcripts, and word-level
-//! Levenshtein distance summed over a corpus.
+//! Word error rate: the text normalisations used to compare transcripts (ASCII-style for
+//! English, Unicode-aware for other languages), and word-level Levenshtein distance summed
+//! over a corpus.
 use anyhow::{ensure, Result};
+use unicode_normalization::UnicodeNormalization;
+
+/// How texts are normalised before words are compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Normalization {
+    /// [`normalize`]: lowercase, punctuation dropped (dashes and slashes become spaces),
+    /// letters and digits kept, whitespace collapsed.
+    #[default]
+    Ascii,
+    /// [`normalize_unicode`]: NFKC, lowercase, Unicode punctuation and symbols dropped,
+    /// whitespace collapsed.
+    Unicode,
+}
+
+impl Normalization {
+    /// The rule in words (reports and `--help`).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Normalization::Ascii => "lowercase; punctuation dropped (dashes and slashes become spaces); letters and digits kept; whitespace collapsed",
+            Normalization::Unicode => "NFKC; lowercase; Unicode punctuation and symbols dropped; whitespace collapsed",
+        }
+    }
+
+    pub fn apply(self, text: &str) -> String {
+        match self {
+            Normalization::Ascii => normalize(text),
+            Normalization::Unicode => normalize_unicode(text),
+        }
+    }
+}
+
+/// Unicode-aware normalisation for any language: NFKC, lowercase, every character of the
+/// Unicode punctuation (P*) and symbol (S*) categories dropped, whitespace collapsed.
+/// Letters with diacritics and combining marks stay ("Für" → "für").
+pub fn normalize_unicode(text: &str) -> String {
+    let mut cleaned = String::with_capacity(text.len());
+    for c in text.nfkc().flat_map(char::to_lowercase) {
+        if c.is_whitespace() {
+            cleaned.push(' ');
+        } else if c.is_alphanumeric() || is_mark(c) {
+            cleaned.push(c);
+        } else if c.is_control() {
+            cleaned.push(' ');
+        }
+        // Everything else (punctuation, symbols) is dropped.
+    }
+    cleaned.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Combining marks (Mn, Mc, Me): kept as part of their word.
+fn is_mark(c: char) -> bool {
+    unicode_normalization::char::is_combining_mark(c)
+}
 
 /// Normalise a transcript for scoring: lowercase; dashes and slashes become spaces; every other
 /// character that is not a letter, digit or whitespace is dropped (so "don't" → "dont",
@@ -37,8 +91,13 @@ pub fn edit_distance<S: PartialEq>(reference: &[S], hypothesis: &[S]) -> usize {
 
 /// Errors and reference word count of one pair, after [`normalize`].
 pub fn word_errors(reference: &str, hypothesis: &str) -> (usize, usize) {
-    let r = normalize(reference);
-    let h = normalize(hypothesis);
+    word_errors_with(reference, hypothesis, Normalization::Ascii)
+}
+
+/// Errors and reference word count of one pair, after `norm`.
+pub fn word_errors_with(reference: &str, hypothesis: &str, norm: Normalization) -> (usize, usize) {
+    let r = norm.apply(reference);
+    let h = norm.apply(hypothesis);
     let rw: Vec<&str> = r.split(' ').filter(|w| !w.is_empty()).collect();
     let hw: Vec<&str> = h.split(' ').filter(|w| !w.is_empty()).collect();
     (edit_distance(&rw, &hw), rw.len())

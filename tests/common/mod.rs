@@ -27,6 +27,27 @@ pub fn fixtures() -> Option<PathBuf> {
     None
 }
 
+/// The multilingual whisper-base checkpoint (`MILKIT_WHISPER_BASE`, written by
+/// ../shared/tools/get_whisper_base.sh), or None (after printing why) when it is absent and
+/// fixtures are not required. Panics when MILKIT_REQUIRE_FIXTURES=1 and it is missing.
+pub fn whisper_base() -> Option<PathBuf> {
+    let dir = std::env::var_os("MILKIT_WHISPER_BASE").map(PathBuf::from);
+    if let Some(d) = &dir {
+        if d.join("model.safetensors").exists() && d.join("tokenizer.json").exists() {
+            return dir;
+        }
+    }
+    let why = match &dir {
+        Some(d) => format!("MILKIT_WHISPER_BASE={} holds no checkpoint", d.display()),
+        None => "MILKIT_WHISPER_BASE is not set".to_string(),
+    };
+    if require() {
+        panic!("whisper-base: {why} and MILKIT_REQUIRE_FIXTURES=1");
+    }
+    eprintln!("SKIP: whisper-base: {why} (run ../shared/tools/get_whisper_base.sh DIR)");
+    None
+}
+
 pub fn require() -> bool {
     std::env::var("MILKIT_REQUIRE_FIXTURES")
         .map(|v| v == "1")
