@@ -340,6 +340,10 @@ pub fn all_schemas() -> Vec<(&'static str, String)> {
             schema_json::<crate::quality::eval::EvalReport>(),
         ),
         (
+            "fidelity.schema.json",
+            schema_json::<crate::quality::fidelity::FidelityReport>(),
+        ),
+        (
             "folder-bits.schema.json",
             schema_json::<crate::quality::bits::FolderBits>(),
         ),

@@ -5,7 +5,8 @@ use super::transcribe::DecodeArgs;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use milkit::quality::bits::folder_bits;
-use milkit::quality::eval::evaluate;
+use milkit::quality::eval::{default_normalization, evaluate, read_manifest};
+use milkit::quality::fidelity::{fidelity, FidelityInput};
 use milkit::whisper::wer::Normalization;
 use std::path::PathBuf;
 
@@ -34,6 +35,12 @@ pub enum NormalizeArg {
 /// Also reports the folder's bits per compressed weight: per package, the elements its
 /// constexpr ops decompress to and the bytes they store (tables and scales included), and
 /// 8 × Σ bytes ÷ Σ elements over all packages. Without --manifest only that is printed.
+///
+/// With --against BASE: dense fidelity of --models against the baseline folder instead, on
+/// the manifest's clips or on --audio files (no reference text needed): teacher-forced
+/// next-token KL along the baseline's transcript, top-1 agreement, encoder PSNR and cosine,
+/// WER against the baseline's transcript, and QoI where the manifest has texts (schema:
+/// schemas/fidelity.schema.json).
 #[derive(Args)]
 pub struct EvalArgs {
     /// Models folder, as for `milkit transcribe` (e.g. written by `milkit export --component all`).
@@ -43,6 +50,12 @@ pub struct EvalArgs {
     /// Absent: only the bits per compressed weight (schema: schemas/folder-bits.schema.json).
     #[arg(long)]
     pub manifest: Option<PathBuf>,
+    /// Baseline models folder: measure --models' fidelity against it.
+    #[arg(long)]
+    pub against: Option<PathBuf>,
+    /// WAV files to measure with --against (instead of a manifest).
+    #[arg(long, num_args = 1.., requires = "against")]
+    pub audio: Vec<PathBuf>,
     /// Print the report as JSON (per-clip table included; schema: schemas/eval.schema.json).
     #[arg(long)]
     pub json: bool,
@@ -57,6 +70,9 @@ pub struct EvalArgs {
 }
 
 pub fn run(a: &EvalArgs) -> Result<u8> {
+    if let Some(base) = &a.against {
+        return against(a, base);
+    }
     let Some(manifest) = &a.manifest else {
         let b = folder_bits(&a.models)?;
         if a.json {
@@ -73,6 +89,49 @@ pub fn run(a: &EvalArgs) -> Result<u8> {
         NormalizeArg::Unicode => Normalization::Unicode,
     });
     let r = evaluate(&a.models, manifest, &opts, norm, &mut |d, n| {
+        pb.set_length(n as u64);
+        pb.set_position(d as u64);
+    })?;
+    pb.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", r.to_text());
+    }
+    Ok(0)
+}
+
+fn against(a: &EvalArgs, base: &std::path::Path) -> Result<u8> {
+    let mut clips: Vec<FidelityInput> = Vec::new();
+    let mut norm = Normalization::Ascii;
+    if let Some(m) = &a.manifest {
+        let lines = read_manifest(m)?;
+        norm = default_normalization(&lines);
+        clips.extend(lines.into_iter().map(|c| FidelityInput {
+            name: c.name,
+            path: c.path,
+            reference: c.text,
+            language: c.language,
+        }));
+    }
+    clips.extend(a.audio.iter().map(|p| FidelityInput {
+        name: p.display().to_string(),
+        path: p.clone(),
+        reference: None,
+        language: None,
+    }));
+    anyhow::ensure!(
+        !clips.is_empty(),
+        "--against needs clips: --manifest M.jsonl or --audio WAV..."
+    );
+    if let Some(n) = a.normalize {
+        norm = match n {
+            NormalizeArg::Ascii => Normalization::Ascii,
+            NormalizeArg::Unicode => Normalization::Unicode,
+        };
+    }
+    let pb = progress::bar(0, "measuring", a.quiet || a.json);
+    let r = fidelity(&a.models, base, &clips, norm, &mut |d, n| {
         pb.set_length(n as u64);
         pb.set_position(d as u64);
     })?;

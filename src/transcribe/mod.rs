@@ -748,6 +748,12 @@ impl Transcriber {
 
     /// Encoder (and CrossKV) on one window's log-mel: the decoder's cross-attention source.
     fn encode(&mut self, mel: Tensor, t: &mut Timings) -> Result<Cross> {
+        let enc = self.encoder_output(mel, t)?;
+        self.cross_of(enc, t)
+    }
+
+    /// The encoder's output for one window's log-mel, as BC1S [1, d, 1, 1500].
+    fn encoder_output(&mut self, mel: Tensor, t: &mut Timings) -> Result<Tensor> {
         let t0 = Instant::now();
         let out = self
             .encoder
@@ -764,6 +770,12 @@ impl Transcriber {
             r => bail!("the audio encoder output has rank {r}, expected 3 or 4"),
         };
         t.encoder += t0.elapsed();
+        Ok(enc)
+    }
+
+    /// The decoder's cross-attention source for an encoder output (the CrossKV model's
+    /// outputs when the folder has one).
+    fn cross_of(&mut self, enc: Tensor, t: &mut Timings) -> Result<Cross> {
         match &mut self.cross_kv {
             None => Ok(Cross::Encoder(enc)),
             Some(s) => {
@@ -785,5 +797,49 @@ impl Transcriber {
                 Ok(c)
             }
         }
+    }
+
+    /// Encodes the first 30 s of `samples`: the encoder output (BC1S [1, d, 1, 1500]) and
+    /// the decoder's cross-attention source.
+    pub fn encode_window(&mut self, samples: &[f32]) -> Result<(Tensor, Cross)> {
+        let mut t = Timings::default();
+        let mel = self.mel_of_samples(&samples[..samples.len().min(N_SAMPLES)], &mut t)?;
+        let enc = self.encoder_output(mel, &mut t)?;
+        let cross = self.cross_of(enc.clone(), &mut t)?;
+        Ok((enc, cross))
+    }
+
+    /// One greedy pass (`opts`' language, task and timestamps; temperature 0) over an
+    /// encoded window.
+    pub fn greedy_pass(&mut self, cross: &Cross, opts: &TranscribeOptions) -> Result<Pass> {
+        let language = self.check_options(opts)?;
+        let mut t = Timings::default();
+        let language = match language {
+            Some(l) => Some(l),
+            None if self.rules.is_multilingual() => self
+                .language_probs(cross.clone(), &mut t)?
+                .first()
+                .map(|p| p.1),
+            None => None,
+        };
+        let pass_opts = PassOptions {
+            language,
+            task: opts.task,
+            timestamps: opts.timestamps,
+            temperature: 0.0,
+            previous: vec![],
+            limit: self.rules.max_length().min(self.decoder.positions()),
+        };
+        let (pass, _) = self.decode_pass(cross, &pass_opts, false, &mut Rng::new(0), &mut t)?;
+        Ok(pass)
+    }
+
+    /// Feeds `fed` from position 0 (teacher forcing) and returns the logits after each token.
+    pub fn teacher_force(&mut self, cross: &Cross, fed: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.decoder.begin(cross.clone())?;
+        fed.iter()
+            .enumerate()
+            .map(|(pos, &tok)| self.decoder.step(tok, pos))
+            .collect()
     }
 }
