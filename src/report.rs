@@ -320,6 +320,66 @@ pub struct VerifyReport {
     pub receipt: Receipt,
 }
 
+/// One clip's result.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ClipResult {
+    /// The clip's path as the manifest names it.
+    pub audio: String,
+    /// The manifest's transcript.
+    pub reference: String,
+    /// milkit's transcript.
+    pub hypothesis: String,
+    /// Word edits (substitutions + deletions + insertions) after normalisation.
+    pub errors: usize,
+    /// Words in the normalised reference.
+    pub words: usize,
+    /// errors / words.
+    pub wer: f64,
+}
+
+/// `milkit eval --json`.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct EvalReport {
+    /// The models folder evaluated.
+    pub models: String,
+    /// The manifest read.
+    pub manifest: String,
+    /// How texts are normalised before scoring.
+    pub normalization: String,
+    pub clips: Vec<ClipResult>,
+    /// Corpus totals: Σ errors / Σ words.
+    pub errors: usize,
+    pub words: usize,
+    pub wer: f64,
+    /// Bits per compressed weight of the folder's packages (what the WER was bought with).
+    pub bits: FolderBits,
+}
+
+/// The compressed weights of one package.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PackageBits {
+    /// The package's file name inside the folder.
+    pub package: String,
+    /// Elements the package's final `constexpr_*` outputs hold (its compressed weights).
+    pub compressed_elements: u64,
+    /// Bytes stored for those ops' inputs.
+    pub compressed_stored_bytes: u64,
+    /// 8 × stored bytes ÷ elements; absent when nothing is compressed.
+    pub avg_bits: Option<f64>,
+}
+
+/// The compressed weights of a whole folder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FolderBits {
+    /// Every `.mlpackage` of the folder, by name.
+    pub packages: Vec<PackageBits>,
+    /// Sums over the packages.
+    pub compressed_elements: u64,
+    pub compressed_stored_bytes: u64,
+    /// 8 × Σ stored bytes ÷ Σ elements over all packages; absent when nothing is compressed.
+    pub avg_bits: Option<f64>,
+}
+
 /// The JSON Schema of a report type, as checked in under `schemas/`.
 pub fn schema_json<T: JsonSchema>() -> String {
     let schema = schemars::schema_for!(T);
@@ -335,14 +395,8 @@ pub fn all_schemas() -> Vec<(&'static str, String)> {
         ("inspect.schema.json", schema_json::<InspectReport>()),
         ("compress.schema.json", schema_json::<CompressReport>()),
         ("bench-audio.schema.json", schema_json::<AudioBenchReport>()),
-        (
-            "eval.schema.json",
-            schema_json::<crate::quality::eval::EvalReport>(),
-        ),
-        (
-            "folder-bits.schema.json",
-            schema_json::<crate::quality::bits::FolderBits>(),
-        ),
+        ("eval.schema.json", schema_json::<EvalReport>()),
+        ("folder-bits.schema.json", schema_json::<FolderBits>()),
         (
             "bench-decode.schema.json",
             schema_json::<DecodeBenchReport>(),
