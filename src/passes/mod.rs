@@ -8,6 +8,8 @@ pub mod kmeans;
 pub mod lut;
 pub mod mixed;
 pub mod quant;
+mod quant_config;
 mod quant_kernel;
 pub mod regroup;
+mod select;
 pub mod subbyte;
