@@ -45,6 +45,12 @@ impl Module {
             None => self.qualified(),
         }
     }
+
+    fn is_proper_prefix_of(&self, other: &Module) -> bool {
+        self.krate == other.krate
+            && self.segs.len() < other.segs.len()
+            && other.segs[..self.segs.len()] == self.segs[..]
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -574,6 +580,146 @@ fn every_import_in_src_is_allowed_by_the_readme_dependency_table() {
         "imports the dependency table in README.md (Layout) does not allow:\n{}",
         bad.join("\n")
     );
+}
+
+#[test]
+fn the_import_graph_between_files_in_src_has_no_cycle() {
+    let (files, edges) = edges(&root());
+    let index: BTreeMap<&Module, usize> =
+        files.iter().enumerate().map(|(i, (_, m))| (m, i)).collect();
+    // For each file, the files it references, each with the first line that does.
+    let mut adj: Vec<BTreeMap<usize, usize>> = vec![BTreeMap::new(); files.len()];
+    for e in &edges {
+        let from = files
+            .iter()
+            .position(|(p, _)| *p == e.from)
+            .expect("a source file");
+        let Some(&to) = index.get(&e.to_file) else {
+            continue;
+        };
+        if to == from || files[from].1.is_proper_prefix_of(&files[to].1) {
+            continue;
+        }
+        adj[from]
+            .entry(to)
+            .and_modify(|l| *l = (*l).min(e.line))
+            .or_insert(e.line);
+    }
+    let mut cycles = Vec::new();
+    for scc in strongly_connected(&adj) {
+        if scc.len() < 2 {
+            continue;
+        }
+        // A shortest cycle through the component's first file, by breadth-first search.
+        let start = scc[0];
+        let members: BTreeSet<usize> = scc.iter().copied().collect();
+        let mut prev: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        let mut last = None;
+        'bfs: while let Some(n) = queue.pop_front() {
+            for &m in adj[n].keys() {
+                if m == start {
+                    last = Some(n);
+                    break 'bfs;
+                }
+                if members.contains(&m) && !prev.contains_key(&m) && m != start {
+                    prev.insert(m, n);
+                    queue.push_back(m);
+                }
+            }
+        }
+        let mut path = vec![start];
+        let mut n = last.expect("a strongly connected component has a cycle");
+        while n != start {
+            path.push(n);
+            n = prev[&n];
+        }
+        path[1..].reverse();
+        path.push(start);
+        let steps: Vec<String> = path
+            .windows(2)
+            .map(|w| {
+                format!(
+                    "src/{}:{} → src/{}",
+                    files[w[0]].0.display(),
+                    adj[w[0]][&w[1]],
+                    files[w[1]].0.display()
+                )
+            })
+            .collect();
+        let all: Vec<String> = scc
+            .iter()
+            .map(|&n| format!("src/{}", files[n].0.display()))
+            .collect();
+        cycles.push(format!(
+            "cycle among {}:\n  {}",
+            all.join(", "),
+            steps.join("\n  ")
+        ));
+    }
+    assert!(
+        cycles.is_empty(),
+        "import cycles between files of src/:\n{}",
+        cycles.join("\n")
+    );
+}
+
+/// Tarjan's strongly connected components, each sorted.
+fn strongly_connected(adj: &[BTreeMap<usize, usize>]) -> Vec<Vec<usize>> {
+    struct S<'a> {
+        adj: &'a [BTreeMap<usize, usize>],
+        index: Vec<Option<usize>>,
+        low: Vec<usize>,
+        on: Vec<bool>,
+        stack: Vec<usize>,
+        next: usize,
+        out: Vec<Vec<usize>>,
+    }
+    fn visit(s: &mut S, v: usize) {
+        s.index[v] = Some(s.next);
+        s.low[v] = s.next;
+        s.next += 1;
+        s.stack.push(v);
+        s.on[v] = true;
+        for &w in s.adj[v].keys() {
+            match s.index[w] {
+                None => {
+                    visit(s, w);
+                    s.low[v] = s.low[v].min(s.low[w]);
+                }
+                Some(iw) if s.on[w] => s.low[v] = s.low[v].min(iw),
+                Some(_) => {}
+            }
+        }
+        if Some(s.low[v]) == s.index[v] {
+            let mut scc = Vec::new();
+            while let Some(w) = s.stack.pop() {
+                s.on[w] = false;
+                scc.push(w);
+                if w == v {
+                    break;
+                }
+            }
+            scc.sort();
+            s.out.push(scc);
+        }
+    }
+    let n = adj.len();
+    let mut s = S {
+        adj,
+        index: vec![None; n],
+        low: vec![0; n],
+        on: vec![false; n],
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in 0..n {
+        if s.index[v].is_none() {
+            visit(&mut s, v);
+        }
+    }
+    s.out
 }
 
 #[test]
