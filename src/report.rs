@@ -320,6 +320,113 @@ pub struct VerifyReport {
     pub receipt: Receipt,
 }
 
+/// One clip's result.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ClipResult {
+    /// The clip's path as the manifest names it.
+    pub audio: String,
+    /// The manifest's transcript.
+    pub reference: String,
+    /// milkit's transcript.
+    pub hypothesis: String,
+    /// Word edits (substitutions + deletions + insertions) after normalisation.
+    pub errors: usize,
+    /// Words in the normalised reference.
+    pub words: usize,
+    /// errors / words.
+    pub wer: f64,
+}
+
+/// `milkit eval --json`.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct EvalReport {
+    /// The models folder evaluated.
+    pub models: String,
+    /// The manifest read.
+    pub manifest: String,
+    /// How texts are normalised before scoring.
+    pub normalization: String,
+    pub clips: Vec<ClipResult>,
+    /// Corpus totals: Σ errors / Σ words.
+    pub errors: usize,
+    pub words: usize,
+    pub wer: f64,
+    /// Bits per compressed weight of the folder's packages (what the WER was bought with).
+    pub bits: FolderBits,
+}
+
+/// The compressed weights of one package.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PackageBits {
+    /// The package's file name inside the folder.
+    pub package: String,
+    /// Elements the package's final `constexpr_*` outputs hold (its compressed weights).
+    pub compressed_elements: u64,
+    /// Bytes stored for those ops' inputs.
+    pub compressed_stored_bytes: u64,
+    /// 8 × stored bytes ÷ elements; absent when nothing is compressed.
+    pub avg_bits: Option<f64>,
+}
+
+/// The compressed weights of a whole folder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FolderBits {
+    /// Every `.mlpackage` of the folder, by name.
+    pub packages: Vec<PackageBits>,
+    /// Sums over the packages.
+    pub compressed_elements: u64,
+    pub compressed_stored_bytes: u64,
+    /// 8 × Σ stored bytes ÷ Σ elements over all packages; absent when nothing is compressed.
+    pub avg_bits: Option<f64>,
+}
+
+/// One clip's fidelity numbers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FidelityClip {
+    pub audio: String,
+    /// Decoder positions compared (the baseline's tokens and its end-of-text).
+    pub positions: usize,
+    /// Mean over positions of KL(baseline ‖ candidate), in nats, of the next-token
+    /// distributions after the decoding rules' masks.
+    pub mean_kl: f64,
+    pub max_kl: f64,
+    /// Share of positions where the candidate's greedy choice is the baseline's token.
+    pub top1_agreement: f64,
+    /// 10·log10(peak² / MSE) of the encoder output, peak = max |baseline|; None when the two
+    /// outputs are identical (infinite PSNR).
+    pub encoder_psnr_db: Option<f64>,
+    pub encoder_cosine: f64,
+    pub baseline_text: String,
+    pub candidate_text: String,
+    /// Word edits of the candidate's transcript against the baseline's, and its words.
+    pub errors_vs_baseline: usize,
+    pub baseline_words: usize,
+    /// WER of each against the reference text, when the clip has one.
+    pub baseline_wer: Option<f64>,
+    pub candidate_wer: Option<f64>,
+}
+
+/// `milkit eval --against --json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FidelityReport {
+    pub candidate: String,
+    pub baseline: String,
+    pub clips: Vec<FidelityClip>,
+    /// Position-weighted mean KL over all clips (nats).
+    pub mean_kl: f64,
+    /// Position-weighted top-1 agreement over all clips.
+    pub top1_agreement: f64,
+    /// Mean over clips of the encoder PSNR (dB; clips with identical outputs left out, None
+    /// when all are identical) and cosine.
+    pub encoder_psnr_db: Option<f64>,
+    pub encoder_cosine: f64,
+    /// Σ edits ÷ Σ words of the candidate's transcripts against the baseline's.
+    pub wer_vs_baseline: f64,
+    /// Share of clips whose WER against the reference is not worse than the baseline's
+    /// (None when no clip has a reference text).
+    pub qoi: Option<f64>,
+}
+
 /// The JSON Schema of a report type, as checked in under `schemas/`.
 pub fn schema_json<T: JsonSchema>() -> String {
     let schema = schemars::schema_for!(T);
@@ -335,18 +442,9 @@ pub fn all_schemas() -> Vec<(&'static str, String)> {
         ("inspect.schema.json", schema_json::<InspectReport>()),
         ("compress.schema.json", schema_json::<CompressReport>()),
         ("bench-audio.schema.json", schema_json::<AudioBenchReport>()),
-        (
-            "eval.schema.json",
-            schema_json::<crate::quality::eval::EvalReport>(),
-        ),
-        (
-            "fidelity.schema.json",
-            schema_json::<crate::quality::fidelity::FidelityReport>(),
-        ),
-        (
-            "folder-bits.schema.json",
-            schema_json::<crate::quality::bits::FolderBits>(),
-        ),
+        ("eval.schema.json", schema_json::<EvalReport>()),
+        ("fidelity.schema.json", schema_json::<FidelityReport>()),
+        ("folder-bits.schema.json", schema_json::<FolderBits>()),
         (
             "bench-decode.schema.json",
             schema_json::<DecodeBenchReport>(),

@@ -1,7 +1,7 @@
 //! `milkit export --recipe`: every component of a models/*.toml recipe into one folder,
 //! through the library's folder writer (atomic as a whole).
 
-use super::export::{parse_target, report_folder, ExportArgs};
+use super::export_args::{parse_target, report_folder, ExportArgs};
 use super::progress;
 use anyhow::{bail, Result};
 use clap::ValueEnum;

@@ -7,6 +7,7 @@ pub mod calibrate;
 pub mod compress;
 pub mod eval;
 pub mod export;
+pub mod export_args;
 pub mod export_recipe;
 pub mod progress;
 pub mod run;

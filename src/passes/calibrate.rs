@@ -9,7 +9,7 @@
 //! E‖ΔW·x‖² = Σᵢⱼₖ ΔWᵢⱼ ΔWᵢₖ E[xⱼxₖ]; keeping only the diagonal gives Σᵢⱼ ΔWᵢⱼ² E[xⱼ²], a
 //! squared error weighted per input channel — exactly what weighted 1-D k-means minimises.
 
-use super::compress::{is_positional, Selection};
+use super::select::{is_positional, Selection};
 use crate::ir::{Arg, DType, Model, Operation, Value, ValueType, Var};
 use crate::ir::{ArrayDType, Feature};
 use crate::ops::builder::infer_op;

@@ -8,6 +8,7 @@
 use super::calibrate::Calibration;
 use super::lut::{palettize, LutConfig, LutGranularity, LutMode};
 use super::quant::{quantize_packed, QuantConfig, QuantDtype, QuantGranularity};
+pub use super::select::{is_positional, Selection};
 use crate::ir::{Arg, DType, Model, Operation, Opset, Tensor, Value, ValueType, Var};
 use anyhow::{bail, Context, Result};
 use half::f16;
@@ -20,31 +21,6 @@ use std::collections::{BTreeMap, HashMap};
 pub enum Method {
     Palettize(LutConfig),
     Quantize(QuantConfig),
-}
-
-/// Which weights to compress.
-#[derive(Clone, Debug)]
-pub struct Selection {
-    /// Consumer op types whose weight input is compressed (default conv, linear).
-    pub op_types: Vec<String>,
-    /// If non-empty, only consumers (or weight constants) with these exact names.
-    pub op_names: Vec<String>,
-    /// Constants with at most this many elements are left as they are.
-    pub weight_threshold: usize,
-    /// Skip (and list) weights whose shape the granularity does not divide, instead of
-    /// refusing the whole run.
-    pub skip_indivisible: bool,
-}
-
-impl Default for Selection {
-    fn default() -> Self {
-        Selection {
-            op_types: vec!["conv".into(), "linear".into()],
-            op_names: vec![],
-            weight_threshold: 2048,
-            skip_indivisible: false,
-        }
-    }
 }
 
 /// One compressed weight.
@@ -76,13 +52,7 @@ pub struct Outcome {
     pub compressed: Vec<Compressed>,
     pub skipped: Vec<Skipped>,
     /// Channel reorderings done before compressing (outlier-aware grouping).
-    pub regrouped: Vec<super::regroup::Regrouped>,
-}
-
-/// Names that identify a positional embedding, which is never compressed (its error shifts
-/// every frame).
-pub fn is_positional(name: &str) -> bool {
-    name.contains("embed_positions") || name.contains("positional")
+    pub regrouped: Vec<crate::report::RegroupedChain>,
 }
 
 /// Which input of a consumer holds its weight, and whether output channels are on axis 0.

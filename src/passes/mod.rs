@@ -1,4 +1,6 @@
-//! Compression passes over the IR (and the instrumentation that calibration runs). Never runs the model. Uses `ir` and `ops`.
+//! Compression passes over the IR (and the instrumentation that calibration runs). Never runs
+//! the model. Uses `ir`, `ops`, `report` (the compression report) and `package::fsio` (the
+//! calibration statistics are written atomically).
 pub mod calibrate;
 pub mod compress;
 mod compress_report;
@@ -6,6 +8,8 @@ pub mod kmeans;
 pub mod lut;
 pub mod mixed;
 pub mod quant;
+mod quant_config;
 mod quant_kernel;
 pub mod regroup;
+mod select;
 pub mod subbyte;

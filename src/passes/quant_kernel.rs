@@ -5,7 +5,7 @@
 //! stated in [`super::quant`]; this module owns the fp16 rounding helpers it is built from and
 //! the error sums shared with [`super::quant::relative_rms_error`] and the LUT path.
 
-use super::quant::QuantConfig;
+use super::quant_config::QuantConfig;
 use super::subbyte::{pack_into, packed_len};
 use anyhow::{bail, Result};
 use half::{f16, slice::HalfFloatSliceExt};
@@ -482,7 +482,7 @@ mod tests {
 
     #[test]
     fn vectorized_block_path_equals_the_general_one() {
-        use super::super::quant::QuantDtype;
+        use super::super::quant_config::QuantDtype;
         let mut st = 99u32;
         let mut checked = 0;
         for dtype in QuantDtype::ALL {
@@ -544,7 +544,7 @@ mod tests {
                 eprintln!("SKIP: no AVX2 on this CPU");
                 return;
             }
-            use super::super::quant::QuantDtype;
+            use super::super::quant_config::QuantDtype;
             let n = 4096;
             let w: Vec<u16> = (0..n)
                 .map(|i| {

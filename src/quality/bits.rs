@@ -9,30 +9,7 @@ use crate::verify::analysis::constant_data;
 use anyhow::{Context, Result};
 use std::path::Path;
 
-/// The compressed weights of one package.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-pub struct PackageBits {
-    /// The package's file name inside the folder.
-    pub package: String,
-    /// Elements the package's final `constexpr_*` outputs hold (its compressed weights).
-    pub compressed_elements: u64,
-    /// Bytes stored for those ops' inputs.
-    pub compressed_stored_bytes: u64,
-    /// 8 × stored bytes ÷ elements; absent when nothing is compressed.
-    pub avg_bits: Option<f64>,
-}
-
-/// The compressed weights of a whole folder.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-pub struct FolderBits {
-    /// Every `.mlpackage` of the folder, by name.
-    pub packages: Vec<PackageBits>,
-    /// Sums over the packages.
-    pub compressed_elements: u64,
-    pub compressed_stored_bytes: u64,
-    /// 8 × Σ stored bytes ÷ Σ elements over all packages; absent when nothing is compressed.
-    pub avg_bits: Option<f64>,
-}
+pub use crate::report::{FolderBits, PackageBits};
 
 fn avg(bytes: u64, elements: u64) -> Option<f64> {
     (elements > 0).then(|| 8.0 * bytes as f64 / elements as f64)

@@ -3,46 +3,13 @@
 //! language from a line's `language` field, else detected) and the normalisation of
 //! `whisper::wer` (ASCII-style, or Unicode-aware for non-English sets).
 
-use super::bits::{folder_bits, FolderBits};
+use super::bits::folder_bits;
 use crate::transcribe::{TranscribeOptions, Transcriber};
 use crate::whisper::wer::{word_errors_with, Normalization};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
-/// One clip's result.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-pub struct ClipResult {
-    /// The clip's path as the manifest names it.
-    pub audio: String,
-    /// The manifest's transcript.
-    pub reference: String,
-    /// milkit's transcript.
-    pub hypothesis: String,
-    /// Word edits (substitutions + deletions + insertions) after normalisation.
-    pub errors: usize,
-    /// Words in the normalised reference.
-    pub words: usize,
-    /// errors / words.
-    pub wer: f64,
-}
-
-/// `milkit eval --json`.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-pub struct EvalReport {
-    /// The models folder evaluated.
-    pub models: String,
-    /// The manifest read.
-    pub manifest: String,
-    /// How texts are normalised before scoring.
-    pub normalization: String,
-    pub clips: Vec<ClipResult>,
-    /// Corpus totals: Σ errors / Σ words.
-    pub errors: usize,
-    pub words: usize,
-    pub wer: f64,
-    /// Bits per compressed weight of the folder's packages (what the WER was bought with).
-    pub bits: FolderBits,
-}
+pub use crate::report::{ClipResult, EvalReport};
 
 /// One line of a manifest.
 pub struct ManifestClip {

@@ -15,52 +15,7 @@ use crate::whisper::wer::{rate, word_errors_with, Normalization};
 use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 
-/// One clip's fidelity numbers.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-pub struct FidelityClip {
-    pub audio: String,
-    /// Decoder positions compared (the baseline's tokens and its end-of-text).
-    pub positions: usize,
-    /// Mean over positions of KL(baseline ‖ candidate), in nats, of the next-token
-    /// distributions after the decoding rules' masks.
-    pub mean_kl: f64,
-    pub max_kl: f64,
-    /// Share of positions where the candidate's greedy choice is the baseline's token.
-    pub top1_agreement: f64,
-    /// 10·log10(peak² / MSE) of the encoder output, peak = max |baseline|; None when the two
-    /// outputs are identical (infinite PSNR).
-    pub encoder_psnr_db: Option<f64>,
-    pub encoder_cosine: f64,
-    pub baseline_text: String,
-    pub candidate_text: String,
-    /// Word edits of the candidate's transcript against the baseline's, and its words.
-    pub errors_vs_baseline: usize,
-    pub baseline_words: usize,
-    /// WER of each against the reference text, when the clip has one.
-    pub baseline_wer: Option<f64>,
-    pub candidate_wer: Option<f64>,
-}
-
-/// `milkit eval --against --json`.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-pub struct FidelityReport {
-    pub candidate: String,
-    pub baseline: String,
-    pub clips: Vec<FidelityClip>,
-    /// Position-weighted mean KL over all clips (nats).
-    pub mean_kl: f64,
-    /// Position-weighted top-1 agreement over all clips.
-    pub top1_agreement: f64,
-    /// Mean over clips of the encoder PSNR (dB; clips with identical outputs left out, None
-    /// when all are identical) and cosine.
-    pub encoder_psnr_db: Option<f64>,
-    pub encoder_cosine: f64,
-    /// Σ edits ÷ Σ words of the candidate's transcripts against the baseline's.
-    pub wer_vs_baseline: f64,
-    /// Share of clips whose WER against the reference is not worse than the baseline's
-    /// (None when no clip has a reference text).
-    pub qoi: Option<f64>,
-}
+pub use crate::report::{FidelityClip, FidelityReport};
 
 /// A clip to measure: its name, path and optional reference text.
 pub struct FidelityInput {

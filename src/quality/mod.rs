@@ -3,7 +3,8 @@
 //! candidate folder against a baseline folder) and calibration, which runs the fp16 model on real
 //! audio through milkit's runtime to collect the statistics that data-aware compression
 //! weighs errors with (the IR instrumentation lives in `passes::calibrate`). Uses `runtime`,
-//! `passes` and `whisper` (audio front end, exporters); builds no graphs of its own.
+//! `transcribe`, `passes`, `whisper` (audio front end, exporters), `verify` and `package` (the
+//! bits of a folder's packages) and `report` (its report types); builds no graphs of its own.
 
 pub mod bits;
 pub mod calibrate;

@@ -4,7 +4,7 @@
 //! pass instead of three. Fused only when each product has the add as its only reader and
 //! is no block output.
 
-use super::plan::{slot_uses, splice_fused, Src, Step};
+use super::step::{slot_uses, splice_fused, Src, Step};
 use crate::kernels;
 use crate::ops::eval::{out0, EvalCx, RValue};
 use anyhow::Result;

@@ -6,7 +6,7 @@
 //! the unfused program's storage dtypes (scores, masked scores and probabilities are
 //! rounded to them), so results match op-by-op evaluation up to f32 summation order.
 
-use super::plan::{slot_uses, splice_fused, Const, Src, Step};
+use super::step::{slot_uses, splice_fused, Const, Src, Step};
 use crate::ir::{Value, ValueType};
 use crate::kernels::{self, Attention};
 use crate::ops::eval::{storage_dtype, EvalCx, RValue};

@@ -11,6 +11,7 @@ pub mod memo;
 pub mod pack;
 pub mod plan;
 pub mod state_fusion;
+pub mod step;
 
 use crate::ir::{Description, Model, ValueType};
 use crate::kernels;

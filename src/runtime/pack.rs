@@ -6,7 +6,7 @@
 //! those bytes (see `kernels::gemv`); the dense decode made while folding is released.
 //! The bulk of the small ones then moves into one shared block (`kernels::gemv::Store`).
 
-use super::plan::{Const, Src, Step};
+use super::step::{Const, Src, Step};
 use crate::ir::ValueType;
 use crate::kernels::{self, PackedWeight};
 use crate::ops::RValue;

@@ -3,7 +3,7 @@
 //! decompression included) are evaluated once here, and each remaining op becomes a step
 //! that knows which slots die after it (their last use), so a run holds only live values.
 
-use crate::ir::{Arg, Function, Opset, Value, ValueType};
+use crate::ir::{Arg, Function, Opset, ValueType};
 use crate::ops::eval::{check_output, value_from_ir, Bound, EvalCx, EvalFn};
 use crate::ops::RValue;
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -11,83 +11,7 @@ use candle_core::Tensor;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
-/// A value known before any input: converted once, with its program value (for reading
-/// constant parameters) and a lazily filled f32 copy (for contractions).
-pub struct Const {
-    pub val: RValue,
-    pub konst: Option<Value>,
-    pub f32: OnceLock<Tensor>,
-    /// A contraction weight kept in its stored form (see [`super::pack`]); `val` is then
-    /// a placeholder.
-    pub packed: Option<crate::kernels::PackedWeight>,
-}
-
-/// Where a binding's value lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Src {
-    Const(usize),
-    Slot(usize),
-}
-
-/// One op to run.
-pub struct Step {
-    pub op_type: String,
-    pub name: String,
-    pub eval: EvalFn,
-    pub args: Vec<(String, Vec<Src>)>,
-    pub attributes: BTreeMap<String, Value>,
-    pub out_types: Vec<ValueType>,
-    pub outs: Vec<usize>,
-    /// Slots whose last use is this step.
-    pub free: Vec<usize>,
-}
-
-impl Step {
-    /// Whether any parameter of this step is bound to `src`.
-    pub fn reads(&self, src: Src) -> bool {
-        self.args.iter().flat_map(|(_, v)| v).any(|x| *x == src)
-    }
-
-    /// The single binding of parameter `name` (None when absent or variadic).
-    pub fn single(&self, name: &str) -> Option<Src> {
-        match self.args.iter().find(|(p, _)| p == name) {
-            Some((_, v)) if v.len() == 1 => Some(v[0]),
-            _ => None,
-        }
-    }
-}
-
-/// The readers of every slot, for the plan-level fusions: step indices in order, and
-/// `usize::MAX` once per block output the slot is.
-pub fn slot_uses(steps: &[Step], outputs: &[Src]) -> HashMap<usize, Vec<usize>> {
-    let mut uses: HashMap<usize, Vec<usize>> = HashMap::new();
-    for (i, st) in steps.iter().enumerate() {
-        for s in st.args.iter().flat_map(|(_, v)| v) {
-            if let Src::Slot(k) = s {
-                uses.entry(*k).or_default().push(i);
-            }
-        }
-    }
-    for s in outputs {
-        if let Src::Slot(k) = s {
-            uses.entry(*k).or_default().push(usize::MAX);
-        }
-    }
-    uses
-}
-
-/// Rebuilds `steps` after a fusion: each step in `fused` takes the place of the step at its
-/// index; the other `removed` steps are dropped.
-pub fn splice_fused(steps: &mut Vec<Step>, mut fused: BTreeMap<usize, Step>, removed: &[bool]) {
-    let old = std::mem::take(steps);
-    for (i, st) in old.into_iter().enumerate() {
-        match fused.remove(&i) {
-            Some(f) => steps.push(f),
-            None if !removed[i] => steps.push(st),
-            None => {}
-        }
-    }
-}
+pub use super::step::{slot_uses, splice_fused, Const, Src, Step};
 
 /// A function input: a tensor fed by the caller or a state held by the session.
 pub struct PlanInput {

@@ -12,7 +12,7 @@
 //! read for the last time before the state's next in-place update and none is a block
 //! output; otherwise the fused step copies it.
 
-use super::plan::{slot_uses, splice_fused, Src, Step};
+use super::step::{slot_uses, splice_fused, Src, Step};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The op type fused steps report (in profiles and errors).

@@ -4,8 +4,8 @@
 //! values in a [`VerifyReport`], never errors; only an unreadable package is an error.
 //!
 //! The analysis modules use `ir`, `ops` and `report` only. [`cli`] (argument structs and the
-//! `verify` / `compile` / `inspect` commands) and [`coreml`] (xcrun) also use `package` to load
-//! packages and are the only parts that touch the outside world.
+//! `verify` / `compile` / `inspect` commands) also uses `package` and `proto` to load packages;
+//! it and [`coreml`] (xcrun) are the only parts that touch the outside world.
 
 pub mod abi;
 pub mod analysis;

@@ -8,90 +8,18 @@
 //! Variants: the caches as Core ML states (iOS18), and cross-attention keys/values computed
 //! once per audio window by a separate CrossKV model. The forced-prefix cache lookup table
 //! (WhisperKit's TextDecoderContextPrefill) lives in `decoder_prefill`; graph pieces and the
-//! CrossKV model in `decoder_parts`.
+//! CrossKV model in `decoder_parts`;
+//! the dimensions, options and names every decoder-side builder shares in `decoder_spec`.
 
 pub use super::decoder_parts::build_cross_kv;
 use super::decoder_parts::{embed, head, key_value, query, split_layers, vec1, w4, SelfKv};
+pub(crate) use super::decoder_spec::finish_model;
+use super::decoder_spec::{check, head_op_names, HEAD_OPS_KEY, P};
+pub use super::decoder_spec::{CrossKv, DecoderDims, DecoderOptions, KvCache, CROSS_KV_NAMES};
 use super::graph::{add, attention, conv1x1, gelu, int, ints, layer_norm_c, reshape, WeightSource};
-use crate::ir::{
-    ArrayDType, Description, Feature, Function, Model, Opset, Program, Value, ValueType,
-};
+use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Value, ValueType};
 use crate::ops::{Builder, In, V};
-use anyhow::{bail, ensure, Context, Result};
-
-/// The decoder's dimensions (Hugging Face `WhisperConfig` names in the comments).
-#[derive(Clone, Debug)]
-pub struct DecoderDims {
-    /// `d_model`
-    pub d_model: usize,
-    /// `decoder_layers`
-    pub layers: usize,
-    /// `decoder_attention_heads`
-    pub heads: usize,
-    /// `decoder_ffn_dim`
-    pub ffn: usize,
-    /// `vocab_size`
-    pub vocab: usize,
-    /// `max_target_positions` (448): the cache length.
-    pub n_text_ctx: usize,
-    /// `max_source_positions` (1500): encoder output positions.
-    pub n_audio_ctx: usize,
-}
-
-/// Where the self-attention key/value caches live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvCache {
-    /// WhisperKit's ABI: `key_cache`/`value_cache` inputs, `key_cache_updates`/
-    /// `value_cache_updates` outputs; the caller writes the updates back.
-    Io,
-    /// Core ML states `key_cache`/`value_cache` (iOS18), updated in-graph at `cache_length`;
-    /// the cache inputs/outputs and `kv_cache_update_mask` disappear.
-    State,
-}
-
-/// Where the cross-attention keys/values come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CrossKv {
-    /// Projected from `encoder_output_embeds` inside the decoder, every step.
-    InGraph,
-    /// Inputs `encoder_attn_key_cache`/`encoder_attn_value_cache` [1, d·layers, 1, 1500],
-    /// made once per window by the CrossKV model ([`build_cross_kv`]).
-    Precomputed,
-}
-
-impl CrossKv {
-    pub fn parse(s: &str) -> Result<CrossKv> {
-        match s {
-            "in-graph" | "ingraph" => Ok(CrossKv::InGraph),
-            "precomputed" => Ok(CrossKv::Precomputed),
-            o => bail!("unknown cross_kv `{o}` (expected in-graph or precomputed)"),
-        }
-    }
-}
-
-/// Build options of [`build_decoder`].
-#[derive(Clone, Debug)]
-pub struct DecoderOptions {
-    /// (layer, head) pairs from generation_config.json `alignment_heads`; when empty the
-    /// `alignment_heads_weights` output is left out (WhisperKit treats it as optional).
-    pub alignment_heads: Vec<(usize, usize)>,
-    /// Number of row chunks of the vocabulary head (≥ 1). The Neural Engine limits a conv's
-    /// output channels; whisper.cpp keeps chunks ≤ 16,384 rows ([`min_head_chunks`]).
-    pub head_chunks: usize,
-    pub kv_cache: KvCache,
-    pub cross_kv: CrossKv,
-}
-
-impl Default for DecoderOptions {
-    fn default() -> Self {
-        DecoderOptions {
-            alignment_heads: vec![],
-            head_chunks: 1,
-            kv_cache: KvCache::Io,
-            cross_kv: CrossKv::InGraph,
-        }
-    }
-}
+use anyhow::{bail, Context, Result};
 
 /// Largest head chunk the Neural Engine takes comfortably (whisper.cpp's split size).
 pub const ANE_MAX_HEAD_ROWS: usize = 16_384;
@@ -120,7 +48,6 @@ pub fn alignment_heads_from_json(v: &serde_json::Value) -> Result<Vec<(usize, us
 /// The additive padding-mask value WhisperKit uses for hidden positions.
 pub const MASK_HIDDEN: f32 = -1e4;
 pub(super) const LN_EPS: f32 = 1e-5;
-pub(super) const P: &str = "model.decoder";
 
 /// The ABI of one decoder variant: description inputs, states and outputs, in order.
 pub fn decoder_features(
@@ -187,43 +114,6 @@ pub fn decoder_features(
         ));
     }
     (inputs, states, outputs)
-}
-
-/// Names of the CrossKV model's outputs (= the precomputed decoder's inputs).
-pub const CROSS_KV_NAMES: [&str; 2] = ["encoder_attn_key_cache", "encoder_attn_value_cache"];
-
-pub(super) fn check(d: &DecoderDims, o: &DecoderOptions, opset: Opset) -> Result<()> {
-    ensure!(
-        d.heads > 0 && d.d_model.is_multiple_of(d.heads),
-        "d_model {} is not divisible by {} heads",
-        d.d_model,
-        d.heads
-    );
-    ensure!(
-        d.layers > 0 && d.vocab > 0 && d.n_text_ctx > 0 && d.n_audio_ctx > 0,
-        "decoder dimensions must be positive: {d:?}"
-    );
-    ensure!(
-        o.head_chunks >= 1 && o.head_chunks <= d.vocab,
-        "head_chunks must be in 1..={}, got {}",
-        d.vocab,
-        o.head_chunks
-    );
-    for &(l, h) in &o.alignment_heads {
-        ensure!(
-            l < d.layers && h < d.heads,
-            "alignment head (layer {l}, head {h}) is outside {} layers × {} heads",
-            d.layers,
-            d.heads
-        );
-    }
-    if o.kv_cache == KvCache::State {
-        ensure!(
-            opset >= Opset::Ios18,
-            "a stateful decoder needs target ios18 or later (Core ML states), got {opset}"
-        );
-    }
-    Ok(())
 }
 
 /// Builds the one-token decoder program (see the module doc and [`DecoderOptions`]).
@@ -531,41 +421,8 @@ pub fn build_decoder(
         .user_defined
         .insert("milkit.head_chunks".into(), opts.head_chunks.to_string());
     description.user_defined.insert(
-        super::decoder_export::HEAD_OPS_KEY.into(),
-        super::decoder_export::head_op_names(opts.head_chunks).join(","),
+        HEAD_OPS_KEY.into(),
+        head_op_names(opts.head_chunks).join(","),
     );
     Ok(finish_model(component, inputs, block, opset, description))
-}
-
-/// Wraps a finished main block as a model with milkit's metadata.
-pub(crate) fn finish_model(
-    component: &str,
-    inputs: Vec<crate::ir::Var>,
-    block: crate::ir::Block,
-    opset: Opset,
-    mut description: Description,
-) -> Model {
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset,
-            block,
-        },
-    );
-    description
-        .user_defined
-        .insert("milkit.component".into(), component.into());
-    description
-        .user_defined
-        .insert("milkit.abi".into(), "whisperkit".into());
-    description
-        .user_defined
-        .insert("milkit.version".into(), env!("CARGO_PKG_VERSION").into());
-    Model {
-        spec_version: opset.spec_version(),
-        description,
-        program,
-    }
 }

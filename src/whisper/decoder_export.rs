@@ -10,15 +10,13 @@ use super::decoder::{
     KvCache,
 };
 use super::decoder_prefill::{build_prefill, PrefillSpec};
+pub use super::decoder_spec::{head_op_names, HEAD_OPS_KEY};
 use super::export::{open_checked, source_name};
 use super::weights::Component;
 use crate::ir::{Model, Opset};
 use crate::passes::compress::Selection;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
-
-/// Metadata key of a decoder package listing its vocabulary-head conv ops, comma-separated.
-pub const HEAD_OPS_KEY: &str = "milkit.head_ops";
 
 impl DecoderDims {
     pub fn from_config(c: &WhisperConfig) -> DecoderDims {
@@ -51,15 +49,6 @@ impl Default for DecoderExport {
             cross_kv: CrossKv::InGraph,
             head_chunks: 1,
         }
-    }
-}
-
-/// Conv op names of a head split in `chunks` row chunks (as `decoder_parts::head` names them).
-pub fn head_op_names(chunks: usize) -> Vec<String> {
-    if chunks == 1 {
-        vec!["lm_head".into()]
-    } else {
-        (0..chunks).map(|c| format!("lm_head_{c}")).collect()
     }
 }
 

@@ -3,7 +3,7 @@
 //! cache inputs, or an in-place update of a Core ML state), token/position embeddings by
 //! `gather`, the untied vocabulary head, and the CrossKV model.
 
-use super::decoder::{check, finish_model, DecoderDims, DecoderOptions, CROSS_KV_NAMES, P};
+use super::decoder_spec::{check, finish_model, DecoderDims, DecoderOptions, CROSS_KV_NAMES, P};
 use super::graph::{add, conv1x1, int, ints, query_scale, reshape, scaled, weight, WeightSource};
 use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Tensor, Value, ValueType};
 use crate::ops::{Builder, In, V};
@@ -241,7 +241,7 @@ pub(super) fn head(
         "vocabulary head has shape {shape:?}, expected [{vocab}, {d}]"
     );
     let rows_per = vocab.div_ceil(chunks);
-    let names = super::decoder_export::head_op_names(chunks);
+    let names = super::decoder_spec::head_op_names(chunks);
     let mut parts = vec![];
     for (c, name) in names.iter().enumerate() {
         let (r0, r1) = (c * rows_per, ((c + 1) * rows_per).min(vocab));

@@ -10,7 +10,7 @@
 //! the weights are uniform and the context is exactly the v_proj bias — deterministic, and
 //! free of the 1500-position projections.
 
-use super::decoder::{finish_model, DecoderDims};
+use super::decoder_spec::{finish_model, DecoderDims};
 use super::graph::{int, ints, reshape, WeightSource};
 use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Tensor, Value, ValueType};
 use crate::ops::{Builder, In};

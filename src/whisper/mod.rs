@@ -7,6 +7,7 @@ pub mod decoder;
 pub mod decoder_export;
 pub mod decoder_parts;
 pub mod decoder_prefill;
+pub mod decoder_spec;
 pub mod encoder;
 pub mod export;
 pub mod generate;

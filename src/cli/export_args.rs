@@ -1,0 +1,135 @@
+//! The arguments of `milkit export` and what its two modes — components from flags
+//! (`export`) and every component of a recipe (`export_recipe`) — share: the `--target`
+//! parser and the folder's compression report. A leaf, so that the two modes do not import
+//! each other both ways.
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use milkit::ir::Opset;
+use milkit::whisper::bundle::BundleReport;
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ComponentArg {
+    /// The audio encoder (log-mel → encoder states).
+    Encoder,
+    /// WhisperKit's TextDecoder: one token per call, KV caches as I/O (or states with
+    /// --stateful), logits, cache updates and alignment-head weights.
+    Decoder,
+    /// WhisperKit's MelSpectrogram: `audio` fp16 [480000] → `melspectrogram_features`
+    /// fp16 [1, n_mels, 1, 3000].
+    Mel,
+    /// Cross-attention keys/values of every decoder layer from the encoder output (the
+    /// companion of a `--cross-kv precomputed` decoder).
+    Crosskv,
+    /// WhisperKit's TextDecoderContextPrefill (multilingual models only): (task, language)
+    /// → KV caches of the forced prefix.
+    Prefill,
+    /// The whole WhisperKit folder at --out (a directory): MelSpectrogram, AudioEncoder,
+    /// TextDecoder (+ TextDecoderContextPrefill, + CrossKV) packages and the checkpoint's
+    /// config.json, generation_config.json, tokenizer.json, preprocessor_config.json.
+    /// Compression flags apply to the encoder and the decoder (only the decoder's head with
+    /// --head-only).
+    All,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CrossKvArg {
+    /// The decoder projects `encoder_output_embeds` itself, every step (WhisperKit's form).
+    InGraph,
+    /// The decoder takes `encoder_attn_key_cache`/`encoder_attn_value_cache` inputs, made
+    /// once per window by the CrossKV model.
+    Precomputed,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum AbiArg {
+    /// whisper.cpp's Core ML encoder: `logmel_data` fp32 [1, n_mels, 3000] → `output` fp32 [1, 1500, d].
+    Whispercpp,
+    /// WhisperKit's AudioEncoder: `melspectrogram_features` fp16 [1, n_mels, 1, 3000] →
+    /// `encoder_output_embeds` fp16 [1, d, 1, 1500].
+    Whisperkit,
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// A conversion recipe (models/*.toml): exports every component it lists, compressed as
+    /// it says, into the directory --out. Replaces --component/--abi/--target and the
+    /// compression flags.
+    #[arg(long, conflicts_with_all = ["palettize", "quantize"])]
+    pub recipe: Option<PathBuf>,
+    /// Hugging Face Whisper checkpoint directory (config.json + model.safetensors, sharded
+    /// safetensors with an index, or pytorch_model.bin).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Which part of the model to export.
+    #[arg(long, value_enum, default_value = "encoder")]
+    pub component: ComponentArg,
+    /// I/O interface of the package.
+    #[arg(long, value_enum, default_value = "whisperkit")]
+    pub abi: AbiArg,
+    /// Deployment target: ios15..ios18 (or macos12..macos15). Decides the opset and the
+    /// specification version (iOS18 = spec 9).
+    #[arg(long, default_value = "ios18")]
+    pub target: String,
+    /// Decoder: keep the self-attention caches as Core ML states (needs --target ios18).
+    #[arg(long)]
+    pub stateful: bool,
+    /// Decoder: where cross-attention keys/values come from.
+    #[arg(long, value_enum, default_value = "in-graph")]
+    pub cross_kv: CrossKvArg,
+    /// Decoder: split the vocabulary projection into N row chunks (N matmuls). The Neural
+    /// Engine (and whisper.cpp) want at most 16,384 rows per chunk, i.e. N ≥ ceil(vocab /
+    /// 16384) (`min_head_chunks`): 4 for every Whisper vocabulary (51,864-51,866 rows).
+    #[arg(long, default_value_t = 1)]
+    pub head_chunks: usize,
+    /// Output .mlpackage path (a directory for --component all or --recipe).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace an existing output.
+    #[arg(long)]
+    pub force: bool,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print the compression report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub compress: super::compress::CompressFlags,
+    /// Print wall time and peak memory as JSON on stderr when done (used by `milkit bench`).
+    #[arg(long, hide = true)]
+    pub stats: bool,
+}
+
+pub fn parse_target(s: &str) -> Result<Opset> {
+    match Opset::from_target_name(s) {
+        Some(o) => Ok(o),
+        None => {
+            bail!("unknown target `{s}`: use ios15, ios16, ios17 or ios18 (or macos12..macos15)")
+        }
+    }
+}
+
+/// Compression reports of a folder write: one JSON object keyed by file, or text per file.
+pub fn report_folder(r: &BundleReport, json: bool, quiet: bool) -> Result<()> {
+    if json {
+        let mut all = serde_json::Map::new();
+        for (file, method, out) in &r.compressed {
+            let rep = milkit::report::CompressReport::from_outcome(
+                out,
+                &milkit::passes::compress::mode_name(method),
+            );
+            all.insert(file.clone(), serde_json::to_value(&rep)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    } else {
+        for (file, method, out) in &r.compressed {
+            if !quiet {
+                eprintln!("{file}:");
+            }
+            super::compress::print_report(method, out, false, quiet)?;
+        }
+    }
+    Ok(())
+}
