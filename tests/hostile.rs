@@ -654,6 +654,19 @@ fn packages_reading_undefined_or_cyclic_values_are_refused_at_load() {
     edit_program(&pkg, |b| rebind(b, "mul", "x", "xm"));
     let e = load(&pkg);
     assert!(e.contains("`xm`"), "{e}");
+    // A nested block (control flow such as a while_loop that might never end): refused at
+    // load, so no run can loop.
+    let pkg = small_package(&tmp.path().join("nested"));
+    edit_program(&pkg, |b| {
+        let inner = b.clone();
+        let o = b.operations.iter_mut().find(|o| o.r#type == "mul").unwrap();
+        o.blocks.push(inner);
+    });
+    let e = load(&pkg);
+    assert!(
+        e.contains("model.mlmodel") && e.contains("nested blocks (control flow) are not supported"),
+        "{e}"
+    );
 }
 
 /// out = x + fill(shape, 1) (fp16 [n, n]).
