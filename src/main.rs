@@ -55,7 +55,21 @@ fn code(c: i32) -> u8 {
 #[global_allocator]
 static ALLOC: milkit::alloc::HugePageHint = milkit::alloc::HugePageHint;
 
+/// A closed stdout (`milkit inspect PKG --json | head -c 10`) ends the process the way it
+/// ends `cat` or `ls`: by the default SIGPIPE action, quietly. Rust ignores SIGPIPE at start,
+/// which turns the next write into an `EPIPE` error and `println!` into a panic ("failed
+/// printing to stdout: Broken pipe"); restoring the default fixes it for every subcommand.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called first thing in main, before any thread exists; SIG_DFL is always a
+    // valid disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Export(a) => cli::export::run(&a),

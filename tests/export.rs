@@ -229,7 +229,7 @@ fn bad_checkpoints_fail_cleanly() {
         let leftovers: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .filter(|e| e.file_name().to_string_lossy().contains(".milkit-tmp-"))
             .collect();
         assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
     };

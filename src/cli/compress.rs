@@ -233,6 +233,9 @@ pub struct CompressArgs {
     /// No progress bars.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Compress even when weights hold NaN or ±Inf (refused by default), with a warning.
+    #[arg(long)]
+    pub allow_nonfinite: bool,
     #[command(flatten)]
     pub flags: CompressFlags,
 }
@@ -282,6 +285,7 @@ pub fn run(a: &CompressArgs) -> Result<u8> {
         bail!("nothing to do: pass --palettize kmeans|uniform or --quantize int4|uint4|int8|uint8");
     }
     let mut m = load_package(&a.input)?;
+    milkit::passes::finite::check_model(&m, &a.input.display().to_string(), a.allow_nonfinite)?;
     apply(&mut m, &a.flags, a.json, a.quiet)?;
     let pb = progress::bytes_bar(0, "writing", a.quiet);
     save_package(&m, &a.out, a.force, &mut |n| pb.inc(n))?;

@@ -13,6 +13,7 @@ use milkit::whisper::encoder::EncoderAbi;
 use std::time::Instant;
 
 pub fn run(a: &ExportArgs) -> Result<u8> {
+    milkit::whisper::weights::set_allow_nonfinite(a.allow_nonfinite);
     if let Some(r) = &a.recipe {
         return super::export_recipe::run(a, r);
     }

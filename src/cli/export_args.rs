@@ -95,6 +95,10 @@ pub struct ExportArgs {
     /// Print the compression report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Export even when checkpoint tensors hold NaN or ±Inf (refused by default, naming the
+    /// tensor and the count), with a warning per tensor.
+    #[arg(long)]
+    pub allow_nonfinite: bool,
     #[command(flatten)]
     pub compress: super::compress::CompressFlags,
     /// Print wall time and peak memory as JSON on stderr when done (used by `milkit bench`).

@@ -24,6 +24,43 @@ pub struct RunArgs {
     /// Print nothing on success.
     #[arg(long)]
     pub quiet: bool,
+    /// Refuse to run a package whose constants plus the values live at once would take more
+    /// memory than this: bytes, or with a K/M/G/T suffix (powers of 1024), e.g. `4G`.
+    /// Default: the machine's physical memory.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_memory: Option<u64>,
+}
+
+/// `4096`, `512K`, `64M`, `4G`, `1T` (powers of 1024; `iB`/`B` suffixes allowed).
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (
+            &t[..i],
+            match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => {
+                    return Err(format!(
+                        "`{s}`: unknown size suffix `{c}` (use K, M, G or T)"
+                    ))
+                }
+            },
+        ),
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 512M, 4G)"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 /// `NAME=FILE` → (name, file spec).
@@ -49,7 +86,14 @@ fn file_name(output: &str) -> String {
 }
 
 pub fn run(a: &RunArgs) -> Result<u8> {
-    let mut session = Session::load(&a.package)?;
+    let opts = milkit::runtime::Options {
+        max_memory: Some(
+            a.max_memory
+                .unwrap_or_else(milkit::runtime::default_max_memory),
+        ),
+        ..Default::default()
+    };
+    let mut session = Session::load_with(&a.package, &opts)?;
     let fname = a.function.as_deref();
     let expected = session.inputs(fname)?;
     let mut feeds = Vec::new();
@@ -122,5 +166,11 @@ mod tests {
         assert!(parse_input("x=").is_err());
         assert_eq!(file_name("a/b:c"), "a_b_c");
         assert_eq!(file_name("logits"), "logits");
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_size("1t"), Ok(1 << 40));
+        assert!(parse_size("4X").is_err() && parse_size("G").is_err());
+        assert!(parse_size("99999999999T").is_err());
     }
 }

@@ -19,7 +19,13 @@ impl Tensor {
     /// Checks the byte length against dtype and shape.
     pub fn new(dtype: DType, shape: Vec<usize>, data: Bytes) -> Result<Tensor> {
         ensure!(dtype != DType::Str, "string tensors are Value::Strings");
-        let n: usize = shape.iter().product();
+        let n = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|n| n.checked_mul(64).is_some());
+        let Some(n) = n else {
+            bail!("{dtype} tensor of shape {shape:?}: the element count overflows")
+        };
         ensure!(
             data.len() == dtype.storage_bytes(n),
             "{dtype} tensor of shape {shape:?} needs {} bytes, got {}",

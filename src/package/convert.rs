@@ -132,6 +132,10 @@ fn dim_from_proto(d: &mil::Dimension) -> Result<Dim> {
     })
 }
 
+/// Most elements a tensor type read from a file may have (2^40): every byte count computed
+/// from a checked type then fits 64-bit arithmetic, whatever the file claims.
+pub const MAX_ELEMENTS: u64 = 1 << 40;
+
 pub fn tensor_type_from_proto(t: &mil::TensorType) -> Result<TensorType> {
     let dtype = DType::from_proto_code(t.data_type)
         .ok_or_else(|| anyhow!("unknown data type code {}", t.data_type))?;
@@ -140,6 +144,15 @@ pub fn tensor_type_from_proto(t: &mil::TensorType) -> Result<TensorType> {
         .iter()
         .map(dim_from_proto)
         .collect::<Result<Vec<_>>>()?;
+    let known = shape.iter().try_fold(1u64, |n, d| match d {
+        Dim::Fixed(k) => n.checked_mul(*k as u64),
+        Dim::Unknown => Some(n),
+    });
+    ensure!(
+        known.is_some_and(|n| n <= MAX_ELEMENTS),
+        "tensor type with dimensions {:?} has more than {MAX_ELEMENTS} elements",
+        shape.iter().map(|d| d.to_string()).collect::<Vec<_>>()
+    );
     ensure!(
         t.rank == shape.len() as i64,
         "tensor type of rank {} lists {} dimensions",

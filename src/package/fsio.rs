@@ -1,6 +1,12 @@
 //! Atomic output of packages (or of a directory holding several packages): everything is
 //! built in a hidden temporary directory beside the target, synced to disk, then renamed into
 //! place, so a crash or an error never leaves a half-written package at the target path.
+//!
+//! Temporary names are `.<name>.milkit-tmp-<pid>-<n>` (and `.<name>.milkit-old-<pid>-<n>` for
+//! a replaced output moved aside): hidden, recognisable, and carrying the writer's process id.
+//! A run killed with `kill -9` leaves its temporary directory behind; the next write to the
+//! same target removes every such leftover whose process is no longer alive (see
+//! [`clean_stale`]), and restores a moved-aside previous output if the target is missing.
 
 use anyhow::{bail, Context, Result};
 use std::fs::{self, File};
@@ -14,10 +20,11 @@ static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 ///
 /// - If `target` exists and `force` is false: error (naming it and suggesting `--force`);
 ///   nothing is touched.
-/// - Otherwise creates an empty hidden directory `.<name>.tmp-<pid>-<n>` in the target's
+/// - Otherwise removes stale leftovers of killed runs on the same target ([`clean_stale`]),
+///   creates an empty hidden directory `.<name>.milkit-tmp-<pid>-<n>` in the target's
 ///   parent (created if missing), calls `fill` with it, fsyncs every file and directory in
 ///   it, and renames it to `target`. With `force` an existing target is first renamed aside
-///   (`.<name>.old-<pid>-<n>`), and removed after the new one is in place.
+///   (`.<name>.milkit-old-<pid>-<n>`), and removed after the new one is in place.
 /// - On any error (including a panic in `fill`) the temporary directory is removed, and an
 ///   existing target is left as it was.
 ///
@@ -28,6 +35,14 @@ pub fn write_package_atomically(
     force: bool,
     fill: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<()> {
+    if let (Some(parent), Some(name)) = (target.parent(), target.file_name()) {
+        let parent = if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        };
+        clean_stale(parent, &name.to_string_lossy());
+    }
     let exists = fs::symlink_metadata(target).is_ok();
     if exists && !force {
         bail!(
@@ -91,10 +106,75 @@ pub fn write_package_atomically(
     Ok(())
 }
 
-/// `<parent>/.<name>.<tag>-<pid>-<n>`, a name no other writer uses.
+/// `<parent>/.<name>.milkit-<tag>-<pid>-<n>`, a name no other writer uses.
 fn unique_path(parent: &Path, name: &str, tag: &str) -> PathBuf {
     let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-    parent.join(format!(".{name}.{tag}-{}-{n}", std::process::id()))
+    parent.join(format!(".{name}.milkit-{tag}-{}-{n}", std::process::id()))
+}
+
+/// The tag (`tmp` or `old`) and writer pid of a temporary name made by [`unique_path`] for
+/// `name`, or `None` for any other file name.
+pub fn temporary_of(file_name: &str, name: &str) -> Option<(&'static str, u32)> {
+    let rest = file_name.strip_prefix('.')?.strip_prefix(name)?;
+    let rest = rest.strip_prefix(".milkit-")?;
+    let (tag, rest) = if let Some(r) = rest.strip_prefix("tmp-") {
+        ("tmp", r)
+    } else {
+        ("old", rest.strip_prefix("old-")?)
+    };
+    let (pid, n) = rest.split_once('-')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((tag, pid.parse().ok()?))
+}
+
+/// Whether process `pid` is still running: `kill(pid, 0)` does not fail with `ESRCH`.
+#[cfg(unix)]
+fn alive(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if p <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks whether the process exists; nothing is sent.
+    let r = unsafe { libc::kill(p, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Elsewhere every process counts as alive, so nothing is ever cleaned there.
+#[cfg(not(unix))]
+fn alive(_pid: u32) -> bool {
+    true
+}
+
+/// Removes the leftovers of killed writers of `<parent>/<name>`: temporary directories and
+/// files (`.<name>.milkit-tmp-<pid>-<n>`) whose process is gone. A moved-aside previous output
+/// (`.<name>.milkit-old-…`) of a dead writer is put back when the target is missing (the kill
+/// came between the two renames of a replace), else removed. Leftovers of live processes
+/// (another writer at work) and every other name are left alone. Best effort: errors are
+/// ignored, the write that follows reports what matters.
+pub fn clean_stale(parent: &Path, name: &str) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    let target = parent.join(name);
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some((tag, pid)) = temporary_of(&file_name.to_string_lossy(), name) else {
+            continue;
+        };
+        if pid == std::process::id() || alive(pid) {
+            continue;
+        }
+        let path = entry.path();
+        if tag == "old" && fs::symlink_metadata(&target).is_err() {
+            let _ = fs::rename(&path, &target);
+        } else {
+            let _ = remove_any(&path);
+        }
+    }
 }
 
 /// A temporary directory removed on drop unless disarmed.
@@ -185,6 +265,7 @@ pub fn write_file_atomically(target: &Path, data: &[u8], force: bool) -> Result<
     };
     fs::create_dir_all(&parent)
         .with_context(|| format!("cannot create output directory {}", parent.display()))?;
+    clean_stale(&parent, &name);
     let tmp = unique_path(&parent, &name, "tmp");
     let r = (|| -> Result<()> {
         let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;

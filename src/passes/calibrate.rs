@@ -319,10 +319,20 @@ impl Calibration {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
+            let nonfinite = v.iter().filter(|x| !x.is_finite()).count();
             ensure!(
-                v.iter().all(|x| x.is_finite() && *x >= 0.0),
-                "{}: `{name}` holds a negative or non-finite second moment",
-                path.display()
+                nonfinite == 0,
+                "{}: `{name}` holds {nonfinite} non-finite second moment(s) (NaN or ±Inf) \
+                 of {}; measure the statistics again",
+                path.display(),
+                v.len()
+            );
+            let negative = v.iter().filter(|x| **x < 0.0).count();
+            ensure!(
+                negative == 0,
+                "{}: `{name}` holds {negative} negative second moment(s) of {}",
+                path.display(),
+                v.len()
             );
             moments.insert(name, v);
         }

@@ -133,7 +133,7 @@ fn parse_npy(b: &[u8]) -> Result<Tensor> {
         d => bail!("unsupported dtype `{d}` (f4, f2, f8, i4, i8, u1, b1 little-endian)"),
     };
     ensure!(
-        data.len() == n * width,
+        n.checked_mul(width) == Some(data.len()),
         "{} data bytes for {n} elements of {descr}",
         data.len()
     );

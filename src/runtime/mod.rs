@@ -34,6 +34,30 @@ pub struct Options {
     pub fuse_state_updates: bool,
     /// Merge `add(mul(a, b), mul(c, d))` into one pass (see [`blend_fusion`]).
     pub fuse_blends: bool,
+    /// Refuse, at load, a program whose constants plus the values live at once during a run
+    /// would take more than this many bytes (every value of fixed type counted at its
+    /// storage size; see [`plan::check_memory`]), instead of letting an allocation fail.
+    /// `None`: no cap. The default is [`default_max_memory`].
+    pub max_memory: Option<u64>,
+}
+
+/// The default memory cap of a session: the machine's physical memory (16 GiB where it
+/// cannot be read).
+pub fn default_max_memory() -> u64 {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf only reads system configuration values.
+        let (pages, size) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        if pages > 0 && size > 0 {
+            return (pages as u64).saturating_mul(size as u64);
+        }
+    }
+    16 << 30
 }
 
 impl Default for Options {
@@ -42,6 +66,7 @@ impl Default for Options {
             fuse_attention: true,
             fuse_state_updates: true,
             fuse_blends: true,
+            max_memory: Some(default_max_memory()),
         }
     }
 }

@@ -112,8 +112,27 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
         });
         nslots += 1;
     }
+    let cap = opts.max_memory.unwrap_or(u64::MAX);
+    let mut const_bytes = f
+        .inputs
+        .iter()
+        .fold(0u64, |a, v| a.saturating_add(value_bytes(&v.ty)));
     for op in &f.block.operations {
         let label = op_label(&op.op_type, &op.name, opset);
+        // Before anything of this op is evaluated (constants are folded right here): its
+        // outputs on top of the constants so far must fit the cap.
+        let out_bytes = op
+            .outputs
+            .iter()
+            .fold(0u64, |a, o| a.saturating_add(value_bytes(&o.ty)));
+        ensure!(
+            const_bytes.saturating_add(out_bytes) <= cap,
+            "{label}: its outputs take {} on top of {} of constants and inputs before it, over \
+             the memory cap of {} (--max-memory)",
+            show_bytes(out_bytes),
+            show_bytes(const_bytes),
+            show_bytes(cap)
+        );
         ensure!(
             op.blocks.is_empty(),
             "{label}: nested blocks (control flow) are not supported by the interpreter"
@@ -168,6 +187,7 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
             free: vec![],
         };
         if constant {
+            const_bytes = const_bytes.saturating_add(out_bytes);
             let vals = {
                 let cx = make_cx(&step, opset, &consts, &[])?;
                 run_eval(eval, &cx).with_context(|| format!("{label}: evaluating a constant"))?
@@ -230,6 +250,7 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
         super::blend_fusion::fuse_blends(&mut steps, &outs);
     }
     schedule_frees(&mut steps, &outputs, nslots);
+    check_memory(&steps, const_bytes, cap)?;
     super::pack::pack_weights(&mut consts, &steps, &outputs, &origins)?;
     drop_unused_consts(&mut consts, &steps, &outputs);
     widen_weights(&mut consts, &steps, &outputs)?;
@@ -241,6 +262,66 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
         outputs,
         nslots,
     })
+}
+
+/// Bytes a value of type `ty` takes at run time: fixed-shape tensors and states at their
+/// storage size (`u64::MAX` when that overflows); 0 for unknown dimensions and other types.
+pub fn value_bytes(ty: &ValueType) -> u64 {
+    let t = match ty {
+        ValueType::Tensor(t) | ValueType::State(t) => t,
+        _ => return 0,
+    };
+    let Ok(d) = crate::ops::eval::storage_dtype(t.dtype) else {
+        return 0;
+    };
+    let mut n = d.size_in_bytes() as u64;
+    for dim in &t.shape {
+        match dim {
+            crate::ir::Dim::Fixed(k) => n = n.saturating_mul(*k as u64),
+            crate::ir::Dim::Unknown => return 0,
+        }
+    }
+    n
+}
+
+/// `1.5 GiB`, `512.0 MiB`, `12 bytes`.
+pub fn show_bytes(n: u64) -> String {
+    match n {
+        u64::MAX => "more than 16 EiB".into(),
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n => format!("{n} bytes"),
+    }
+}
+
+/// The peak of one run: constants (and inputs) plus the values live at once, walking the
+/// steps with their frees; over `cap` is an error naming the step where the peak is.
+pub fn check_memory(steps: &[Step], const_bytes: u64, cap: u64) -> Result<()> {
+    let mut sizes: HashMap<usize, u64> = HashMap::new();
+    let mut live: u64 = 0;
+    for st in steps {
+        for (slot, ty) in st.outs.iter().zip(&st.out_types) {
+            let b = value_bytes(ty);
+            sizes.insert(*slot, b);
+            live = live.saturating_add(b);
+        }
+        let total = const_bytes.saturating_add(live);
+        ensure!(
+            total <= cap,
+            "op `{}` ({}): a run needs {} at this op ({} of constants and inputs, {} of live \
+             values), over the memory cap of {} (--max-memory)",
+            st.name,
+            st.op_type,
+            show_bytes(total),
+            show_bytes(const_bytes),
+            show_bytes(live),
+            show_bytes(cap)
+        );
+        for slot in &st.free {
+            live = live.saturating_sub(sizes.get(slot).copied().unwrap_or(0));
+        }
+    }
+    Ok(())
 }
 
 /// Marks each slot to be freed after the step that last reads it (or, for values nobody

@@ -45,6 +45,18 @@ pub fn load_wav(path: impl AsRef<Path>) -> Result<Vec<f32>> {
         path.display(),
         spec.sample_rate
     );
+    // The data chunk's declared length against the file: a header claiming gigabytes of
+    // samples in a small file is corrupt (or truncated), said before anything is read.
+    let file_len = std::fs::metadata(path)
+        .with_context(|| format!("{}: cannot stat the audio file", path.display()))?
+        .len();
+    let declared = u64::from(reader.len()) * u64::from(spec.bits_per_sample).div_ceil(8);
+    ensure!(
+        declared <= file_len,
+        "{}: WAV header declares {declared} bytes of samples but the file holds only \
+         {file_len} bytes (truncated, or a corrupt data chunk length)",
+        path.display()
+    );
     let interleaved: Vec<f32> = match (spec.sample_format, spec.bits_per_sample) {
         (hound::SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => {
             let scale = 1.0 / f64::from(1u32 << (bits - 1));

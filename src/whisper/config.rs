@@ -125,6 +125,24 @@ impl WhisperConfig {
         ] {
             ensure!(v > 0, "\"{key}\" must be positive, got 0");
         }
+        // Sane caps on the sizes that shape allocations before any tensor is read (the mel
+        // filter bank, position tables, vocabulary-sized buffers): each far above any Whisper
+        // (large-v3: d_model 1280, ffn 5120, 128 mel bins, 51866 tokens). Layer counts are
+        // checked against the tensors present instead (`WhisperWeights::check`).
+        for (key, v, cap) in [
+            ("d_model", self.d_model, 1 << 16),
+            ("encoder_ffn_dim", self.encoder_ffn_dim, 1 << 20),
+            ("decoder_ffn_dim", self.decoder_ffn_dim, 1 << 20),
+            ("num_mel_bins", self.num_mel_bins, 1 << 12),
+            ("vocab_size", self.vocab_size, 1 << 24),
+            ("max_source_positions", self.max_source_positions, 1 << 20),
+            ("max_target_positions", self.max_target_positions, 1 << 20),
+        ] {
+            ensure!(
+                v <= cap,
+                "\"{key}\" = {v} is implausibly large (at most {cap} accepted)"
+            );
+        }
         for (key, heads) in [
             ("encoder_attention_heads", self.encoder_attention_heads),
             ("decoder_attention_heads", self.decoder_attention_heads),

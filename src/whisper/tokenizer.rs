@@ -106,7 +106,19 @@ impl Tokenizer {
             max_id < 10_000_000,
             "token id {max_id} is implausibly large"
         );
-        let mut entries: Vec<Option<Entry>> = vec![None; max_id as usize + 1];
+        // The id table is dense: ids far beyond the number of tokens listed would make a
+        // few-byte file allocate a table of millions of entries. Whisper's files may lack
+        // the 1501 timestamp ids above the specials, hence the margin.
+        let listed = file.model.vocab.len() + file.added_tokens.len();
+        ensure!(
+            (max_id as usize) < listed + (1 << 16),
+            "token id {max_id} is implausibly large for the {listed} tokens listed"
+        );
+        let mut entries: Vec<Option<Entry>> = Vec::new();
+        entries
+            .try_reserve_exact(max_id as usize + 1)
+            .context("cannot allocate the token table")?;
+        entries.resize(max_id as usize + 1, None);
         let mut by_string = HashMap::new();
         for (token, &id) in &file.model.vocab {
             entries[id as usize] = Some(Entry::Bpe(token.clone()));

@@ -15,6 +15,7 @@ use half::{bf16, f16};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 mod formats;
@@ -351,19 +352,17 @@ impl WhisperWeights {
             (Location::Mapped(range), SourceFile::Safetensors { map, .. }) => {
                 let raw = &map[range.clone()];
                 let data = match entry.dtype {
-                    StoredDType::F16 => {
-                        let data = Bytes::from_mmap(map.clone(), range.clone())?;
-                        return Ok(F16Tensor {
-                            shape: entry.shape.clone(),
-                            data,
-                        });
-                    }
+                    StoredDType::F16 => Bytes::from_mmap(map.clone(), range.clone()),
                     StoredDType::F32 => convert::<4>(raw, f32::from_le_bytes),
                     StoredDType::BF16 => convert::<2>(raw, |b| bf16::from_le_bytes(b).to_f32()),
                     StoredDType::F64 => convert::<8>(raw, |b| f64_to_f32(f64::from_le_bytes(b))),
                     StoredDType::Other(_) => unreachable!("checked above"),
                 };
-                release_pages(map, range);
+                // fp16 data is the map itself; converted data is a copy, so its source
+                // pages can go.
+                if entry.dtype != StoredDType::F16 {
+                    release_pages(map, range);
+                }
                 data
             }
             (Location::Pickled(key), SourceFile::Pth { pth, .. }) => {
@@ -372,6 +371,7 @@ impl WhisperWeights {
             _ => unreachable!("entries point at their own kind of file"),
         };
         let data = data.with_context(what)?;
+        check_finite(&data, &what)?;
         Ok(F16Tensor {
             shape: entry.shape.clone(),
             data,
@@ -459,6 +459,7 @@ impl WhisperWeights {
     /// Checks that every tensor `component` needs is present, float and of the right shape;
     /// the error lists every problem at once and names the checkpoint.
     pub fn check(&self, cfg: &WhisperConfig, component: Component) -> Result<()> {
+        self.check_layer_count(cfg, component)?;
         let mut missing = Vec::new();
         let mut wrong = Vec::new();
         for (name, shape) in Self::expected(cfg, component) {
@@ -502,6 +503,70 @@ impl WhisperWeights {
         }
         Err(anyhow!(msg))
     }
+}
+
+impl WhisperWeights {
+    /// The config's layer count against the layers the checkpoint holds, before anything is
+    /// listed per layer (a config claiming 1,000,000,000 layers must not make milkit build a
+    /// list of 16 billion names): the first layer with no tensor at all is an error naming
+    /// its first tensor. Takes at most one lookup per tensor present.
+    fn check_layer_count(&self, cfg: &WhisperConfig, component: Component) -> Result<()> {
+        let (p, layers, key) = match component {
+            Component::Encoder => ("model.encoder", cfg.encoder_layers, "encoder_layers"),
+            Component::Decoder => ("model.decoder", cfg.decoder_layers, "decoder_layers"),
+        };
+        for i in 0..layers {
+            let prefix = format!("{p}.layers.{i}.");
+            let present = self
+                .entries
+                .range(prefix.clone()..)
+                .next()
+                .is_some_and(|(k, _)| k.starts_with(&prefix));
+            if !present {
+                bail!(
+                    "checkpoint {} does not fit the {} of this config: config.json says \
+                     {key} = {layers}, but the checkpoint has no tensor of layer {i} (first \
+                     missing tensor: {prefix}self_attn.q_proj.weight)",
+                    self.origin.display(),
+                    component.name(),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether non-finite weights are let through with a warning (`--allow-nonfinite`) instead of
+/// refused. Process-wide: the exports open their checkpoints deep inside the library.
+static ALLOW_NONFINITE: AtomicBool = AtomicBool::new(false);
+
+/// Lets tensors holding NaN or ±Inf through [`WhisperWeights::tensor_f16`] with a warning on
+/// stderr (`true`), or refuses them (`false`, the default).
+pub fn set_allow_nonfinite(allow: bool) {
+    ALLOW_NONFINITE.store(allow, Ordering::Relaxed);
+}
+
+/// Refuses (or, with [`set_allow_nonfinite`], warns about) a tensor holding NaN or ±Inf: a
+/// package built from it could only compute NaN.
+fn check_finite(data: &Bytes, what: &dyn Fn() -> String) -> Result<()> {
+    let bad = crate::passes::finite::count_nonfinite_f16(data.as_slice());
+    if bad == 0 {
+        return Ok(());
+    }
+    let total = data.len() / 2;
+    if ALLOW_NONFINITE.load(Ordering::Relaxed) {
+        eprintln!(
+            "warning: {}: {bad} of {total} values are not finite (NaN or ±Inf); going on \
+             (--allow-nonfinite)",
+            what()
+        );
+        return Ok(());
+    }
+    bail!(
+        "{}: {bad} of {total} values are not finite (NaN or ±Inf); a package built from it \
+         could only compute NaN (pass --allow-nonfinite to export anyway)",
+        what()
+    )
 }
 
 /// Hugging Face's `WhisperModel` saves without the `model.` prefix that
