@@ -336,19 +336,26 @@ fn head_only_compression_touches_only_the_head() {
     check_head_only(&m4, &load_package(&p4).unwrap(), 4);
     common::validate(&p4);
 
-    // Group 8 does not divide 12,966 rows: refused, naming the op, nothing written.
-    let bad = dir.path().join("bad.mlpackage");
+    // Group 8 does not divide 12,966 rows: each chunk is padded to 12,968 rows in the graph
+    // and sliced back (tests/checkpoints.rs checks the logits), the ABI unchanged.
+    let padded = dir.path().join("padded.mlpackage");
     let mut args = vec!["compress", "--head-only", "--group-size", "8"];
     args.extend_from_slice(&lut4);
     let o = milkit()
         .args(args)
         .arg(&plain4)
         .arg("--out")
-        .arg(&bad)
+        .arg(&padded)
+        .arg("--quiet")
         .output()
         .unwrap();
-    refused(&o, "lm_head_0");
-    assert!(!bad.exists());
+    ok(&o);
+    let mp = load_package(&padded).unwrap();
+    assert!(mp.description.user_defined["milkit.head_padding"]
+        .contains("lm_head_0: 12966 rows + 2 zero rows = 12968"));
+    assert_eq!(mp.description.outputs, m4.description.outputs);
+    common::validate(&padded);
+    let bad = dir.path().join("bad.mlpackage");
 
     // --head-only on a package without a head (the encoder) is refused.
     let enc = dir.path().join("enc.mlpackage");
@@ -543,8 +550,10 @@ fn multilingual_prefill_and_folder() {
     );
     common::validate(&p);
 
-    // The folder needs tokenizer.json; synth writes none: refused, then accepted with one.
+    // The folder needs tokenizer.json: refused without one, accepted with synth's.
     let out = dir.path().join("wk");
+    let tok = model.join("tokenizer.json");
+    std::fs::rename(&tok, dir.path().join("tokenizer.json")).unwrap();
     let o = export(
         &model,
         &out,
@@ -552,7 +561,7 @@ fn multilingual_prefill_and_folder() {
     );
     refused(&o, "tokenizer.json");
     assert!(!out.exists());
-    std::fs::write(model.join("tokenizer.json"), "{}\n").unwrap();
+    std::fs::rename(dir.path().join("tokenizer.json"), &tok).unwrap();
     ok(&export(
         &model,
         &out,

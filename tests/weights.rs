@@ -512,6 +512,7 @@ fn presets_have_the_released_dimensions() {
         (Preset::Medium, [1024, 24, 24, 16, 4096, 80, 51865]),
         (Preset::LargeV3, [1280, 32, 32, 20, 5120, 128, 51866]),
         (Preset::LargeV3Turbo, [1280, 32, 4, 20, 5120, 128, 51866]),
+        (Preset::DistilLargeV3, [1280, 32, 2, 20, 5120, 128, 51866]),
     ]
     .into_iter()
     .collect();

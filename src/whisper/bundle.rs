@@ -7,11 +7,12 @@
 
 use super::decoder::CrossKv;
 use super::decoder_export::{
-    export_cross_kv, export_decoder, export_prefill, head_only_selection, is_multilingual,
-    DecoderExport,
+    export_cross_kv, export_decoder, export_prefill, head_only_selection, head_ops,
+    is_multilingual, DecoderExport, HEAD_OPS_KEY,
 };
 use super::encoder::EncoderAbi;
 use super::export::export_encoder;
+use super::head_pad::{pad_head_rows, row_multiple};
 use super::mel::export_mel;
 use crate::ir::{Model, Opset};
 use crate::package::fsio::write_package_atomically;
@@ -132,6 +133,7 @@ impl Compression {
     /// reordering (done in place) and the statistics permuted to match.
     pub fn prepare(&self, m: &mut Model) -> Result<Prepared<'_>> {
         let sel = self.selection_in(m)?;
+        pad_selected_head(m, &self.method, &sel)?;
         let mut p = Prepared {
             calibration: self.calibration.as_ref().map(Cow::Borrowed),
             regrouped: Vec::new(),
@@ -160,6 +162,26 @@ impl Compression {
         out.regrouped = p.regrouped;
         Ok(out)
     }
+}
+
+/// Pads the vocabulary head of a milkit text decoder to a multiple of the group size when
+/// `sel` compresses it and the group size does not divide its rows ([`pad_head_rows`]);
+/// leaves every other model alone.
+fn pad_selected_head(m: &mut Model, method: &Method, sel: &Selection) -> Result<()> {
+    let multiple = row_multiple(method);
+    if multiple <= 1 || !m.description.user_defined.contains_key(HEAD_OPS_KEY) {
+        return Ok(());
+    }
+    let head = head_ops(m)?;
+    let picks = |op: &String| {
+        sel.op_names.is_empty()
+            || sel.op_names.contains(op)
+            || sel.op_names.contains(&format!("{op}_weight"))
+    };
+    if sel.op_types.iter().any(|t| t == "conv") && head.iter().any(picks) {
+        pad_head_rows(m, multiple)?;
+    }
+    Ok(())
 }
 
 /// What [`Compression::prepare`] hands to the compression of one model.
@@ -280,12 +302,23 @@ pub fn write_folder(
     for (name, required) in copy {
         let p = model_dir.join(name);
         if *required && !p.is_file() {
+            if *name == "tokenizer.json" {
+                return Err(super::checkpoint::missing_tokenizer_error(model_dir));
+            }
+            if *name == "generation_config.json" && model_dir.join("config.json").is_file() {
+                continue; // derived from config.json and the tokenizer, with a warning
+            }
             bail!(
                 "{}: missing {name}, which the output folder must contain",
                 model_dir.display()
             );
         }
     }
+    let generation = if copy.iter().any(|(n, _)| *n == "generation_config.json") {
+        super::checkpoint::folder_generation_json(model_dir)?
+    } else {
+        None
+    };
     if out_dir.exists() && !force {
         bail!(
             "{} already exists; pass --force to replace it",
@@ -307,7 +340,13 @@ pub fn write_folder(
         }
         for (name, _) in copy {
             let src = model_dir.join(name);
-            if src.is_file() {
+            if let (true, Some(g)) = (*name == "generation_config.json", &generation) {
+                // The checkpoint's (or derived) config with only the heads the decoder has.
+                let dst = dir.join(name);
+                std::fs::write(&dst, serde_json::to_string_pretty(g)? + "\n")
+                    .with_context(|| format!("cannot write {}", dst.display()))?;
+                report.files.push(name.to_string());
+            } else if src.is_file() {
                 std::fs::copy(&src, dir.join(name))
                     .with_context(|| format!("cannot copy {}", src.display()))?;
                 report.files.push(name.to_string());

@@ -305,17 +305,11 @@ impl GenerationConfig {
         Self::from_file(&path).map(Some)
     }
 
-    /// Checks the ids and heads against the model: every token inside the vocabulary, every
-    /// alignment head inside the decoder.
+    /// Checks the ids against the model: every token inside the vocabulary. Alignment heads
+    /// outside the decoder are not an error here (distilled models copy their teacher's):
+    /// [`GenerationConfig::split_alignment_heads`] tells them apart, and the export drops
+    /// them with a warning.
     pub fn validate(&self, cfg: &WhisperConfig) -> Result<()> {
-        for &[layer, head] in self.alignment_heads.iter().flatten() {
-            ensure!(
-                layer < cfg.decoder_layers && head < cfg.decoder_attention_heads,
-                "alignment head [{layer}, {head}] outside a decoder of {} layers x {} heads",
-                cfg.decoder_layers,
-                cfg.decoder_attention_heads
-            );
-        }
         let mut ids: Vec<u32> = Vec::new();
         ids.extend(
             self.forced_decoder_ids
@@ -339,6 +333,16 @@ impl GenerationConfig {
         Ok(())
     }
 
+    /// The alignment heads inside a decoder of `cfg`'s layers and heads, and those outside
+    /// it (as `[layer, head]`, in file order).
+    pub fn split_alignment_heads(&self, cfg: &WhisperConfig) -> (Vec<[usize; 2]>, Vec<[usize; 2]>) {
+        self.alignment_heads
+            .iter()
+            .flatten()
+            .copied()
+            .partition(|&[l, h]| l < cfg.decoder_layers && h < cfg.decoder_attention_heads)
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         // Serialising plain data into a Value cannot fail.
         serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
@@ -354,11 +358,14 @@ pub enum Preset {
     Medium,
     LargeV3,
     LargeV3Turbo,
+    /// distil-whisper/distil-large-v3: large-v3's encoder, 2 decoder layers, and the
+    /// teacher's generation config (alignment heads in layers it does not have).
+    DistilLargeV3,
 }
 
 /// Whisper language codes in token order (`<|en|>` is the first language token). v3 added
 /// Cantonese at the end, which shifts every special token after the languages by one.
-const LANGUAGES: [&str; 100] = [
+pub const LANGUAGES: [&str; 100] = [
     "en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca", "nl", "ar", "sv", "it",
     "id", "hi", "fi", "vi", "he", "uk", "el", "ms", "cs", "ro", "da", "hu", "ta", "no", "th", "ur",
     "hr", "bg", "lt", "la", "mi", "ml", "cy", "sk", "te", "fa", "lv", "bn", "sr", "az", "sl", "kn",
@@ -406,13 +413,14 @@ const SUPPRESS_TEXT: [u32; 82] = [
 ];
 
 impl Preset {
-    pub const ALL: [Preset; 6] = [
+    pub const ALL: [Preset; 7] = [
         Preset::Tiny,
         Preset::Base,
         Preset::Small,
         Preset::Medium,
         Preset::LargeV3,
         Preset::LargeV3Turbo,
+        Preset::DistilLargeV3,
     ];
 
     /// The name used on the command line: tiny, base, small, medium, large-v3, large-v3-turbo.
@@ -424,6 +432,7 @@ impl Preset {
             Preset::Medium => "medium",
             Preset::LargeV3 => "large-v3",
             Preset::LargeV3Turbo => "large-v3-turbo",
+            Preset::DistilLargeV3 => "distil-large-v3",
         }
     }
 
@@ -437,6 +446,7 @@ impl Preset {
             Preset::Medium => (1024, 24, 24, 16, 4096, 80, 51865),
             Preset::LargeV3 => (1280, 32, 32, 20, 5120, 128, 51866),
             Preset::LargeV3Turbo => (1280, 32, 4, 20, 5120, 128, 51866),
+            Preset::DistilLargeV3 => (1280, 32, 2, 20, 5120, 128, 51866),
         };
         let sp = Specials::multilingual(vocab);
         let mut suppress = SUPPRESS_TEXT.to_vec();
@@ -503,7 +513,7 @@ impl Preset {
                 [10, 5],
             ],
             Preset::Medium => &[[13, 15], [15, 4], [15, 15], [16, 1], [20, 0], [23, 4]],
-            Preset::LargeV3 => &[
+            Preset::LargeV3 | Preset::DistilLargeV3 => &[
                 [7, 0],
                 [10, 17],
                 [12, 18],

@@ -73,17 +73,10 @@ pub fn head_only_selection(m: &Model, base: &Selection) -> Result<Selection> {
     })
 }
 
-/// `generation_config.json` of a checkpoint as JSON, if the file exists.
+/// `generation_config.json` of a checkpoint as JSON (derived when the file is missing, see
+/// [`super::checkpoint::generation_json`]).
 fn generation_json(model_dir: &Path) -> Result<Option<serde_json::Value>> {
-    let p = model_dir.join("generation_config.json");
-    if !p.exists() {
-        return Ok(None);
-    }
-    let text =
-        std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .with_context(|| format!("{}: malformed JSON", p.display()))
+    super::checkpoint::generation_json(model_dir)
 }
 
 /// Alignment heads from generation_config.json; none when the file or key is absent (the
@@ -112,7 +105,7 @@ pub fn export_decoder(model_dir: &Path, o: &DecoderExport, opset: Opset) -> Resu
     }
     let (cfg, w) = open_checked(model_dir, Component::Decoder)?;
     let opts = DecoderOptions {
-        alignment_heads: alignment_heads(model_dir)?,
+        alignment_heads: super::checkpoint::usable_alignment_heads(model_dir, &cfg)?,
         head_chunks: o.head_chunks,
         kv_cache: if o.stateful {
             KvCache::State

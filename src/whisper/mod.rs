@@ -2,6 +2,7 @@
 //! for each component, audio front end, tokenizer, decoding loop.
 pub mod audio;
 pub mod bundle;
+pub mod checkpoint;
 pub mod config;
 pub mod decoder;
 pub mod decoder_export;
@@ -12,9 +13,11 @@ pub mod encoder;
 pub mod export;
 pub mod generate;
 pub mod graph;
+pub mod head_pad;
 pub mod mel;
 pub mod recipe;
 pub mod synth;
+pub mod synth_tokenizer;
 pub mod tokenizer;
 pub mod weights;
 pub mod wer;

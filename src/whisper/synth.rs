@@ -1,6 +1,7 @@
 //! Synthetic Whisper checkpoints: a Hugging Face directory (`config.json`,
-//! `generation_config.json`, `preprocessor_config.json`, `model.safetensors`) with every tensor
-//! of the real model, filled with deterministic, well-scaled pseudo-random values.
+//! `generation_config.json`, `preprocessor_config.json`, `tokenizer.json` (see
+//! `synth_tokenizer`), `model.safetensors`) with every tensor of the real model, filled with
+//! deterministic, well-scaled pseudo-random values.
 //!
 //! The safetensors file is streamed: the header is computed from the shapes and written
 //! first, then each tensor is generated in parallel chunks and appended, so even
@@ -113,6 +114,13 @@ pub fn synthesize_with(
         write_json("generation_config.json", &g.to_json())?;
     }
     write_json("preprocessor_config.json", &preprocessor_json(cfg))?;
+    // Every Whisper vocabulary has a layout to build a tokenizer from; a test config with
+    // another vocabulary gets none.
+    if let Ok(tok) = super::synth_tokenizer::synth_tokenizer_json(cfg, generation) {
+        let path = staging.dir.join("tokenizer.json");
+        std::fs::write(&path, serde_json::to_string(&tok)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     let model = staging.dir.join("model.safetensors");
     write_safetensors(cfg, &model, opts)
         .with_context(|| format!("cannot write {}", model.display()))?;

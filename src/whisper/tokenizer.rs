@@ -62,7 +62,7 @@ pub struct Tokenizer {
 
 /// GPT-2's reversible byte → printable character table: printable Latin-1 bytes map to
 /// themselves, the other 68 bytes to U+0100 onwards, in byte order.
-fn byte_to_char_table() -> [char; 256] {
+pub(crate) fn byte_to_char_table() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..=255u8 {

@@ -285,8 +285,8 @@ impl WhisperWeights {
             )
         };
         self.files.push(source);
-        for (name, dtype, shape, location) in tensors {
-            let name = canonical_name(&name);
+        for (stored, dtype, shape, location) in tensors {
+            let name = canonical_name(&stored);
             let entry = Entry {
                 file,
                 shape,
@@ -294,6 +294,14 @@ impl WhisperWeights {
                 location,
             };
             if let Some(old) = self.entries.insert(name.clone(), entry) {
+                if old.file == file {
+                    bail!(
+                        "{}: tensor {name} is stored twice, with and without the `model.` \
+                         prefix ({stored} and {name}); save the checkpoint with one naming \
+                         (WhisperForConditionalGeneration's `model.` or WhisperModel's bare one)",
+                        path.display()
+                    );
+                }
                 bail!(
                     "tensor {name} is in both {} and {}",
                     self.files[old.file].path().display(),
@@ -500,6 +508,11 @@ impl WhisperWeights {
         }
         for w in &wrong {
             msg += &format!("\n  {w}");
+        }
+        if missing.iter().any(|n| n == "proj_out.weight") {
+            msg += "\n  config.json says tie_word_embeddings: false, so the vocabulary head \
+                    proj_out.weight must be stored; if the head is tied to \
+                    model.decoder.embed_tokens.weight, set tie_word_embeddings to true";
         }
         Err(anyhow!(msg))
     }
