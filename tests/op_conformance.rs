@@ -202,7 +202,6 @@ const COREML_OPS: &[(&str, &[Opset])] = &[
 /// Ops of [`COREML_OPS`] the interpreter does not run yet, and why.
 const MISSING: &[(&str, &str)] = &[
     ("affine", "image resampling family not implemented yet"),
-    ("batch_to_space", "not implemented yet"),
     ("classify", "classifier output (dictionary) not supported"),
     (
         "cond",
@@ -239,7 +238,6 @@ const MISSING: &[(&str, &str)] = &[
         "resize family not implemented yet",
     ),
     ("rnn", "recurrent ops not implemented yet"),
-    ("space_to_batch", "not implemented yet"),
     ("upsample_bilinear", "resize family not implemented yet"),
     (
         "upsample_nearest_neighbor",
@@ -2124,6 +2122,86 @@ fn cases() -> Vec<Case> {
             p.want(&y, &out_shape, w, Cmp::Exact)
         }));
     }
+    v.push(case(
+        "space_to_batch",
+        "block [2, 3], paddings [[1, 0], [0, 2]]; batch_to_space back",
+        &[I15],
+        FP,
+        |p| {
+            let (n, c, h, w) = (2usize, 2usize, 3usize, 4usize);
+            let (x, xv) = p.xs("x", &[n, c, h, w]);
+            let (b0, b1, top, left) = (2usize, 3usize, 1usize, 0usize);
+            let (ph, pw) = (h + 1, w + 2);
+            let pads = || In::C(Value::Tensor(ITensor::i32(&[2, 2], &[1, 0, 0, 2])));
+            let y = p.op(
+                "space_to_batch",
+                vec![
+                    ("x", In::V(x)),
+                    ("block_shape", ci(&[2, 3])),
+                    ("paddings", pads()),
+                ],
+            )?;
+            let z = p.op(
+                "batch_to_space",
+                vec![
+                    ("x", In::V(y.clone())),
+                    ("block_shape", ci(&[2, 3])),
+                    ("crops", pads()),
+                ],
+            )?;
+            // TensorFlow: out[(i·b1 + j)·N + n, c, y, x] = padded[n, c, y·b0 + i, x·b1 + j].
+            let os = [n * b0 * b1, c, ph / b0, pw / b1];
+            let mut want = vec![0.0; numel(&os)];
+            for k in 0..os[0] {
+                let (ij, nn) = (k / n, k % n);
+                let (i, j) = (ij / b1, ij % b1);
+                for cc in 0..c {
+                    for yy in 0..os[2] {
+                        for xx in 0..os[3] {
+                            let (sy, sx) = (
+                                (yy * b0 + i) as i64 - top as i64,
+                                (xx * b1 + j) as i64 - left as i64,
+                            );
+                            if sy >= 0 && sx >= 0 && (sy as usize) < h && (sx as usize) < w {
+                                want[ravel(&os, &[k, cc, yy, xx])] =
+                                    xv[ravel(&[n, c, h, w], &[nn, cc, sy as usize, sx as usize])];
+                            }
+                        }
+                    }
+                }
+            }
+            p.want(&y, &os, want, Cmp::Exact)?;
+            p.want(&z, &[n, c, h, w], xv, Cmp::Exact)
+        },
+    ));
+    v.push(case(
+        "batch_to_space",
+        "crops [[0, 1], [1, 0]]",
+        &[I15],
+        FP,
+        |p| {
+            let (x, xv) = p.xs("x", &[4, 1, 2, 2]);
+            let crops = In::C(Value::Tensor(ITensor::i32(&[2, 2], &[0, 1, 1, 0])));
+            let z = p.op(
+                "batch_to_space",
+                vec![
+                    ("x", In::V(x)),
+                    ("block_shape", ci(&[2, 2])),
+                    ("crops", crops),
+                ],
+            )?;
+            // out[0, 0, Y, X] = x[(Y % 2)·2 + X % 2, 0, Y / 2, X / 2] over the 4×4, then cropped.
+            let mut want = vec![];
+            for yy in 0..3usize {
+                for xx in 1..4usize {
+                    want.push(
+                        xv[ravel(&[4, 1, 2, 2], &[(yy % 2) * 2 + xx % 2, 0, yy / 2, xx / 2])],
+                    );
+                }
+            }
+            p.want(&z, &[1, 1, 3, 3], want, Cmp::Exact)
+        },
+    ));
     v.push(case(
         "topk",
         "k 3, axis 1, descending and ascending",

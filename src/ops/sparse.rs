@@ -300,7 +300,11 @@ fn infer_sparse_shift_scale(cx: &InferCx) -> Result<Vec<ValueType>> {
     );
     let ss = fixed(cx, "scale")?;
     ensure!(
-        ss.len() == ms.len() && ss.iter().zip(&ms).all(|(s, d)| *s > 0 && d % s == 0),
+        ss.len() == ms.len()
+            && ss
+                .iter()
+                .zip(&ms)
+                .all(|(s, d)| *s > 0 && d.is_multiple_of(*s)),
         "scale {ss:?} does not tile the data {ms:?}"
     );
     if cx.has("offset") {

@@ -2,7 +2,8 @@
 //! (iOS15, iOS16 with `sort` / `return_indices`, iOS17 with `output_indices_dtype`),
 //! `argsort`, `fill_like`, `one_hot`, `non_zero`, `reverse`, `reverse_sequence`, `flatten2d`,
 //! `reshape_like`, `sliding_windows`, `space_to_depth` / `depth_to_space` (TensorFlow's
-//! DCR order), `pixel_shuffle` / `pixel_unshuffle` (PyTorch's CRD order). Values move through
+//! DCR order), `pixel_shuffle` / `pixel_unshuffle` (PyTorch's CRD order), `space_to_batch` /
+//! `batch_to_space` (TensorFlow's batch order). Values move through
 //! f64 (exact for every storage dtype) or through candle's layout ops.
 
 use super::eval::{one, EvalCx, RValue};
@@ -492,7 +493,10 @@ fn infer_shuffle(cx: &InferCx) -> Result<Vec<ValueType>> {
         })
     };
     let div = |v: usize, by: usize| -> Result<usize> {
-        ensure!(v % by == 0, "dimension {v} is not divisible by {by}");
+        ensure!(
+            v.is_multiple_of(by),
+            "dimension {v} is not divisible by {by}"
+        );
         Ok(v / by)
     };
     let s = if to_space(cx.op_type) {
@@ -545,6 +549,110 @@ fn eval_shuffle(cx: &EvalCx) -> Result<Vec<RValue>> {
         o => bail!("`{o}` is not a shuffle"),
     };
     one(y)
+}
+
+// ---- space_to_batch / batch_to_space (TensorFlow's order: batch (i·b1 + j)·n + b) ----
+
+/// (block [b0, b1], pads or crops [[t, b], [l, r]]) of a rank-4 op.
+fn blocks(block: Vec<i64>, pads: Vec<i64>) -> Result<([usize; 2], [usize; 4])> {
+    ensure!(
+        block.len() == 2 && block.iter().all(|&b| b > 0),
+        "block_shape {block:?} must be two positive sizes"
+    );
+    ensure!(
+        pads.len() == 4 && pads.iter().all(|&p| p >= 0),
+        "paddings / crops {pads:?} must be [2, 2] non-negative"
+    );
+    Ok((
+        [block[0] as usize, block[1] as usize],
+        [
+            pads[0] as usize,
+            pads[1] as usize,
+            pads[2] as usize,
+            pads[3] as usize,
+        ],
+    ))
+}
+
+fn infer_space_batch(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let x = cx.t("x")?;
+    ensure!(x.rank() == 4, "`{}` needs a rank-4 x", cx.op_type);
+    let s = x
+        .fixed_shape()
+        .ok_or_else(|| anyhow!("`{}` needs a fixed shape", cx.op_type))?;
+    let to_batch = cx.op_type == "space_to_batch";
+    let (b, p) = blocks(
+        cx.ints("block_shape")?,
+        cx.ints(if to_batch { "paddings" } else { "crops" })?,
+    )?;
+    let out = if to_batch {
+        let (h, w) = (s[2] + p[0] + p[1], s[3] + p[2] + p[3]);
+        ensure!(
+            h.is_multiple_of(b[0]) && w.is_multiple_of(b[1]),
+            "padded spatial size {h}x{w} is not divisible by the block {b:?}"
+        );
+        [s[0] * b[0] * b[1], s[1], h / b[0], w / b[1]]
+    } else {
+        ensure!(
+            s[0].is_multiple_of(b[0] * b[1]),
+            "batch {} is not divisible by the block {b:?}",
+            s[0]
+        );
+        let (h, w) = (s[2] * b[0], s[3] * b[1]);
+        ensure!(
+            p[0] + p[1] <= h && p[2] + p[3] <= w,
+            "crops {p:?} exceed {h}x{w}"
+        );
+        [s[0] / (b[0] * b[1]), s[1], h - p[0] - p[1], w - p[2] - p[3]]
+    };
+    Ok(vec![tensor(
+        x.dtype,
+        out.iter().map(|&d| Dim::Fixed(d)).collect(),
+    )])
+}
+
+fn eval_space_batch(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let s = x.dims().to_vec();
+    let to_batch = cx.op_type == "space_to_batch";
+    let (b, p) = blocks(
+        cx.ints("block_shape")?,
+        cx.ints(if to_batch { "paddings" } else { "crops" })?,
+    )?;
+    let o = cx
+        .out_shape(0)
+        .ok_or_else(|| anyhow!("`{}`: output shape unknown", cx.op_type))?;
+    let v = kernels::to_vec::<f64>(x)?;
+    let mut out = vec![0f64; o.iter().product()];
+    // The batch-side tensor [N·b0·b1, C, h, w] and the space-side [N, C, H, W] (H, W
+    // padded): element (k = (i·b1 + j)·N + n, c, y, x) ↔ (n, c, y·b0 + i − top, x·b1 + j − left).
+    let (bs, ss) = if to_batch { (&o, &s) } else { (&s, &o) };
+    let n = ss[0];
+    for k in 0..bs[0] {
+        let (ij, nn) = (k / n, k % n);
+        let (i, j) = (ij / b[1], ij % b[1]);
+        for c in 0..bs[1] {
+            for y in 0..bs[2] {
+                for xx in 0..bs[3] {
+                    let sy = (y * b[0] + i) as i64 - p[0] as i64;
+                    let sx = (xx * b[1] + j) as i64 - p[2] as i64;
+                    let inside =
+                        sy >= 0 && sx >= 0 && (sy as usize) < ss[2] && (sx as usize) < ss[3];
+                    let bo = ((k * bs[1] + c) * bs[2] + y) * bs[3] + xx;
+                    if !inside {
+                        continue;
+                    }
+                    let so = ((nn * ss[1] + c) * ss[2] + sy as usize) * ss[3] + sx as usize;
+                    if to_batch {
+                        out[bo] = v[so];
+                    } else {
+                        out[so] = v[bo];
+                    }
+                }
+            }
+        }
+    }
+    one(kernels::data::from_f64(out, &o, x.dtype())?)
 }
 
 use Opset::{Ios15 as I15, Ios16 as I16, Ios17 as I17};
@@ -713,6 +821,22 @@ pub static DEFS: &[OpDef] = &[
         &[req("x"), req_c("upscale_factor")],
         infer_shuffle,
         eval_shuffle,
+    ),
+    v(
+        "space_to_batch",
+        I15,
+        None,
+        &[req("x"), req_c("block_shape"), req_c("paddings")],
+        infer_space_batch,
+        eval_space_batch,
+    ),
+    v(
+        "batch_to_space",
+        I15,
+        None,
+        &[req("x"), req_c("block_shape"), req_c("crops")],
+        infer_space_batch,
+        eval_space_batch,
     ),
     v(
         "pixel_unshuffle",
