@@ -710,6 +710,8 @@ fn bmm(a: &[f64], b: &[f64], nb: usize, m: usize, k: usize, n: usize) -> Vec<f64
 // The table.
 
 type Build = Box<dyn Fn(&mut Prog) -> Result<()>>;
+/// A scalar reference function.
+type Ref1 = fn(f64) -> f64;
 
 /// One row: an op run at each of `opsets` for each compute dtype of `dts`.
 struct Case {
@@ -982,7 +984,7 @@ fn cases() -> Vec<Case> {
             (a * x + b).clamp(0.0, 1.0)
         }),
     ];
-    let gelus: [(&str, fn(f64) -> f64); 3] = [
+    let gelus: [(&str, Ref1); 3] = [
         ("EXACT", |x: f64| 0.5 * x * (1.0 + erf(x / 2f64.sqrt()))),
         ("TANH_APPROXIMATION", |x: f64| {
             0.5 * x
@@ -1913,7 +1915,8 @@ fn cases() -> Vec<Case> {
                             _ if inside => at(r, c),
                             "constant" => 0.5,
                             "reflect" => {
-                                let rr = if r >= 2 { 2 * 1 - r } else { r };
+                                // Reflect about the last row (index 1).
+                                let rr = if r >= 2 { 2 - r } else { r };
                                 let cc = if c < 0 {
                                     -c
                                 } else if c > 2 {
@@ -2735,7 +2738,7 @@ fn compression_cases() -> Vec<Case> {
             let mut want_mask = vec![];
             let mut want_dense = vec![];
             let mut k = 0;
-            let mut row_vals = vec![0.0; 24];
+            let mut row_vals = [0.0; 24];
             for (i, &m) in mask.iter().enumerate() {
                 if m != 0 {
                     row_vals[i] = if nzi[k] == 0 { 2.0 } else { 3.0 };
