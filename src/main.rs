@@ -36,8 +36,8 @@ enum Command {
     Calibrate(cli::calibrate::CalibrateArgs),
     /// Corpus word error rate of a models folder on a manifest of clips.
     Eval(cli::eval::EvalArgs),
-    /// Run a package once with the bundled runtime: inputs from .npy/.safetensors, outputs
-    /// to DIR/NAME.npy.
+    /// Run a package with the bundled runtime: inputs from .npy/.safetensors, outputs to
+    /// DIR/NAME.npy (DIR/NAME.k.npy with --repeat N); states kept across the predictions.
     Run(cli::run::RunArgs),
     /// Transcribe WAV files with a models folder (AudioEncoder/TextDecoder packages + json):
     /// one line of text per file.

@@ -1,7 +1,8 @@
 //! `milkit run` through the binary: a small fp16 package fed from NumPy files (fp32 data for
 //! an fp16 input, int32 for an fp16 mask, converted at the boundary) and from a safetensors
 //! tensor; outputs come back as .npy files that NumPy reads and checks against its own
-//! arithmetic; bad invocations fail with messages naming the input and the file.
+//! arithmetic; bad invocations fail with messages naming the input and the file; a stateful
+//! two-function package run with `--repeat`, `--state`, `--save-states` and `--function`.
 
 mod common;
 
@@ -315,4 +316,168 @@ fn decode_bench_reports_one_variant_against_its_floor() {
         "{}",
         String::from_utf8_lossy(&none.stderr)
     );
+}
+
+/// An iOS18 accumulator: state `acc` fp16 [3]; `main` does acc += x, `twice` acc += 2·x;
+/// both output the new acc as `y`.
+fn stateful_package(dir: &Path) -> PathBuf {
+    let mut program = Program::default();
+    for (fname, k) in [("main", 1.0f32), ("twice", 2.0)] {
+        let mut b = Builder::new(Opset::Ios18);
+        let acc = b.input(
+            "acc",
+            ValueType::State(milkit::ir::TensorType::new(DType::F16, &[3])),
+        );
+        let x = b.input("x", ValueType::tensor(DType::F16, &[3]));
+        let cur = b
+            .op1("read_state", "cur", vec![("input", In::V(acc.clone()))])
+            .unwrap();
+        let kx = b
+            .op1(
+                "mul",
+                "kx",
+                vec![("x", In::V(x)), ("y", In::C(Value::f16_scalar(k)))],
+            )
+            .unwrap();
+        let sum = b
+            .op1("add", "sum", vec![("x", In::V(cur)), ("y", In::V(kx))])
+            .unwrap();
+        let new = b
+            .op1(
+                "coreml_update_state",
+                "new",
+                vec![("state", In::V(acc)), ("value", In::V(sum))],
+            )
+            .unwrap();
+        let y = b.op1("identity", "y", vec![("x", In::V(new))]).unwrap();
+        let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
+        program.functions.insert(
+            fname.into(),
+            Function {
+                inputs,
+                opset: Opset::Ios18,
+                block,
+            },
+        );
+    }
+    let m = Model {
+        spec_version: Opset::Ios18.spec_version(),
+        description: Description {
+            inputs: vec![Feature::new("x", ArrayDType::F16, &[3])],
+            outputs: vec![Feature::new("y", ArrayDType::F16, &[3])],
+            states: vec![Feature::new("acc", ArrayDType::F16, &[3])],
+            ..Default::default()
+        },
+        program,
+    };
+    let p = dir.join("acc.mlpackage");
+    milkit::package::save_package(&m, &p, false, &mut |_| {}).unwrap();
+    p
+}
+
+fn f32s(path: &Path) -> Vec<f32> {
+    let t = milkit::runtime::io::read_tensor(path.to_str().unwrap()).unwrap();
+    t.to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+fn write_f32(path: &Path, v: &[f32]) {
+    let t = candle_core::Tensor::from_vec(v.to_vec(), v.len(), &candle_core::Device::Cpu).unwrap();
+    milkit::runtime::io::write_npy(path, &t).unwrap();
+}
+
+#[test]
+fn repeat_shares_one_zeroed_state_across_predictions_and_saves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pkg = stateful_package(d);
+    let x = [0.5f32, -1.0, 2.0];
+    write_f32(&d.join("x.npy"), &x);
+    let out = d.join("out");
+    let o = common::milkit()
+        .arg("run")
+        .arg(&pkg)
+        .arg("--input")
+        .arg(format!("x={}", d.join("x.npy").display()))
+        .args(["--repeat", "3", "--save-states", "--quiet", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Zero-initialised, then acc += x per prediction: prediction k sees (k + 1)·x.
+    for k in 0..3 {
+        let want: Vec<f32> = x.iter().map(|v| v * (k + 1) as f32).collect();
+        assert_eq!(
+            f32s(&out.join(format!("y.{k}.npy"))),
+            want,
+            "prediction {k}"
+        );
+    }
+    assert!(!out.join("y.npy").exists());
+    let last: Vec<f32> = x.iter().map(|v| v * 3.0).collect();
+    assert_eq!(f32s(&out.join("states/acc.npy")), last);
+
+    // An initial state from a file, another function, one prediction: today's names.
+    let init = [10.0f32, 20.0, 30.0];
+    write_f32(&d.join("init.npy"), &init);
+    let out2 = d.join("out2");
+    let o = common::milkit()
+        .arg("run")
+        .arg(&pkg)
+        .arg("--input")
+        .arg(format!("x={}", d.join("x.npy").display()))
+        .arg("--state")
+        .arg(format!("acc={}", d.join("init.npy").display()))
+        .args(["--function", "twice", "--quiet", "--out"])
+        .arg(&out2)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want: Vec<f32> = init.iter().zip(&x).map(|(i, v)| i + 2.0 * v).collect();
+    assert_eq!(f32s(&out2.join("y.npy")), want);
+    assert!(!out2.join("states").exists());
+
+    // A state the package lacks, and a function it lacks: clear errors.
+    let o = common::milkit()
+        .arg("run")
+        .arg(&pkg)
+        .arg("--input")
+        .arg(format!("x={}", d.join("x.npy").display()))
+        .arg("--state")
+        .arg(format!("cache={}", d.join("init.npy").display()))
+        .arg("--out")
+        .arg(d.join("out3"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no state `cache`") && err.contains("acc"),
+        "{err}"
+    );
+    let o = common::milkit()
+        .arg("run")
+        .arg(&pkg)
+        .args(["--function", "thrice", "--out"])
+        .arg(d.join("out4"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("thrice") && err.contains("twice"), "{err}");
+
+    // inspect lists both functions and the state.
+    let o = common::milkit().arg("inspect").arg(&pkg).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        text.contains("function main") && text.contains("function twice"),
+        "{text}"
+    );
+    let states = text.split("states:").nth(1).unwrap_or("");
+    assert!(states.trim_start().starts_with("acc"), "{text}");
 }

@@ -1,5 +1,7 @@
-//! `milkit run`: one prediction of any package with the bundled runtime, tensors in from
-//! `.npy` / `.safetensors:NAME` files, out as `.npy` files named after the outputs.
+//! `milkit run`: predictions of any package with the bundled runtime, tensors in from
+//! `.npy` / `.safetensors:NAME` files, out as `.npy` files named after the outputs. A
+//! stateful package keeps one state per package (zeros, as Core ML's `makeState()`, or the
+//! `--state` files) across the `--repeat` predictions; `--save-states` writes the final ones.
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
@@ -21,6 +23,16 @@ pub struct RunArgs {
     /// Function of a multifunction package (default: main).
     #[arg(long)]
     pub function: Option<String>,
+    /// Number of predictions, all with the same inputs and sharing the package's states;
+    /// with N > 1 prediction k's outputs are written as DIR/NAME.k.npy (k = 0..N-1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
+    /// A state's initial value as NAME=FILE (default: zeros, as Core ML's makeState()).
+    #[arg(long = "state", value_name = "NAME=FILE")]
+    pub states: Vec<String>,
+    /// After the last prediction, write every state as DIR/states/NAME.npy.
+    #[arg(long)]
+    pub save_states: bool,
     /// Print nothing on success.
     #[arg(long)]
     pub quiet: bool,
@@ -65,9 +77,13 @@ fn parse_size(s: &str) -> std::result::Result<u64, String> {
 
 /// `NAME=FILE` → (name, file spec).
 fn parse_input(s: &str) -> Result<(&str, &str)> {
+    parse_spec("--input", s)
+}
+
+fn parse_spec<'a>(flag: &str, s: &'a str) -> Result<(&'a str, &'a str)> {
     match s.split_once('=') {
         Some((n, f)) if !n.is_empty() && !f.is_empty() => Ok((n, f)),
-        _ => bail!("--input `{s}`: expected NAME=FILE (FILE is x.npy or x.safetensors:TENSOR)"),
+        _ => bail!("{flag} `{s}`: expected NAME=FILE (FILE is x.npy or x.safetensors:TENSOR)"),
     }
 }
 
@@ -118,33 +134,83 @@ pub fn run(a: &RunArgs) -> Result<u8> {
             "missing --input {n}=FILE ({t})"
         );
     }
+    for spec in &a.states {
+        let (name, file) = parse_spec("--state", spec)?;
+        let names = session.state_names();
+        ensure!(
+            names.contains(&name),
+            "--state {name}: {} has no state `{name}` (states: {})",
+            a.package.display(),
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        );
+        let t = io::read_tensor(file).with_context(|| format!("state `{name}` from {file}"))?;
+        session
+            .set_state(name, t)
+            .with_context(|| format!("state `{name}` from {file}"))?;
+    }
     let named: Vec<(&str, _)> = feeds
         .iter()
         .map(|(n, _, t)| (n.as_str(), t.clone()))
         .collect();
-    let outs = session.predict_function(fname, &named).map_err(|e| {
-        // Name the file behind an input the runtime rejected.
-        let msg = format!("{e:#}");
-        match feeds
-            .iter()
-            .find(|(n, _, _)| msg.contains(&format!("input `{n}`")))
-        {
-            Some((n, f, _)) => e.context(format!("input `{n}` from {f}")),
-            None => e,
+    for k in 0..a.repeat {
+        let outs = session.predict_function(fname, &named).map_err(|e| {
+            // Name the file behind an input the runtime rejected.
+            let msg = format!("{e:#}");
+            let e = match feeds
+                .iter()
+                .find(|(n, _, _)| msg.contains(&format!("input `{n}`")))
+            {
+                Some((n, f, _)) => e.context(format!("input `{n}` from {f}")),
+                None => e,
+            };
+            if a.repeat > 1 {
+                e.context(format!("prediction {k} of {}", a.repeat))
+            } else {
+                e
+            }
+        })?;
+        // Created only once a prediction succeeded: nothing is written on failure.
+        std::fs::create_dir_all(&a.out)
+            .with_context(|| format!("cannot create {}", a.out.display()))?;
+        for (name, t) in outs {
+            let file = match a.repeat {
+                1 => format!("{}.npy", file_name(&name)),
+                _ => format!("{}.{k}.npy", file_name(&name)),
+            };
+            let path = a.out.join(file);
+            io::write_npy(&path, &t).with_context(|| format!("output `{name}`"))?;
+            if !a.quiet {
+                eprintln!(
+                    "{name}: {:?} {:?} → {}",
+                    t.dtype(),
+                    t.dims(),
+                    path.display()
+                );
+            }
         }
-    })?;
-    std::fs::create_dir_all(&a.out)
-        .with_context(|| format!("cannot create {}", a.out.display()))?;
-    for (name, t) in outs {
-        let path = a.out.join(format!("{}.npy", file_name(&name)));
-        io::write_npy(&path, &t).with_context(|| format!("output `{name}`"))?;
-        if !a.quiet {
-            eprintln!(
-                "{name}: {:?} {:?} → {}",
-                t.dtype(),
-                t.dims(),
-                path.display()
-            );
+    }
+    if a.save_states {
+        let dir = a.out.join("states");
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        for name in session.state_names() {
+            let t = session
+                .state(name)
+                .ok_or_else(|| anyhow::anyhow!("state `{name}` vanished"))?;
+            let path = dir.join(format!("{}.npy", file_name(name)));
+            io::write_npy(&path, &t).with_context(|| format!("state `{name}`"))?;
+            if !a.quiet {
+                eprintln!(
+                    "state {name}: {:?} {:?} → {}",
+                    t.dtype(),
+                    t.dims(),
+                    path.display()
+                );
+            }
         }
     }
     Ok(0)

@@ -56,7 +56,12 @@ pub fn infer_op(op: &Operation, opset: Opset, scope: &dyn Scope) -> Result<Vec<V
             opset.opset_name(),
             d.since.opset_name()
         ),
-        None => anyhow!("unknown op type `{}` ({})", op.op_type, op.name),
+        None => anyhow!(
+            "unknown op type `{}` ({}) in opset {}: milkit has no definition of it",
+            op.op_type,
+            op.name,
+            opset.opset_name()
+        ),
     })?;
     let mut args: BTreeMap<&str, Vec<ArgInfo>> = BTreeMap::new();
     for (pname, binds) in &op.inputs {

@@ -150,7 +150,7 @@ fn values(cx: &EvalCx, name: &str) -> Result<Vec<f32>> {
 
 /// iOS18 LUT: `out[o] = lut[group(i), indices[i], o[va] % vs]` where `i` is `o` with the
 /// vector axis divided by the vector size.
-fn eval_lut18(cx: &EvalCx) -> Result<Vec<RValue>> {
+pub(super) fn eval_lut18(cx: &EvalCx) -> Result<Vec<RValue>> {
     let it = cx.t("indices")?;
     let ishape = it.dims().to_vec();
     let codes = kernels::to_vec::<u8>(it)?;
@@ -244,7 +244,7 @@ fn eval_lut16(cx: &EvalCx) -> Result<Vec<RValue>> {
 }
 
 /// iOS18: `scale[block(i)] · (data[i] − offset[block(i)])`, blocks tiling `data`.
-fn eval_shift_scale(cx: &EvalCx) -> Result<Vec<RValue>> {
+pub(super) fn eval_shift_scale(cx: &EvalCx) -> Result<Vec<RValue>> {
     let dt = cx.t("data")?;
     let shape = dt.dims().to_vec();
     let data = kernels::to_f32_vec(dt)?;

@@ -3,6 +3,8 @@
 //! op), the verifier and the interpreter all read these definitions; nothing else knows an
 //! op's signature or semantics. Uses `ir` (and `kernels` for evaluation).
 
+mod activation;
+mod attention;
 pub mod builder;
 mod compression;
 mod elementwise;
@@ -10,9 +12,14 @@ pub mod eval;
 mod index;
 mod infer;
 mod nn;
+mod pool;
+mod quant;
 mod reduce;
+mod scatter;
 mod shape;
+mod sparse;
 mod state;
+mod tensor_ops;
 
 pub use builder::{Builder, In, V};
 pub use eval::{EvalCx, EvalFn, RValue, StateCell};
@@ -119,6 +126,25 @@ pub(crate) const fn def(
     }
 }
 
+/// One version of an op, in the opsets `[since, until)`, that the interpreter evaluates.
+pub(crate) const fn ver(
+    name: &'static str,
+    since: Opset,
+    until: Option<Opset>,
+    inputs: &'static [InputSpec],
+    infer: fn(&InferCx) -> Result<Vec<ValueType>>,
+    eval: EvalFn,
+) -> OpDef {
+    OpDef {
+        name,
+        since,
+        until,
+        inputs,
+        infer,
+        eval: Some(eval),
+    }
+}
+
 impl OpDef {
     pub fn input(&self, name: &str) -> Option<&InputSpec> {
         self.inputs.iter().find(|i| i.name == name)
@@ -138,6 +164,13 @@ pub fn all() -> impl Iterator<Item = &'static OpDef> {
         .chain(index::DEFS)
         .chain(compression::DEFS)
         .chain(state::DEFS)
+        .chain(activation::DEFS)
+        .chain(tensor_ops::DEFS)
+        .chain(scatter::DEFS)
+        .chain(attention::DEFS)
+        .chain(pool::DEFS)
+        .chain(sparse::DEFS)
+        .chain(quant::DEFS)
 }
 
 /// The version of `op_type` that `opset` uses, if the op exists there.

@@ -75,6 +75,15 @@ fn eval_reduce_l2_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
 fn eval_reduce_log_sum_exp(cx: &EvalCx) -> Result<Vec<RValue>> {
     reduce(cx, Reduce::LogSumExp)
 }
+fn eval_reduce_l1_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
+    reduce(cx, Reduce::L1)
+}
+fn eval_reduce_sum_square(cx: &EvalCx) -> Result<Vec<RValue>> {
+    reduce(cx, Reduce::SumSquare)
+}
+fn eval_reduce_log_sum(cx: &EvalCx) -> Result<Vec<RValue>> {
+    reduce(cx, Reduce::LogSum)
+}
 fn arg_reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
@@ -101,6 +110,14 @@ pub static DEFS: &[OpDef] = &[
         infer_reduce,
         eval_reduce_log_sum_exp,
     ),
+    def("reduce_l1_norm", REDUCE, infer_reduce, eval_reduce_l1_norm),
+    def(
+        "reduce_sum_square",
+        REDUCE,
+        infer_reduce,
+        eval_reduce_sum_square,
+    ),
+    def("reduce_log_sum", REDUCE, infer_reduce, eval_reduce_log_sum),
     def("reduce_argmax", ARGRED, infer_argmax, eval_reduce_argmax),
     def("reduce_argmin", ARGRED, infer_argmax, eval_reduce_argmin),
 ];

@@ -183,6 +183,11 @@ impl Session {
         })
     }
 
+    /// Names of the states the session holds (one per package, shared by its functions).
+    pub fn state_names(&self) -> Vec<&str> {
+        self.states.keys().map(|s| s.as_str()).collect()
+    }
+
     /// Current value of a state.
     pub fn state(&self, name: &str) -> Option<Tensor> {
         self.states.get(name).map(|(_, c)| c.get())
