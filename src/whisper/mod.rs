@@ -14,6 +14,7 @@ pub mod graph;
 pub mod mel;
 pub mod recipe;
 pub mod synth;
+pub mod timing;
 pub mod tokenizer;
 pub mod weights;
 pub mod wer;

@@ -27,6 +27,29 @@ pub fn fixtures() -> Option<PathBuf> {
     None
 }
 
+/// The multilingual whisper-base checkpoint named by MILKIT_WHISPER_BASE (the fixtures' tools/get_whisper_base.sh
+/// writes it), or None (after printing why) when it is unset or absent and fixtures are not
+/// required. Panics when MILKIT_REQUIRE_FIXTURES=1 and it is missing.
+pub fn whisper_base() -> Option<PathBuf> {
+    let dir = std::env::var_os("MILKIT_WHISPER_BASE").map(PathBuf::from);
+    if let Some(d) = &dir {
+        if d.join("config.json").exists() && d.join("model.safetensors").exists() {
+            return dir;
+        }
+    }
+    let what = match &dir {
+        Some(d) => format!("whisper-base not found at {}", d.display()),
+        None => "MILKIT_WHISPER_BASE is not set".to_string(),
+    };
+    if require() {
+        panic!("{what} and MILKIT_REQUIRE_FIXTURES=1");
+    }
+    eprintln!(
+        "SKIP: {what} (run the fixtures' tools/get_whisper_base.sh, set MILKIT_WHISPER_BASE)"
+    );
+    None
+}
+
 pub fn require() -> bool {
     std::env::var("MILKIT_REQUIRE_FIXTURES")
         .map(|v| v == "1")
