@@ -27,9 +27,9 @@ pub fn fixtures() -> Option<PathBuf> {
     None
 }
 
-/// The multilingual whisper-base checkpoint named by MILKIT_WHISPER_BASE (the fixtures' tools/get_whisper_base.sh
-/// writes it), or None (after printing why) when it is unset or absent and fixtures are not
-/// required. Panics when MILKIT_REQUIRE_FIXTURES=1 and it is missing.
+/// The multilingual whisper-base checkpoint named by MILKIT_WHISPER_BASE (the fixtures'
+/// tools/get_whisper_base.sh writes it), or None (after printing why) when it is unset or
+/// absent and fixtures are not required. Panics when MILKIT_REQUIRE_FIXTURES=1 and it is missing.
 pub fn whisper_base() -> Option<PathBuf> {
     let dir = std::env::var_os("MILKIT_WHISPER_BASE").map(PathBuf::from);
     if let Some(d) = &dir {
