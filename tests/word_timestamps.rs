@@ -467,9 +467,7 @@ fn jump_times_are_the_first_frame_of_each_row_and_ignore_frames_past_the_audio()
     // Four rows, 25 frames each, over 1500 frames; the audio ends at frame 100 (200 mel).
     let mut rows = block_rows(4, 25, 1500);
     // Beyond the audio, row 0 is loud: it must not matter.
-    for f in 100..1500 {
-        rows[0][f] = 5.0;
-    }
+    rows[0][100..].fill(5.0);
     let j = jump_times(&rows, 1, 200).unwrap();
     let want = [0.0, 0.5, 1.0, 1.5];
     for (a, b) in j.iter().zip(want) {

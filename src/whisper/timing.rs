@@ -14,8 +14,12 @@
 //! so with it (`heads` = 1) normalisation and filter run on the mean. Measured against HF's
 //! pipeline words on tiny.en's four reference clips (teacher-forced, fp16): per-head rows
 //! give 100 % of starts and ends within 0.1 s, median difference 0.000 s; the mean gives
-//! 89.4 % of starts / 91.8 % of ends, median 0.02 s. Timestamp tokens stay in the alignment (their rows take part in the warping, as
-//! in HF, where the pipeline decodes with timestamps) but belong to no word.
+//! 89.4 % of starts / 91.8 % of ends, median 0.02 s. whisper-base (jfk and 12 multilingual
+//! clips): per head ≥ 90.9 % per clip, median 0.000 s; the mean 94.7 % / 96.8 % overall,
+//! ≥ 88 % per clip, median 0.02 s. A per-head decoder output would close the gap.
+//!
+//! Timestamp tokens stay in the alignment (their rows take part in the warping, as in HF,
+//! whose pipeline decodes with timestamps) but belong to no word.
 use super::tokenizer::Tokenizer;
 use anyhow::{ensure, Result};
 
@@ -128,9 +132,7 @@ pub fn dtw(x: &[f64], n: usize, m: usize) -> Result<(Vec<usize>, Vec<usize>)> {
             trace[i * w + j] = t;
         }
     }
-    for j in 0..w {
-        trace[j] = 2;
-    }
+    trace[..w].fill(2);
     for i in 0..=n {
         trace[i * w] = 1;
     }
