@@ -449,6 +449,10 @@ pub fn all_schemas() -> Vec<(&'static str, String)> {
             "bench-decode.schema.json",
             schema_json::<DecodeBenchReport>(),
         ),
+        (
+            "transcription.schema.json",
+            schema_json::<TranscriptionResult>(),
+        ),
     ]
 }
 
@@ -589,4 +593,55 @@ pub struct FasterWhisperRun {
     pub text: String,
     /// milkit total_ms / faster-whisper total_ms.
     pub ratio: f64,
+}
+
+/// `milkit transcribe --output-format json`: openai-whisper's `transcribe()` result, field
+/// for field (`text`, `segments`, `language`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TranscriptionResult {
+    /// The whole transcript, as the tokenizer renders it (usually starting with a space).
+    pub text: String,
+    pub segments: Vec<TranscriptionSegment>,
+    /// Language code (`en`, `de`, ...): given, detected, or the English-only model's.
+    pub language: String,
+}
+
+/// One segment of a [`TranscriptionResult`] (openai-whisper's segment dict).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TranscriptionSegment {
+    /// Index over the whole result, from 0.
+    pub id: u64,
+    /// Start of the segment's 30-s window, in 10-ms mel frames from the file start.
+    pub seek: u64,
+    /// Seconds from the file start.
+    pub start: f64,
+    pub end: f64,
+    pub text: String,
+    /// Generated token ids, timestamp tokens included.
+    pub tokens: Vec<u32>,
+    /// Sampling temperature of the decode that was kept (0 for greedy).
+    pub temperature: f64,
+    /// Mean log-probability of the window's generated tokens.
+    pub avg_logprob: f64,
+    /// UTF-8 bytes of the window's text ÷ its zlib-compressed bytes.
+    pub compression_ratio: f64,
+    /// Probability of `<|nospeech|>` at the `<|startoftranscript|>` position.
+    pub no_speech_prob: f64,
+    /// Word timings (`--word-timestamps`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub words: Option<Vec<WordTiming>>,
+}
+
+/// One word of a segment, seconds from the file start.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WordTiming {
+    /// The word as decoded, leading space and attached punctuation included.
+    pub word: String,
+    pub start: f64,
+    pub end: f64,
+    /// Mean probability of the word's tokens.
+    pub probability: f64,
 }

@@ -11,6 +11,7 @@
 
 pub mod cost;
 pub mod decoder;
+pub mod output;
 
 use crate::ir::{Dim, ValueType};
 use crate::runtime::{Session, Tensor};

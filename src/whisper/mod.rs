@@ -18,6 +18,7 @@ pub mod mel;
 pub mod recipe;
 pub mod synth;
 pub mod synth_tokenizer;
+pub mod timing;
 pub mod tokenizer;
 pub mod weights;
 pub mod wer;
