@@ -283,6 +283,7 @@ fn write_all_writes_each_format_once_and_nothing_on_error() {
         dir.path(),
         "jfk",
         &[OutputFormat::All, OutputFormat::Srt],
+        false,
     )
     .unwrap();
     let names: Vec<String> = paths
@@ -294,8 +295,16 @@ fn write_all_writes_each_format_once_and_nothing_on_error() {
         std::fs::read_to_string(dir.path().join("jfk.srt")).unwrap(),
         to_srt(&r).unwrap()
     );
-    // Replaces an existing file.
-    let again = write_all(&sample(), dir.path(), "jfk", &[OutputFormat::Txt]).unwrap();
+    // An existing file is kept without force, and nothing is written...
+    let before = std::fs::read_to_string(dir.path().join("jfk.txt")).unwrap();
+    let e = write_all(&sample(), dir.path(), "jfk", &[OutputFormat::Txt], false).unwrap_err();
+    assert!(format!("{e:#}").contains("--force"), "{e:#}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("jfk.txt")).unwrap(),
+        before
+    );
+    // ...and replaced with it.
+    let again = write_all(&sample(), dir.path(), "jfk", &[OutputFormat::Txt], true).unwrap();
     assert_eq!(
         std::fs::read_to_string(&again[0]).unwrap(),
         to_txt(&sample())
@@ -309,10 +318,11 @@ fn write_all_writes_each_format_once_and_nothing_on_error() {
         fresh.path(),
         "bad",
         &[OutputFormat::Txt, OutputFormat::Srt],
+        false,
     )
     .unwrap_err();
     assert!(format!("{e:#}").contains("srt"), "{e:#}");
     assert_eq!(std::fs::read_dir(fresh.path()).unwrap().count(), 0);
-    assert!(write_all(&r, dir.path(), "a/b", &[OutputFormat::Txt]).is_err());
-    assert!(write_all(&r, dir.path(), "", &[OutputFormat::Txt]).is_err());
+    assert!(write_all(&r, dir.path(), "a/b", &[OutputFormat::Txt], true).is_err());
+    assert!(write_all(&r, dir.path(), "", &[OutputFormat::Txt], true).is_err());
 }

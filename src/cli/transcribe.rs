@@ -1,10 +1,12 @@
 //! `milkit transcribe`: WAV files → text with the bundled runtime, decoded as openai-whisper
-//! does (language detection, timestamps, fallback, long-form). One line of text per file on
-//! stdout; timings only with `--verbose`, on stderr. A file that cannot be read or decoded
+//! does (language detection, timestamps, fallback, long-form, word timings). One line of
+//! text per file on stdout, or openai-whisper's txt/json/srt/vtt files with
+//! `--output-format`; timings only with `--verbose`, on stderr. A file that cannot be read or decoded
 //! is reported on stderr and the others are still transcribed; the exit status is then 2.
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
+use milkit::transcribe::output::{write_all, OutputFormat};
 use milkit::transcribe::{TranscribeOptions, Transcriber, Transcript};
 use milkit::whisper::generate::Task;
 use milkit::whisper::tokenizer::Tokenizer;
@@ -36,6 +38,20 @@ pub struct TranscribeArgs {
     /// and transcribe nothing.
     #[arg(long)]
     pub detect_language: bool,
+    /// Word start/end times and probabilities (from the decoder's alignment_heads_weights),
+    /// in the json output and as subtitle cue times.
+    #[arg(long)]
+    pub word_timestamps: bool,
+    /// Write transcript files (openai-whisper's formats) as DIR/<audio file stem>.<format>;
+    /// stdout then stays empty. `all` writes txt, json, srt and vtt.
+    #[arg(long, value_enum)]
+    pub output_format: Vec<OutputFormat>,
+    /// Folder for --output-format files (created if missing).
+    #[arg(long, default_value = ".")]
+    pub output_dir: PathBuf,
+    /// Replace existing output files.
+    #[arg(long)]
+    pub force: bool,
     /// Make the log-mel with the folder's MelSpectrogram.mlpackage (fp16, as WhisperKit does)
     /// instead of milkit's Rust front end (the default, which matches Hugging Face's).
     #[arg(long)]
@@ -116,7 +132,8 @@ pub fn run(a: &TranscribeArgs) -> Result<u8> {
     let t0 = Instant::now();
     let mut tr = Transcriber::open_with(&a.models, a.mel_package)
         .with_context(|| format!("opening models folder {}", a.models.display()))?;
-    let opts = a.decode.options(&a.models)?;
+    let mut opts = a.decode.options(&a.models)?;
+    opts.word_timestamps = a.word_timestamps;
     // Options that cannot work with this model fail before any audio is read.
     tr.check_options(&opts)
         .with_context(|| format!("models folder {}", a.models.display()))?;
@@ -148,7 +165,7 @@ pub fn run(a: &TranscribeArgs) -> Result<u8> {
         let r = if a.detect_language {
             detect(&mut tr, path)
         } else {
-            one_file(&mut tr, path, &opts, a.verbose).map(|_| ())
+            one_file(&mut tr, path, &opts, a)
         };
         if let Err(e) = r {
             eprintln!("error: {}: {e:#}", path.display());
@@ -183,33 +200,51 @@ fn one_file(
     tr: &mut Transcriber,
     path: &Path,
     opts: &TranscribeOptions,
-    verbose: bool,
-) -> Result<Transcript> {
+    a: &TranscribeArgs,
+) -> Result<()> {
     let r = tr.transcribe_file_with(path, opts)?;
-    println!("{}", r.text.trim());
-    if verbose {
-        let t = &r.timings;
-        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-        let passes: usize = r.windows.iter().map(|w| w.passes).sum();
-        eprintln!(
-            "{}: {}{} window(s), {} pass(es), {} segment(s); mel {:.0} ms, encoder {:.0} ms, \
-             cross K/V {:.0} ms, decoder {:.0} ms ({} steps, {:.2} ms/step), total {:.0} ms",
-            path.display(),
-            r.language
-                .as_deref()
-                .map(|l| format!("language {l}, "))
-                .unwrap_or_default(),
-            r.windows.len(),
-            passes,
-            r.segments.len(),
-            ms(t.mel),
-            ms(t.encoder),
-            ms(t.cross_kv),
-            ms(t.decoder),
-            t.decoder_steps,
-            ms(t.decoder) / t.decoder_steps.max(1) as f64,
-            ms(t.total)
-        );
+    if a.output_format.is_empty() {
+        println!("{}", r.text.trim());
+    } else {
+        let stem = path
+            .file_stem()
+            .with_context(|| format!("{}: no file name to name the outputs by", path.display()))?
+            .to_string_lossy()
+            .into_owned();
+        std::fs::create_dir_all(&a.output_dir)
+            .with_context(|| format!("creating {}", a.output_dir.display()))?;
+        let result = r.to_result(opts.word_timestamps);
+        for p in write_all(&result, &a.output_dir, &stem, &a.output_format, a.force)? {
+            eprintln!("wrote {}", p.display());
+        }
     }
-    Ok(r)
+    if a.verbose {
+        print_timings(path, &r);
+    }
+    Ok(())
+}
+
+fn print_timings(path: &Path, r: &Transcript) {
+    let t = &r.timings;
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let passes: usize = r.windows.iter().map(|w| w.passes).sum();
+    eprintln!(
+        "{}: {}{} window(s), {} pass(es), {} segment(s); mel {:.0} ms, encoder {:.0} ms, \
+         cross K/V {:.0} ms, decoder {:.0} ms ({} steps, {:.2} ms/step), total {:.0} ms",
+        path.display(),
+        r.language
+            .as_deref()
+            .map(|l| format!("language {l}, "))
+            .unwrap_or_default(),
+        r.windows.len(),
+        passes,
+        r.segments.len(),
+        ms(t.mel),
+        ms(t.encoder),
+        ms(t.cross_kv),
+        ms(t.decoder),
+        t.decoder_steps,
+        ms(t.decoder) / t.decoder_steps.max(1) as f64,
+        ms(t.total)
+    );
 }

@@ -14,12 +14,14 @@ pub mod decoder;
 pub mod output;
 
 use crate::ir::{Dim, ValueType};
+use crate::report::{TranscriptionResult, TranscriptionSegment, WordTiming};
 use crate::runtime::{Session, Tensor};
 use crate::whisper::audio::{self, MelFilters, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE};
 use crate::whisper::config::{GenerationConfig, WhisperConfig};
 use crate::whisper::generate::{
     compression_ratio, DecodingRules, Pass, PassOptions, Rng, Task, TIME_PRECISION,
 };
+use crate::whisper::timing::{word_timestamps, Word};
 use crate::whisper::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use decoder::{CacheKind, Cross, TextDecoder};
@@ -121,6 +123,8 @@ pub struct Segment {
     pub avg_logprob: f64,
     pub compression_ratio: f64,
     pub no_speech_prob: f64,
+    /// Word timings (with `word_timestamps`; empty otherwise).
+    pub words: Vec<Word>,
 }
 
 /// One decoded 30-s window.
@@ -152,6 +156,44 @@ pub struct Transcript {
     pub segments: Vec<Segment>,
     pub windows: Vec<Window>,
     pub timings: Timings,
+}
+
+impl Transcript {
+    /// openai-whisper's result layout (`--output-format json`); `language` is "en" for an
+    /// English-only model.
+    pub fn to_result(&self, word_timestamps: bool) -> TranscriptionResult {
+        TranscriptionResult {
+            text: self.text.clone(),
+            language: self.language.clone().unwrap_or_else(|| "en".into()),
+            segments: self
+                .segments
+                .iter()
+                .map(|s| TranscriptionSegment {
+                    id: s.id as u64,
+                    seek: s.seek as u64,
+                    start: s.start,
+                    end: s.end,
+                    text: s.text.clone(),
+                    tokens: s.tokens.clone(),
+                    temperature: f64::from(s.temperature),
+                    avg_logprob: s.avg_logprob,
+                    compression_ratio: s.compression_ratio,
+                    no_speech_prob: s.no_speech_prob,
+                    words: word_timestamps.then(|| {
+                        s.words
+                            .iter()
+                            .map(|w| WordTiming {
+                                word: w.word.clone(),
+                                start: w.start,
+                                end: w.end,
+                                probability: w.probability,
+                            })
+                            .collect()
+                    }),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A models folder, loaded once and used for any number of files.
@@ -524,7 +566,27 @@ impl Transcriber {
                 };
                 let text = self.tokenizer.decode(&pass.tokens, true);
                 let ratio = compression_ratio(text.trim());
+                let mut words = if opts.word_timestamps {
+                    self.window_words(&pass, &alignment, segment_size, time_offset, language)
+                        .with_context(|| format!("word timestamps of window {window_index}"))?
+                } else {
+                    vec![]
+                }
+                .into_iter()
+                .peekable();
                 for (tokens, start, end) in pieces {
+                    // The words whose tokens lie in this piece (words hold text tokens only).
+                    let n_text = tokens
+                        .iter()
+                        .filter(|&&t| !self.tokenizer.is_special(t))
+                        .count();
+                    let mut seg_words = Vec::new();
+                    let mut taken = 0;
+                    while taken < n_text {
+                        let Some(w) = words.next() else { break };
+                        taken += w.tokens.len();
+                        seg_words.push(w);
+                    }
                     let start = time_offset + start.unwrap_or(0.0);
                     let end = time_offset + end.unwrap_or(segment_duration);
                     let text = self.tokenizer.decode(&tokens, true);
@@ -544,6 +606,7 @@ impl Transcriber {
                         avg_logprob: pass.avg_logprob,
                         compression_ratio: ratio,
                         no_speech_prob: no_speech,
+                        words: seg_words,
                     });
                 }
                 if !opts.condition_on_previous_text || pass.temperature > 0.5 {
@@ -625,6 +688,55 @@ impl Transcriber {
             steps.map(|s| s * 2).unwrap_or(segment_size)
         };
         (pieces, advance)
+    }
+
+    /// Word timings of one window's kept pass from its alignment rows (the rows of the
+    /// `<|startofprev|>` context left out); none when the decoder has no alignment output.
+    fn window_words(
+        &self,
+        pass: &Pass,
+        rows: &[Vec<f32>],
+        segment_size: usize,
+        time_offset: f64,
+        language: Option<u32>,
+    ) -> Result<Vec<Word>> {
+        if rows.is_empty() || pass.tokens.is_empty() {
+            return Ok(vec![]);
+        }
+        let sot_index = pass
+            .prompt
+            .iter()
+            .position(|&t| t == self.rules.sot())
+            .context("the prompt has no <|startoftranscript|>")?;
+        let prompt_len = pass.prompt.len() - sot_index;
+        let mut fed: Vec<u32> = pass.prompt[sot_index..]
+            .iter()
+            .chain(&pass.tokens)
+            .copied()
+            .collect();
+        // A pass cut by the length limit never fed its last token: no row for it.
+        let usable = rows.len().saturating_sub(sot_index).min(fed.len());
+        ensure!(
+            usable > prompt_len,
+            "{} alignment rows for a {}-token prompt",
+            rows.len(),
+            pass.prompt.len()
+        );
+        fed.truncate(usable);
+        let rows = &rows[sot_index..sot_index + usable];
+        let probs = &pass.probs[..usable - prompt_len];
+        let lang = language.and_then(|l| self.rules.language_code(l));
+        word_timestamps(
+            &self.tokenizer,
+            &fed,
+            prompt_len,
+            probs,
+            rows,
+            1,
+            segment_size,
+            time_offset,
+            lang,
+        )
     }
 
     /// Decodes at each temperature in turn until a pass passes openai's thresholds (or the

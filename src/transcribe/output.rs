@@ -149,14 +149,16 @@ pub fn render(result: &TranscriptionResult, format: OutputFormat) -> Result<Stri
 }
 
 /// Writes `dir/<stem>.<ext>` for every format of `formats` (`All` expanded, duplicates
-/// written once), each atomically (temporary file, then rename), replacing existing files as
-/// openai-whisper does. Every file is rendered before the first is written, so a bad result
-/// (a negative time) writes nothing. Returns the paths written, in order.
+/// written once), each atomically (temporary file, then rename). An existing file is
+/// replaced only with `force` (else nothing is written). Every file is rendered and checked
+/// before the first is written, so a bad result (a negative time) writes nothing. Returns
+/// the paths written, in order.
 pub fn write_all(
     result: &TranscriptionResult,
     dir: &Path,
     stem: &str,
     formats: &[OutputFormat],
+    force: bool,
 ) -> Result<Vec<PathBuf>> {
     ensure!(
         !stem.is_empty() && !stem.contains(['/', '\\']),
@@ -174,9 +176,14 @@ pub fn write_all(
         let text = render(result, f).with_context(|| format!("rendering the {ext} output"))?;
         files.push((dir.join(format!("{stem}.{ext}")), text));
     }
+    if !force {
+        if let Some((p, _)) = files.iter().find(|(p, _)| p.exists()) {
+            anyhow::bail!("{} already exists; pass --force to replace it", p.display());
+        }
+    }
     let mut written = vec![];
     for (path, text) in files {
-        write_file_atomically(&path, text.as_bytes(), true)
+        write_file_atomically(&path, text.as_bytes(), force)
             .with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
     }
