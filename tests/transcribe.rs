@@ -315,3 +315,78 @@ fn bench_json_follows_schema_and_counts_decoder_bytes() {
     assert!(f("decoder_ms_per_token") > 0.0 && f("decoder_ms_per_token") < f("total_ms"));
     println!("bench jfk: {v}");
 }
+
+/// A canonical 44-byte PCM WAV header for `data_len` bytes of 16-bit mono 16 kHz audio, with
+/// the format tag `format` (1 = PCM).
+fn wav_header(format: u16, data_len: u32) -> Vec<u8> {
+    let mut h = Vec::new();
+    h.extend_from_slice(b"RIFF");
+    h.extend_from_slice(&(36u32.wrapping_add(data_len)).to_le_bytes());
+    h.extend_from_slice(b"WAVEfmt ");
+    h.extend_from_slice(&16u32.to_le_bytes());
+    h.extend_from_slice(&format.to_le_bytes());
+    h.extend_from_slice(&1u16.to_le_bytes());
+    h.extend_from_slice(&16_000u32.to_le_bytes());
+    h.extend_from_slice(&32_000u32.to_le_bytes());
+    h.extend_from_slice(&2u16.to_le_bytes());
+    h.extend_from_slice(&16u16.to_le_bytes());
+    h.extend_from_slice(b"data");
+    h.extend_from_slice(&data_len.to_le_bytes());
+    h
+}
+
+#[test]
+fn one_bad_file_among_several_is_reported_and_the_others_still_transcribed() {
+    let Some(fx) = common::fixtures() else { return };
+    let (io, _) = folders(&fx);
+    let dir = tempfile::tempdir().unwrap();
+    let jfk = std::fs::read(fx.join("audio/jfk.wav")).unwrap();
+    let truncated = dir.path().join("truncated.wav");
+    std::fs::write(&truncated, &jfk[..jfk.len() / 3 * 2 + 1]).unwrap();
+    let absurd = dir.path().join("absurd.wav");
+    let mut a = wav_header(1, u32::MAX - 64);
+    a.extend_from_slice(&[0u8; 64]);
+    std::fs::write(&absurd, a).unwrap();
+    let adpcm = dir.path().join("adpcm.wav");
+    let mut a = wav_header(2, 64);
+    a.extend_from_slice(&[0u8; 64]);
+    std::fs::write(&adpcm, a).unwrap();
+    let empty = dir.path().join("empty.wav");
+    std::fs::write(&empty, b"").unwrap();
+    let folder = dir.path().join("a-folder.wav");
+    std::fs::create_dir(&folder).unwrap();
+    let bad = [&truncated, &absurd, &adpcm, &empty, &folder];
+    let mut cmd = common::milkit();
+    cmd.args([
+        "transcribe",
+        "--no-timestamps",
+        "--temperature",
+        "0",
+        "--models",
+    ])
+    .arg(io)
+    .arg(fx.join("audio/jfk.wav"));
+    for b in bad {
+        cmd.arg(b);
+    }
+    cmd.arg(fx.join("audio/ljspeech_LJ001-0006.wav"));
+    let o = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(2), "one failed: exit 2\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for b in bad {
+        let name = b.display().to_string();
+        let lines: Vec<&str> = err.lines().filter(|l| l.contains(&name)).collect();
+        assert_eq!(lines.len(), 1, "one line naming {name}:\n{err}");
+    }
+    assert!(
+        err.contains(&format!("{} of 7 files failed", bad.len())),
+        "{err}"
+    );
+    // The good files, before and after the bad ones, are transcribed as usual.
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0], reference_text(&fx, "jfk").trim());
+    assert_eq!(lines[1], reference_text(&fx, "ljspeech_LJ001-0006").trim());
+}

@@ -819,16 +819,12 @@ mod tests {
         let r = rules();
         let mut l = vec![-10.0f32; VOCAB];
         l[10] = 1.0; // best single token is text...
-        for t in 36..VOCAB {
-            l[t] = 0.6; // ...but the four timestamps together outweigh it
-        }
+        l[36..].fill(0.6); // ...but the four timestamps together outweigh it
         r.apply(&mut l, &[36, 11], true);
         assert!(l[..36].iter().all(|&v| v == f32::NEG_INFINITY));
         let mut l = vec![-10.0f32; VOCAB];
         l[10] = 3.0;
-        for t in 36..VOCAB {
-            l[t] = 0.6;
-        }
+        l[36..].fill(0.6);
         r.apply(&mut l, &[36, 11], true);
         assert!(
             l[10].is_finite(),
