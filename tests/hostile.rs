@@ -540,15 +540,23 @@ fn a_closed_stdout_ends_the_process_quietly() {
         vec!["inspect", "--mil"],
         vec!["verify", "--json"],
     ] {
-        let mut child = common::milkit()
+        // A pipe whose reading end is closed before the child starts (as `| head -c 0`
+        // would be by the time it prints), so its first write meets a closed stdout.
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe() fills two fresh descriptors; the read end is closed at once and the
+        // write end is owned by the Stdio from here on.
+        let stdout = unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            libc::close(fds[0]);
+            <Stdio as std::os::fd::FromRawFd>::from_raw_fd(fds[1])
+        };
+        let child = common::milkit()
             .args(&args)
             .arg(&pkg)
-            .stdout(Stdio::piped())
+            .stdout(stdout)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // Close the reading end before the child gets to print (as `| head -c 0` would).
-        drop(child.stdout.take());
         let o = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(
