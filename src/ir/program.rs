@@ -149,6 +149,10 @@ impl Feature {
     }
 }
 
+/// `user_defined` key under which a converter records rows it padded onto a weight (e.g. a
+/// vocabulary head no group size divides), for `verify` and `inspect` to show.
+pub const HEAD_PADDING_KEY: &str = "milkit.head_padding";
+
 /// The model description: I/O ABI, states and metadata.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Description {

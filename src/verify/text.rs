@@ -104,10 +104,7 @@ pub fn format_verify(r: &VerifyReport) -> String {
         "  specification version {}, opset {} ({})",
         m.spec_version, m.opset, m.target
     );
-    if let Some(p) = m
-        .user_defined
-        .get(crate::whisper::head_pad::HEAD_PADDING_KEY)
-    {
+    if let Some(p) = m.user_defined.get(crate::ir::HEAD_PADDING_KEY) {
         let _ = writeln!(out, "  vocabulary head padded: {p}");
     }
     let _ = writeln!(out, "  checks:");

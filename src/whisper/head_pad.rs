@@ -20,8 +20,9 @@ use crate::passes::lut::LutGranularity;
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
 
-/// Metadata key recording the padding of a decoder's head.
-pub const HEAD_PADDING_KEY: &str = "milkit.head_padding";
+/// Metadata key recording the padding of a decoder's head (defined in `ir`, where `verify`
+/// can read it without knowing Whisper).
+pub use crate::ir::HEAD_PADDING_KEY;
 
 /// One padded head conv: its op name and rows before and after.
 #[derive(Clone, Debug, PartialEq, Eq)]
