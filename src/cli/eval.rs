@@ -3,22 +3,12 @@
 use super::progress;
 use super::transcribe::DecodeArgs;
 use anyhow::Result;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use milkit::quality::bits::folder_bits;
 use milkit::quality::eval::{default_normalization, evaluate, read_manifest};
 use milkit::quality::fidelity::{fidelity, FidelityInput};
 use milkit::whisper::wer::Normalization;
 use std::path::PathBuf;
-
-/// `--normalize`.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum NormalizeArg {
-    /// Lowercase; punctuation dropped (dashes and slashes become spaces); letters and digits
-    /// kept; whitespace collapsed.
-    Ascii,
-    /// NFKC; lowercase; Unicode punctuation and symbols dropped; whitespace collapsed.
-    Unicode,
-}
 
 /// Transcribes every clip of a manifest with the bundled runtime and prints the word error
 /// rate per clip and over the corpus (Σ errors / Σ reference words).
@@ -61,7 +51,7 @@ pub struct EvalArgs {
     pub json: bool,
     /// Text normalisation before scoring (default: unicode for non-English manifests).
     #[arg(long, value_enum)]
-    pub normalize: Option<NormalizeArg>,
+    pub normalize: Option<Normalization>,
     #[command(flatten)]
     pub decode: DecodeArgs,
     /// No progress bar.
@@ -82,21 +72,34 @@ pub fn run(a: &EvalArgs) -> Result<u8> {
         }
         return Ok(0);
     };
-    let pb = progress::bar(0, "transcribing", a.quiet || a.json);
     let opts = a.decode.options(&a.models)?;
-    let norm = a.normalize.map(|n| match n {
-        NormalizeArg::Ascii => Normalization::Ascii,
-        NormalizeArg::Unicode => Normalization::Unicode,
-    });
-    let r = evaluate(&a.models, manifest, &opts, norm, &mut |d, n| {
+    let r = with_bar(a, "transcribing", |p| {
+        evaluate(&a.models, manifest, &opts, a.normalize, p)
+    })?;
+    print_report(a, &r, r.to_text())
+}
+
+/// Runs `f` under a progress bar (none with --quiet or --json).
+fn with_bar<T>(
+    a: &EvalArgs,
+    what: &'static str,
+    f: impl FnOnce(&mut dyn FnMut(usize, usize)) -> Result<T>,
+) -> Result<T> {
+    let pb = progress::bar(0, what, a.quiet || a.json);
+    let r = f(&mut |d, n| {
         pb.set_length(n as u64);
         pb.set_position(d as u64);
-    })?;
+    });
     pb.finish_and_clear();
+    r
+}
+
+/// The report as JSON (--json) or as its text.
+fn print_report(a: &EvalArgs, r: &impl serde::Serialize, text: String) -> Result<u8> {
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        println!("{}", serde_json::to_string_pretty(r)?);
     } else {
-        print!("{}", r.to_text());
+        print!("{text}");
     }
     Ok(0)
 }
@@ -124,22 +127,9 @@ fn against(a: &EvalArgs, base: &std::path::Path) -> Result<u8> {
         !clips.is_empty(),
         "--against needs clips: --manifest M.jsonl or --audio WAV..."
     );
-    if let Some(n) = a.normalize {
-        norm = match n {
-            NormalizeArg::Ascii => Normalization::Ascii,
-            NormalizeArg::Unicode => Normalization::Unicode,
-        };
-    }
-    let pb = progress::bar(0, "measuring", a.quiet || a.json);
-    let r = fidelity(&a.models, base, &clips, norm, &mut |d, n| {
-        pb.set_length(n as u64);
-        pb.set_position(d as u64);
+    let norm = a.normalize.unwrap_or(norm);
+    let r = with_bar(a, "measuring", |p| {
+        fidelity(&a.models, base, &clips, norm, p)
     })?;
-    pb.finish_and_clear();
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-    } else {
-        print!("{}", r.to_text());
-    }
-    Ok(0)
+    print_report(a, &r, r.to_text())
 }

@@ -4,15 +4,15 @@
 use anyhow::{ensure, Result};
 use unicode_normalization::UnicodeNormalization;
 
-/// How texts are normalised before words are compared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// How texts are normalised before words are compared (`milkit eval --normalize`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Normalization {
-    /// [`normalize`]: lowercase, punctuation dropped (dashes and slashes become spaces),
-    /// letters and digits kept, whitespace collapsed.
+    /// Lowercase, punctuation dropped (dashes and slashes become spaces), letters and digits
+    /// kept, whitespace collapsed (`normalize`).
     #[default]
     Ascii,
-    /// [`normalize_unicode`]: NFKC, lowercase, Unicode punctuation and symbols dropped,
-    /// whitespace collapsed.
+    /// NFKC, lowercase, Unicode punctuation and symbols dropped, whitespace collapsed
+    /// (`normalize_unicode`).
     Unicode,
 }
 
