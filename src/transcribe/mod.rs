@@ -468,12 +468,9 @@ impl Transcriber {
             self.rules.is_multilingual(),
             "this model is English-only: it has no language to detect"
         );
-        let mut t = Timings::default();
-        let first = &samples[..samples.len().min(N_SAMPLES)];
-        let mel = self.mel_of_samples(first, &mut t)?;
-        let cross = self.encode(mel, &mut t)?;
+        let (_, cross) = self.encode_window(samples)?;
         Ok(self
-            .language_probs(cross, &mut t)?
+            .language_probs(cross, &mut Timings::default())?
             .into_iter()
             .map(|(c, _, p)| (c, p))
             .collect())
@@ -546,7 +543,7 @@ impl Transcriber {
                 previous: all_tokens[prompt_reset_since..].to_vec(),
                 limit,
             };
-            let (pass, passes, alignment) = self
+            let (pass, passes, alignment, ratio) = self
                 .decode_with_fallback(&cross, pass_opts, opts, &mut rng, &mut timings)
                 .with_context(|| format!("window {window_index} at {time_offset:.2} s"))?;
             let no_speech = pass.no_speech_prob.unwrap_or(0.0);
@@ -564,8 +561,6 @@ impl Transcriber {
                 } else {
                     seek + advance.max(1)
                 };
-                let text = self.tokenizer.decode(&pass.tokens, true);
-                let ratio = compression_ratio(text.trim());
                 let mut words = if opts.word_timestamps {
                     self.window_words(&pass, &alignment, segment_size, time_offset, language)
                         .with_context(|| format!("word timestamps of window {window_index}"))?
@@ -740,7 +735,8 @@ impl Transcriber {
     }
 
     /// Decodes at each temperature in turn until a pass passes openai's thresholds (or the
-    /// last temperature). Returns the kept pass, how many passes ran, and its attention rows.
+    /// last temperature). Returns the kept pass, how many passes ran, its attention rows and
+    /// its text's compression ratio.
     fn decode_with_fallback(
         &mut self,
         cross: &Cross,
@@ -748,7 +744,7 @@ impl Transcriber {
         opts: &TranscribeOptions,
         rng: &mut Rng,
         t: &mut Timings,
-    ) -> Result<(Pass, usize, Vec<Vec<f32>>)> {
+    ) -> Result<(Pass, usize, Vec<Vec<f32>>, f64)> {
         let mut runs = 0;
         let mut kept = None;
         for &temperature in &opts.temperatures {
@@ -772,13 +768,13 @@ impl Transcriber {
             if silence {
                 fallback = false;
             }
-            kept = Some((pass, rows));
+            kept = Some((pass, rows, ratio));
             if !fallback {
                 break;
             }
         }
-        let (pass, rows) = kept.context("no temperature to decode at")?;
-        Ok((pass, runs, rows))
+        let (pass, rows, ratio) = kept.context("no temperature to decode at")?;
+        Ok((pass, runs, rows, ratio))
     }
 
     /// One decoding pass over an encoded window.
