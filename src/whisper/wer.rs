@@ -11,8 +11,8 @@ pub enum Normalization {
     /// kept, whitespace collapsed (`normalize`).
     #[default]
     Ascii,
-    /// NFKC, lowercase, Unicode punctuation and symbols dropped, whitespace collapsed
-    /// (`normalize_unicode`).
+    /// NFKC, lowercase, Unicode punctuation and symbols replaced by spaces, whitespace
+    /// collapsed (`normalize_unicode`; openai-whisper's `BasicTextNormalizer` rule).
     Unicode,
 }
 
@@ -21,7 +21,7 @@ impl Normalization {
     pub fn describe(self) -> &'static str {
         match self {
             Normalization::Ascii => "lowercase; punctuation dropped (dashes and slashes become spaces); letters and digits kept; whitespace collapsed",
-            Normalization::Unicode => "NFKC; lowercase; Unicode punctuation and symbols dropped; whitespace collapsed",
+            Normalization::Unicode => "NFKC; lowercase; Unicode punctuation and symbols become spaces; whitespace collapsed",
         }
     }
 
@@ -34,8 +34,10 @@ impl Normalization {
 }
 
 /// Unicode-aware normalisation for any language: NFKC, lowercase, every character of the
-/// Unicode punctuation (P*) and symbol (S*) categories dropped, whitespace collapsed.
-/// Letters with diacritics and combining marks stay ("Für" → "für").
+/// Unicode punctuation (P*) and symbol (S*) categories replaced by a space, whitespace
+/// collapsed — openai-whisper's `BasicTextNormalizer` (less its bracket removal), so
+/// "l'homme" is two words, "l homme", as it scores them. Letters with diacritics and
+/// combining marks stay ("Für" → "für").
 pub fn normalize_unicode(text: &str) -> String {
     let mut cleaned = String::with_capacity(text.len());
     for c in text.nfkc().flat_map(char::to_lowercase) {
@@ -43,10 +45,10 @@ pub fn normalize_unicode(text: &str) -> String {
             cleaned.push(' ');
         } else if c.is_alphanumeric() || is_mark(c) {
             cleaned.push(c);
-        } else if c.is_control() {
+        } else {
+            // Punctuation, symbols and controls separate words.
             cleaned.push(' ');
         }
-        // Everything else (punctuation, symbols) is dropped.
     }
     cleaned.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -148,6 +150,15 @@ mod tests {
         );
         assert_eq!(normalize("Café\tNaïve\nÜBER"), "café naïve über");
         assert_eq!(normalize("?!..."), "");
+    }
+
+    #[test]
+    fn unicode_rule_turns_punctuation_and_symbols_into_word_breaks() {
+        assert_eq!(normalize_unicode("L'homme «Für» ÉTÉ!"), "l homme für été");
+        assert_eq!(normalize_unicode("São-Paulo, 3€/kg"), "são paulo 3 kg");
+        // NFKC first: the ligature and the full-width digit become plain letters/digits.
+        assert_eq!(normalize_unicode("ﬁn １"), "fin 1");
+        assert_eq!(normalize_unicode("  ¿Qué?\t¡Sí!  "), "qué sí");
     }
 
     #[test]
