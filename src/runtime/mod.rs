@@ -10,6 +10,7 @@ pub mod io;
 pub mod memo;
 pub mod pack;
 pub mod plan;
+pub mod precision;
 pub mod state_fusion;
 pub mod step;
 
@@ -39,6 +40,8 @@ pub struct Options {
     /// storage size; see [`plan::check_memory`]), instead of letting an allocation fail.
     /// `None`: no cap. The default is [`default_max_memory`].
     pub max_memory: Option<u64>,
+    /// The precision floating-point tensors are computed in (see [`precision`]).
+    pub compute: precision::Compute,
 }
 
 /// The default memory cap of a session: the machine's physical memory (16 GiB where it
@@ -67,6 +70,7 @@ impl Default for Options {
             fuse_state_updates: true,
             fuse_blends: true,
             max_memory: Some(default_max_memory()),
+            compute: precision::Compute::Package,
         }
     }
 }
@@ -100,7 +104,10 @@ impl Session {
         Session::from_model_with(m, &Options::default())
     }
 
-    pub fn from_model_with(m: Model, opts: &Options) -> Result<Session> {
+    pub fn from_model_with(mut m: Model, opts: &Options) -> Result<Session> {
+        if opts.compute == precision::Compute::Fp32 {
+            precision::promote_fp16(&mut m)?;
+        }
         let mut functions = BTreeMap::new();
         let mut states: BTreeMap<String, (ValueType, StateCell)> = BTreeMap::new();
         for (name, f) in &m.program.functions {
