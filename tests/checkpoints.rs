@@ -675,6 +675,17 @@ fn missing_generation_config_is_derived_and_missing_tokenizer_refused_for_a_fold
             text.to_lowercase().contains("ask not what your country"),
             "{text}"
         );
+        // Word timings need the alignment output: refused up front, naming it.
+        let w = run(&[
+            "transcribe",
+            "--word-timestamps",
+            "--models",
+            s(&out),
+            s(&wav),
+        ]);
+        let err = String::from_utf8_lossy(&w.stderr);
+        assert_eq!(w.status.code(), Some(2), "{err}");
+        assert!(err.contains("`alignment_heads_weights`"), "{err}");
     }
     // No tokenizer: a folder is refused with the fix, a single package is fine.
     let notok = tmp.path().join("notok");

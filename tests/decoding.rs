@@ -7,7 +7,7 @@
 
 mod common;
 
-use milkit::transcribe::{TranscribeOptions, Transcriber};
+use milkit::transcribe::{Compute, OpenOptions, TranscribeOptions, Transcriber};
 use milkit::whisper::audio::load_wav;
 use milkit::whisper::bundle::{write_whisperkit_folder, BundleOptions};
 use milkit::whisper::generate::Task;
@@ -242,23 +242,26 @@ fn base_detects_the_language_and_reproduces_the_references_on_13_clips() {
     assert!(rate((errors, words)) <= 0.01);
 }
 
-#[test]
-fn base_translates_the_multilingual_clips_into_english() {
-    let Some(fx) = common::fixtures() else { return };
-    let Some(dir) = base() else { return };
-    let mut tr = Transcriber::open(dir).unwrap();
+/// WER of base's translations of the 12 multilingual clips against Hugging Face's
+/// `translate_text`, computing the fp16 packages at `compute` precision.
+fn translation_wer(fx: &Path, dir: &Path, compute: Compute) -> (usize, usize) {
+    let open = OpenOptions {
+        compute,
+        ..Default::default()
+    };
+    let mut tr = Transcriber::open_with(dir, &open).unwrap();
     let opts = TranscribeOptions {
         task: Task::Translate,
         ..TranscribeOptions::greedy_no_timestamps()
     };
     let (mut errors, mut words) = (0, 0);
-    for (r, wav) in base_clips(&fx).iter().skip(1) {
+    for (r, wav) in base_clips(fx).iter().skip(1) {
         let got = tr.transcribe_file_with(wav, &opts).unwrap();
         let want = r["translate_text"].as_str().unwrap();
         let (e, n) = word_errors_with(want, &got.text, Normalization::Ascii);
         if e > 0 {
             println!(
-                "{}: {e} errors\n  got  {}\n  want {want}",
+                "{compute:?} {}: {e} errors\n  got  {}\n  want {want}",
                 wav.display(),
                 got.text
             );
@@ -267,15 +270,27 @@ fn base_translates_the_multilingual_clips_into_english() {
         words += n;
     }
     println!(
-        "base translate: WER against the reference translations {:.2} % ({errors}/{words})",
+        "base translate ({compute:?}): WER against the reference translations {:.2} % \
+         ({errors}/{words})",
         100.0 * rate((errors, words))
     );
+    (errors, words)
+}
+
+/// Issue 15's ≤ 3 % is met computing in float32, as the reference does (`--compute fp32`).
+/// At the packages' own fp16 it measured 5.75 % (21/365): the divergences start at fp16
+/// ties — on fleurs_de_001 the decoder's fp16 logits for "." and " on" are equal where
+/// float32 picks " on" — and translation, less certain than transcription, meets such ties
+/// earlier and changes more words after them.
+#[test]
+fn base_translates_the_multilingual_clips_into_english() {
+    let Some(fx) = common::fixtures() else { return };
+    let Some(dir) = base() else { return };
+    let (errors, words) = translation_wer(&fx, dir, Compute::Fp32);
     assert!(words > 100);
-    // Measured 5.75 % (21/365). The divergences start at fp16 ties: on fleurs_de_001 the
-    // decoder's fp16 logits for "." and " on" are equal (margin 0.000) where float32 picks
-    // " on"; translation is less certain than transcription, so such ties come earlier and
-    // change more words. The issue's 3 % is not reached by an fp16 decoder here.
-    assert!(rate((errors, words)) <= 0.06);
+    assert!(rate((errors, words)) <= 0.03, "{errors}/{words}");
+    let (errors, words) = translation_wer(&fx, dir, Compute::Package);
+    assert!(rate((errors, words)) <= 0.06, "{errors}/{words}");
 }
 
 #[test]
@@ -367,6 +382,15 @@ fn tiny_en_long_form_loses_no_more_than_the_reference() {
     assert!(ours <= theirs, "{ours} vs the reference's {theirs}");
     let (fallback, _) = long_form(&fx, tiny(&fx), "tiny.en", &TranscribeOptions::default());
     assert!(fallback <= theirs, "with fallback {fallback} vs {theirs}");
+    let conditioned = TranscribeOptions {
+        condition_on_previous_text: true,
+        ..TranscribeOptions::default()
+    };
+    let (cond, _) = long_form(&fx, tiny(&fx), "tiny.en", &conditioned);
+    // Conditioning on the previous window's text (the fallback guarding it against
+    // repetition loops) measured 37.79 %: 2 points behind the unconditioned reference on
+    // these joined, unrelated utterances (docs/transcription.md); held within 3.
+    assert!(cond <= theirs + 0.03, "conditioned {cond} vs {theirs}");
 }
 
 #[test]
@@ -375,6 +399,15 @@ fn base_long_form_loses_no_more_than_the_reference() {
     let Some(dir) = base() else { return };
     let (ours, theirs) = long_form(&fx, dir, "base", &greedy_timestamps());
     assert!(ours <= theirs, "{ours} vs the reference's {theirs}");
+    let (fallback, _) = long_form(&fx, dir, "base", &TranscribeOptions::default());
+    assert!(fallback <= theirs, "with fallback {fallback} vs {theirs}");
+    let conditioned = TranscribeOptions {
+        condition_on_previous_text: true,
+        ..TranscribeOptions::default()
+    };
+    let (cond, _) = long_form(&fx, dir, "base", &conditioned);
+    // Measured 33.14 %.
+    assert!(cond <= theirs + 0.03, "conditioned {cond} vs {theirs}");
 }
 
 #[test]
@@ -424,6 +457,9 @@ fn eval_of_base_on_the_multilingual_clips_matches_hugging_face() {
         100.0 * hf
     );
     assert!((ours - hf).abs() <= 0.005, "{ours} vs {hf}");
+    // The published figure (../shared/audio/README.md: 19.83 %, HF float32), to the issue's
+    // 0.5 points.
+    assert!((ours - 0.1983).abs() <= 0.005, "{ours} vs 19.83 %");
 }
 
 #[test]
@@ -598,4 +634,103 @@ fn cli_writes_subtitles_and_word_timed_json() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
     assert!(run(true).status.success());
+}
+
+/// `export --component all --per-head-alignment`: the TextDecoder gains
+/// `alignment_heads_weights_per_head` [1, 8, 1500] (conformance-valid), and `transcribe
+/// --word-timestamps` on that folder, decoding freely, meets issue 15's target against Hugging
+/// Face's word times on every tiny.en clip: ≥ 90 % of starts and of ends within 0.1 s, median
+/// |difference| ≤ 0.05 s.
+#[test]
+fn per_head_alignment_export_gives_word_times_within_the_target_on_every_tiny_en_clip() {
+    let Some(fx) = common::fixtures() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-per-head");
+    let o = common::milkit()
+        .args([
+            "export",
+            "--quiet",
+            "--component",
+            "all",
+            "--per-head-alignment",
+        ])
+        .arg("--model")
+        .arg(fx.join("models/whisper-tiny.en"))
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pkg = dir.join("TextDecoder.mlpackage");
+    let m = milkit::package::load_package(&pkg).unwrap();
+    let per_head: Vec<_> = m
+        .description
+        .outputs
+        .iter()
+        .filter(|f| f.name == "alignment_heads_weights_per_head")
+        .map(|f| f.shape.clone())
+        .collect();
+    assert_eq!(per_head, [vec![1, 8, 1500]]);
+    common::validate(&pkg);
+    let v = common::milkit()
+        .args(["verify", "--expect-abi", "whisperkit"])
+        .arg(&pkg)
+        .output()
+        .unwrap();
+    assert!(
+        v.status.success(),
+        "verify --expect-abi whisperkit: {}{}",
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
+
+    let mut tr = Transcriber::open(&dir).unwrap();
+    let opts = TranscribeOptions {
+        word_timestamps: true,
+        ..greedy_timestamps()
+    };
+    for clip in TINY_CLIPS {
+        let r = json(&fx.join(format!("reference/tiny.en-{clip}.timestamps.json")));
+        let got = tr
+            .transcribe_file_with(&fx.join(format!("audio/{clip}.wav")), &opts)
+            .unwrap();
+        let ours: Vec<(String, f64, f64)> = got
+            .segments
+            .iter()
+            .flat_map(|s| &s.words)
+            .map(|w| (w.word.trim().to_string(), w.start, w.end))
+            .collect();
+        let want: Vec<(String, f64, f64)> = r["words"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                (
+                    w["word"].as_str().unwrap().trim().to_string(),
+                    w["start"].as_f64().unwrap(),
+                    w["end"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        let words = |v: &[(String, f64, f64)]| v.iter().map(|w| w.0.clone()).collect::<Vec<_>>();
+        assert_eq!(words(&ours), words(&want), "{clip}: the words");
+        let (mut starts, mut ends): (Vec<f64>, Vec<f64>) = ours
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| ((a.1 - b.1).abs(), (a.2 - b.2).abs()))
+            .unzip();
+        for (what, d) in [("start", &mut starts), ("end", &mut ends)] {
+            let within = d.iter().filter(|&&x| x <= 0.1 + 1e-9).count() as f64 / d.len() as f64;
+            d.sort_by(f64::total_cmp);
+            let median = d[d.len() / 2];
+            println!(
+                "{clip}: {what} {:.1} % within 0.1 s, median {median:.3} s",
+                100.0 * within
+            );
+            assert!(
+                within >= 0.9 && median <= 0.05,
+                "{clip} {what}: {within} {median}"
+            );
+        }
+    }
 }

@@ -121,6 +121,7 @@ fn tiny_en_decoder_matches_pytorch_cache_io_and_stateful() {
         .unwrap();
     let opts = |kv| DecoderOptions {
         alignment_heads: heads.clone(),
+        per_head_alignment: false,
         head_chunks: min_head_chunks(d.vocab),
         kv_cache: kv,
         cross_kv: CrossKv::InGraph,
@@ -243,6 +244,7 @@ fn in_graph_decoder_memoizes_cross_projections() {
     let enc2 = (&enc * 0.5).unwrap();
     let opts = DecoderOptions {
         alignment_heads: vec![],
+        per_head_alignment: false,
         head_chunks: 1,
         kv_cache: KvCache::State,
         cross_kv: CrossKv::InGraph,

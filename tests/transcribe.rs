@@ -58,6 +58,7 @@ fn folders(fx: &Path) -> &'static (PathBuf, PathBuf) {
             std::fs::create_dir_all(&dir).unwrap();
             let opts = DecoderOptions {
                 alignment_heads: alignment_heads_from_json(&gen["alignment_heads"]).unwrap(),
+                per_head_alignment: false,
                 head_chunks: min_head_chunks(dims.vocab),
                 kv_cache: kv,
                 cross_kv: CrossKv::InGraph,

@@ -101,6 +101,7 @@ pub fn measure(
     );
     let opts = DecoderOptions {
         alignment_heads: vec![],
+        per_head_alignment: false,
         head_chunks: 1,
         kv_cache: KvCache::State,
         cross_kv: CrossKv::Precomputed,

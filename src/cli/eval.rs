@@ -74,7 +74,11 @@ pub fn run(a: &EvalArgs) -> Result<u8> {
     };
     let opts = a.decode.options(&a.models)?;
     let r = with_bar(a, "transcribing", |p| {
-        evaluate(&a.models, manifest, &opts, a.normalize, p)
+        let open = milkit::transcribe::OpenOptions {
+            compute: a.decode.compute,
+            ..Default::default()
+        };
+        evaluate(&a.models, &open, manifest, &opts, a.normalize, p)
     })?;
     print_report(a, &r, r.to_text())
 }

@@ -90,6 +90,7 @@ fn decoder_export(a: &ExportArgs) -> DecoderExport {
             CrossKvArg::Precomputed => CrossKv::Precomputed,
         },
         head_chunks: a.head_chunks,
+        per_head_alignment: a.per_head_alignment,
     }
 }
 

@@ -83,6 +83,13 @@ pub struct ExportArgs {
     /// 16384) (`min_head_chunks`): 4 for every Whisper vocabulary (51,864-51,866 rows).
     #[arg(long, default_value_t = 1)]
     pub head_chunks: usize,
+    /// Decoder: add an `alignment_heads_weights_per_head` output [1, heads, 1500] beside
+    /// WhisperKit's mean `alignment_heads_weights`. `milkit transcribe --word-timestamps`
+    /// uses it when present: each head normalised before averaging, as openai-whisper and
+    /// Hugging Face do, puts more words within 0.1 s of their times (docs/transcription.md).
+    /// WhisperKit ignores the extra output.
+    #[arg(long)]
+    pub per_head_alignment: bool,
     /// Output .mlpackage path (a directory for --component all or --recipe).
     #[arg(long)]
     pub out: PathBuf,

@@ -84,6 +84,7 @@ pub fn recipe_parts(recipe: &Recipe, path: &Path) -> Result<Vec<(String, PartSpe
                     .transpose()?
                     .unwrap_or(CrossKv::InGraph),
                 head_chunks: c.head_chunks.unwrap_or(1),
+                per_head_alignment: c.per_head_alignment,
             },
             compression,
         };

@@ -7,7 +7,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use milkit::transcribe::output::{write_all, OutputFormat};
-use milkit::transcribe::{TranscribeOptions, Transcriber, Transcript};
+use milkit::transcribe::{Compute, OpenOptions, TranscribeOptions, Transcriber, Transcript};
 use milkit::whisper::generate::Task;
 use milkit::whisper::tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -38,8 +38,10 @@ pub struct TranscribeArgs {
     /// and transcribe nothing.
     #[arg(long)]
     pub detect_language: bool,
-    /// Word start/end times and probabilities (from the decoder's alignment_heads_weights),
-    /// in the json output and as subtitle cue times.
+    /// Word start/end times and probabilities, in the json output and as subtitle cue times.
+    /// From the decoder's per-head `alignment_heads_weights_per_head` when the folder was
+    /// exported with `--per-head-alignment` (each head normalised, as openai-whisper), else
+    /// from WhisperKit's mean `alignment_heads_weights` (a few more words off by > 0.1 s).
     #[arg(long)]
     pub word_timestamps: bool,
     /// Write transcript files (openai-whisper's formats) as DIR/<audio file stem>.<format>;
@@ -97,6 +99,12 @@ pub struct DecodeArgs {
     /// Seed of the sampler used at temperatures above 0 (runs are reproducible).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Precision milkit computes the packages in. `package`: their own types (fp16 for
+    /// Whisper packages), as a device computes them. `fp32`: every fp16 tensor widened to
+    /// float32, to compare with PyTorch float32 references without fp16 rounding (slower,
+    /// twice the weight memory; not what a device computes).
+    #[arg(long, value_enum, default_value = "package")]
+    pub compute: Compute,
 }
 
 impl DecodeArgs {
@@ -130,13 +138,24 @@ impl DecodeArgs {
 
 pub fn run(a: &TranscribeArgs) -> Result<u8> {
     let t0 = Instant::now();
-    let mut tr = Transcriber::open_with(&a.models, a.mel_package)
+    let open = OpenOptions {
+        mel_package: a.mel_package,
+        compute: a.decode.compute,
+    };
+    let mut tr = Transcriber::open_with(&a.models, &open)
         .with_context(|| format!("opening models folder {}", a.models.display()))?;
     let mut opts = a.decode.options(&a.models)?;
     opts.word_timestamps = a.word_timestamps;
     // Options that cannot work with this model fail before any audio is read.
     tr.check_options(&opts)
         .with_context(|| format!("models folder {}", a.models.display()))?;
+    if a.word_timestamps && tr.alignment_heads() == 1 && a.verbose {
+        eprintln!(
+            "word timings from the mean over the alignment heads (WhisperKit's output); \
+             `milkit export --per-head-alignment` gives per-head rows, which match openai-whisper \
+             more closely"
+        );
+    }
     if a.verbose {
         eprintln!(
             "loaded {} in {:.0} ms (decoder: {}{}{}; {})",

@@ -4,7 +4,7 @@
 //! `whisper::wer` (ASCII-style, or Unicode-aware for non-English sets).
 
 use super::bits::folder_bits;
-use crate::transcribe::{TranscribeOptions, Transcriber};
+use crate::transcribe::{OpenOptions, TranscribeOptions, Transcriber};
 use crate::whisper::wer::{word_errors_with, Normalization};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -73,6 +73,7 @@ pub fn default_normalization(clips: &[ManifestClip]) -> Normalization {
 /// normalised by `normalization` (None: [`default_normalization`]).
 pub fn evaluate(
     models: &Path,
+    open: &OpenOptions,
     manifest: &Path,
     opts: &TranscribeOptions,
     normalization: Option<Normalization>,
@@ -93,7 +94,7 @@ pub fn evaluate(
         }
     }
     let bits = folder_bits(models)?;
-    let mut t = Transcriber::open(models)?;
+    let mut t = Transcriber::open_with(models, open)?;
     t.check_options(opts)?;
     let mut rows = Vec::new();
     for (i, (clip, reference)) in clips.iter().zip(refs).enumerate() {

@@ -15,6 +15,7 @@ const MASK_HIDDEN: f32 = -1e4;
 
 /// WhisperKit's name of the alignment heads' mean cross-attention output.
 pub const ALIGNMENT_OUTPUT: &str = "alignment_heads_weights";
+pub use crate::whisper::decoder::PER_HEAD_ALIGNMENT_OUTPUT;
 
 /// Where the self-attention caches live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +39,65 @@ pub enum Cross {
 /// outputs of an instrumented program, e.g. calibration probes).
 pub type StepObserver = Box<dyn FnMut(Vec<(String, Tensor)>) -> Result<()> + Send>;
 
+/// One host-side self-attention cache, [channels × positions], at the precision of the
+/// decoder's cache input (fp16 for every package; fp32 when the session widens it).
+#[derive(Clone, Debug)]
+enum HostCache {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+impl HostCache {
+    fn zeros(n: usize, wide: bool) -> HostCache {
+        if wide {
+            HostCache::F32(vec![0.0; n])
+        } else {
+            HostCache::F16(vec![f16::ZERO; n])
+        }
+    }
+
+    fn clear(&mut self) {
+        match self {
+            HostCache::F16(v) => v.fill(f16::ZERO),
+            HostCache::F32(v) => v.fill(0.0),
+        }
+    }
+
+    fn tensor(&self, shape: &[usize]) -> Result<Tensor> {
+        Ok(match self {
+            HostCache::F16(v) => Tensor::from_vec(v.clone(), shape, &Device::Cpu)?,
+            HostCache::F32(v) => Tensor::from_vec(v.clone(), shape, &Device::Cpu)?,
+        })
+    }
+
+    /// Writes a `*_cache_updates` output (`c` channels) into position `pos` of `s`.
+    fn set_column(&mut self, name: &str, t: &Tensor, c: usize, s: usize, pos: usize) -> Result<()> {
+        fn put<T: candle_core::WithDType>(
+            cache: &mut [T],
+            name: &str,
+            t: &Tensor,
+            c: usize,
+            s: usize,
+            pos: usize,
+        ) -> Result<()> {
+            let col: Vec<T> = t.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1()?;
+            ensure!(
+                col.len() == c,
+                "`{name}` has {} values, expected {c}",
+                col.len()
+            );
+            for (ch, v) in col.into_iter().enumerate() {
+                cache[ch * s + pos] = v;
+            }
+            Ok(())
+        }
+        match self {
+            HostCache::F16(v) => put(v, name, t, c, s, pos),
+            HostCache::F32(v) => put(v, name, t, c, s, pos),
+        }
+    }
+}
+
 /// A loaded text decoder and its cache for the current window.
 pub struct TextDecoder {
     session: Session,
@@ -49,14 +109,18 @@ pub struct TextDecoder {
     channels: usize,
     positions: usize,
     vocab: usize,
-    key: Vec<f16>,
-    value: Vec<f16>,
+    key: HostCache,
+    value: HostCache,
     cross: Option<Cross>,
     observer: Option<StepObserver>,
     /// Whether `alignment_heads_weights` rows are kept (for word timestamps).
     capture_alignment: bool,
-    /// The `alignment_heads_weights` row of the last step, when captured.
+    /// The alignment row(s) of the last step, when captured.
     alignment: Option<Vec<f32>>,
+    /// The output alignment rows come from: the per-head output when the package has it
+    /// (milkit's `--per-head-alignment`), else WhisperKit's mean; with how many heads per
+    /// row (1 for the mean). None when the package has neither.
+    alignment_source: Option<(&'static str, usize)>,
 }
 
 fn fixed_shape(name: &str, ty: &ValueType) -> Result<Vec<usize>> {
@@ -75,7 +139,20 @@ fn fixed_shape(name: &str, ty: &ValueType) -> Result<Vec<usize>> {
 impl TextDecoder {
     /// Loads `path` and checks that it speaks the WhisperKit TextDecoder ABI.
     pub fn load(path: &Path) -> Result<TextDecoder> {
-        let session = Session::load(path)?;
+        TextDecoder::load_with(path, crate::runtime::precision::Compute::Package)
+    }
+
+    /// [`Self::load`], computing at `compute` precision. Host-side caches follow the
+    /// package's declared cache type (fp16 caches stay fp16 unless `compute` widens them).
+    pub fn load_with(
+        path: &Path,
+        compute: crate::runtime::precision::Compute,
+    ) -> Result<TextDecoder> {
+        let opts = crate::runtime::Options {
+            compute,
+            ..Default::default()
+        };
+        let session = Session::load_with(path, &opts)?;
         TextDecoder::new(session)
             .with_context(|| format!("{}: not a usable text decoder", path.display()))
     }
@@ -152,7 +229,29 @@ impl TextDecoder {
                 );
             }
         }
+        let per_head = outs
+            .iter()
+            .find(|(n, _)| n == PER_HEAD_ALIGNMENT_OUTPUT)
+            .map(|(n, ty)| -> Result<usize> {
+                let shape = fixed_shape(n, ty)?;
+                ensure!(
+                    shape.len() == 3 && shape[0] == 1 && shape[1] >= 1,
+                    "`{n}` has shape {shape:?}, expected [1, heads, audio frames]"
+                );
+                Ok(shape[1])
+            })
+            .transpose()?;
+        let alignment_source = match per_head {
+            Some(heads) => Some((PER_HEAD_ALIGNMENT_OUTPUT, heads)),
+            None if outs.iter().any(|(n, _)| n == ALIGNMENT_OUTPUT) => Some((ALIGNMENT_OUTPUT, 1)),
+            None => None,
+        };
         let n = channels * positions;
+        // A cache declared fp32 (a session computing at fp32) is kept at fp32 on the host.
+        let wide_cache = cache_in.is_some_and(|(_, ty)| {
+            ty.as_tensor()
+                .is_some_and(|t| t.dtype == crate::ir::DType::F32)
+        });
         Ok(TextDecoder {
             inputs: ins.into_iter().map(|(n, _)| n).collect(),
             session,
@@ -161,12 +260,13 @@ impl TextDecoder {
             channels,
             positions,
             vocab,
-            key: vec![f16::ZERO; if kind == CacheKind::Io { n } else { 0 }],
-            value: vec![f16::ZERO; if kind == CacheKind::Io { n } else { 0 }],
+            key: HostCache::zeros(if kind == CacheKind::Io { n } else { 0 }, wide_cache),
+            value: HostCache::zeros(if kind == CacheKind::Io { n } else { 0 }, wide_cache),
             cross: None,
             observer: None,
             capture_alignment: false,
             alignment: None,
+            alignment_source,
         })
     }
 
@@ -175,22 +275,25 @@ impl TextDecoder {
         self.observer = Some(f);
     }
 
-    /// Keeps each step's `alignment_heads_weights` output (see [`Self::take_alignment`]).
+    /// Keeps each step's alignment output (see [`Self::take_alignment`]).
     pub fn capture_alignment(&mut self, on: bool) {
         self.capture_alignment = on;
         self.alignment = None;
     }
 
-    /// Whether the package has an `alignment_heads_weights` output.
+    /// Whether the package has an alignment output (per-head or WhisperKit's mean).
     pub fn has_alignment_output(&self) -> bool {
-        self.session
-            .outputs(None)
-            .map(|o| o.iter().any(|(n, _)| n == ALIGNMENT_OUTPUT))
-            .unwrap_or(false)
+        self.alignment_source.is_some()
     }
 
-    /// The last step's `alignment_heads_weights` row (mean cross-attention of the alignment
-    /// heads over the audio frames), when capture is on and the package has that output.
+    /// Heads per alignment row: the number of alignment heads when the package has
+    /// [`PER_HEAD_ALIGNMENT_OUTPUT`], 1 for WhisperKit's mean `alignment_heads_weights`.
+    pub fn alignment_heads(&self) -> usize {
+        self.alignment_source.map_or(1, |(_, h)| h)
+    }
+
+    /// The last step's alignment row (cross-attention over the audio frames: each head's,
+    /// head after head, or their mean), when capture is on and the package has the output.
     pub fn take_alignment(&mut self) -> Option<Vec<f32>> {
         self.alignment.take()
     }
@@ -232,14 +335,14 @@ impl TextDecoder {
                 bail!("this decoder takes encoder_output_embeds, not precomputed cross K/V")
             }
         }
-        self.key.fill(f16::ZERO);
-        self.value.fill(f16::ZERO);
+        self.key.clear();
+        self.value.clear();
         self.session.reset_states()?;
         self.cross = Some(cross);
         Ok(())
     }
 
-    fn host(v: Vec<f16>, shape: &[usize]) -> Result<Tensor> {
+    fn host<T: candle_core::WithDType>(v: Vec<T>, shape: &[usize]) -> Result<Tensor> {
         Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
     }
 
@@ -261,8 +364,8 @@ impl TextDecoder {
             let t = match name.as_str() {
                 "input_ids" => Tensor::from_vec(vec![id], 1, &Device::Cpu)?,
                 "cache_length" => Tensor::from_vec(vec![pos as i32], 1, &Device::Cpu)?,
-                "key_cache" => Self::host(self.key.clone(), &[1, c, 1, s])?,
-                "value_cache" => Self::host(self.value.clone(), &[1, c, 1, s])?,
+                "key_cache" => self.key.tensor(&[1, c, 1, s])?,
+                "value_cache" => self.value.tensor(&[1, c, 1, s])?,
                 "kv_cache_update_mask" => Self::host(
                     (0..s)
                         .map(|j| f16::from_f32((j == pos) as u8 as f32))
@@ -303,25 +406,16 @@ impl TextDecoder {
             match name.as_str() {
                 "logits" => logits = Some(t),
                 "key_cache_updates" | "value_cache_updates" if self.kind == CacheKind::Io => {
-                    let col: Vec<f16> = t
-                        .to_dtype(candle_core::DType::F16)?
-                        .flatten_all()?
-                        .to_vec1()?;
-                    ensure!(
-                        col.len() == c,
-                        "`{name}` has {} values, expected {c}",
-                        col.len()
-                    );
                     let cache = if name == "key_cache_updates" {
                         &mut self.key
                     } else {
                         &mut self.value
                     };
-                    for (ch, v) in col.into_iter().enumerate() {
-                        cache[ch * s + pos] = v;
-                    }
+                    cache.set_column(&name, &t, c, s, pos)?;
                 }
-                ALIGNMENT_OUTPUT if self.capture_alignment => {
+                n if self.capture_alignment
+                    && self.alignment_source.is_some_and(|(src, _)| src == n) =>
+                {
                     self.alignment = Some(
                         t.to_dtype(candle_core::DType::F32)?
                             .flatten_all()?

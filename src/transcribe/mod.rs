@@ -15,6 +15,7 @@ pub mod output;
 
 use crate::ir::{Dim, ValueType};
 use crate::report::{TranscriptionResult, TranscriptionSegment, WordTiming};
+pub use crate::runtime::precision::Compute;
 use crate::runtime::{Session, Tensor};
 use crate::whisper::audio::{self, MelFilters, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE};
 use crate::whisper::config::{GenerationConfig, WhisperConfig};
@@ -233,17 +234,32 @@ fn single_fixed_input(s: &Session, what: &str) -> Result<(String, Vec<usize>)> {
     Ok((name, shape))
 }
 
-fn load(dir: &Path, file: &str) -> Result<Session> {
-    Session::load(&dir.join(file)).with_context(|| format!("loading {file}"))
+fn load(dir: &Path, file: &str, compute: Compute) -> Result<Session> {
+    let opts = crate::runtime::Options {
+        compute,
+        ..Default::default()
+    };
+    Session::load_with(&dir.join(file), &opts).with_context(|| format!("loading {file}"))
 }
 
 /// A package run once per window: memoization (which pays off for the decoder's
 /// per-window inputs) would only compare megabytes of input per call, and would make a
 /// repeated window a cache hit, which benchmarks must not count.
-fn load_once_per_window(dir: &Path, file: &str) -> Result<Session> {
-    let mut s = load(dir, file)?;
+fn load_once_per_window(dir: &Path, file: &str, compute: Compute) -> Result<Session> {
+    let mut s = load(dir, file, compute)?;
     s.set_memoize(false);
     Ok(s)
+}
+
+/// How [`Transcriber::open_with`] loads a folder.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenOptions {
+    /// Make the features with the folder's MelSpectrogram.mlpackage (fp16, as WhisperKit runs
+    /// it) when present, instead of milkit's Rust log-mel.
+    pub mel_package: bool,
+    /// Compute precision of every package ([`Compute::Fp32`]: an evaluation mode against
+    /// float32 references, not what a device computes).
+    pub compute: Compute,
 }
 
 impl Transcriber {
@@ -251,12 +267,12 @@ impl Transcriber {
     /// computed in Rust (it matches Hugging Face's feature extractor to ~1e-5); a
     /// MelSpectrogram package in the folder is used only with [`Transcriber::open_with`].
     pub fn open(dir: &Path) -> Result<Transcriber> {
-        Transcriber::open_with(dir, false)
+        Transcriber::open_with(dir, &OpenOptions::default())
     }
 
-    /// [`Transcriber::open`]; with `mel_package`, the folder's MelSpectrogram.mlpackage (fp16,
-    /// as WhisperKit runs it) makes the features when present.
-    pub fn open_with(dir: &Path, mel_package: bool) -> Result<Transcriber> {
+    /// [`Transcriber::open`] with [`OpenOptions`].
+    pub fn open_with(dir: &Path, o: &OpenOptions) -> Result<Transcriber> {
+        let (mel_package, compute) = (o.mel_package, o.compute);
         ensure!(
             dir.is_dir(),
             "models folder {} does not exist (expected {ENCODER_FILE}, {DECODER_FILE}, \
@@ -282,7 +298,7 @@ impl Transcriber {
         let rules = DecodingRules::new(&gen, Some(&tokenizer))
             .with_context(|| format!("{}: unusable generation_config.json", dir.display()))?;
 
-        let encoder = load_once_per_window(dir, ENCODER_FILE)?;
+        let encoder = load_once_per_window(dir, ENCODER_FILE, compute)?;
         let encoder_input = single_fixed_input(&encoder, "audio encoder")
             .with_context(|| format!("{}", dir.join(ENCODER_FILE).display()))?;
         let n_mels = *encoder_input.1.get(1).ok_or_else(|| {
@@ -299,19 +315,19 @@ impl Transcriber {
             encoder_input.1,
             audio::N_FRAMES
         );
-        let decoder = TextDecoder::load(&dir.join(DECODER_FILE))?;
+        let decoder = TextDecoder::load_with(&dir.join(DECODER_FILE), compute)?;
         let cross_kv = if decoder.wants_precomputed_cross() {
             ensure!(
                 dir.join(CROSS_KV_FILE).exists(),
                 "{}: the text decoder takes encoder_attn_key_cache, but {CROSS_KV_FILE} is missing",
                 dir.display()
             );
-            Some(load_once_per_window(dir, CROSS_KV_FILE)?)
+            Some(load_once_per_window(dir, CROSS_KV_FILE, compute)?)
         } else {
             None
         };
         let mel = if mel_package && dir.join(MEL_FILE).exists() {
-            Some(load_once_per_window(dir, MEL_FILE)?)
+            Some(load_once_per_window(dir, MEL_FILE, compute)?)
         } else {
             None
         };
@@ -349,6 +365,12 @@ impl Transcriber {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Alignment heads per row of the decoder's alignment output: their number when the
+    /// package has milkit's per-head output, 1 for WhisperKit's mean.
+    pub fn alignment_heads(&self) -> usize {
+        self.decoder.alignment_heads()
     }
 
     /// Whether the text decoder keeps its caches as Core ML states.
@@ -434,6 +456,14 @@ impl Transcriber {
             ensure!(
                 t.is_finite() && t >= 0.0,
                 "temperature {t} is not a finite number ≥ 0"
+            );
+        }
+        if opts.word_timestamps {
+            ensure!(
+                self.decoder.has_alignment_output(),
+                "word timestamps need the TextDecoder's `alignment_heads_weights` output, which \
+                 this package lacks (milkit exports it when generation_config.json names \
+                 alignment_heads)"
             );
         }
         Ok(language)
@@ -727,7 +757,7 @@ impl Transcriber {
             prompt_len,
             probs,
             rows,
-            1,
+            self.decoder.alignment_heads(),
             segment_size,
             time_offset,
             lang,

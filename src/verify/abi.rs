@@ -35,6 +35,7 @@ pub const TEXT_CTX: usize = 448;
 
 /// One expected feature: name, dtype, and a shape where `None` is a free size to be read into
 /// the named dimension (and must agree with any earlier reading of it).
+#[derive(Clone)]
 struct Want<'a> {
     name: &'a str,
     dtype: ArrayDType,
@@ -124,15 +125,23 @@ impl Checker {
         }
     }
 
-    fn all(&mut self, d: &Description, inputs: &[Want], outputs: &[Want]) {
+    /// Every `inputs` and `outputs` feature, as wanted, and nothing else but the `optional`
+    /// outputs, which are checked when present.
+    fn all(&mut self, d: &Description, inputs: &[Want], outputs: &[Want], optional: &[Want]) {
         for w in inputs {
             self.feature("input", &d.inputs, w);
         }
         for w in outputs {
             self.feature("output", &d.outputs, w);
         }
+        for w in optional {
+            if d.outputs.iter().any(|f| f.name == w.name) {
+                self.feature("output", &d.outputs, w);
+            }
+        }
         self.no_extra("input", &d.inputs, inputs);
-        self.no_extra("output", &d.outputs, outputs);
+        let allowed: Vec<Want> = outputs.iter().chain(optional).cloned().collect();
+        self.no_extra("output", &d.outputs, &allowed);
         for s in &d.states {
             self.problems.push(format!(
                 "unexpected state `{}` (this ABI passes no states)",
@@ -170,6 +179,7 @@ pub fn check_abi(d: &Description, kind: AbiKind) -> AbiReport {
                     &[Is(1), Var("n_mels"), Is(MEL_FRAMES)],
                 )],
                 &[w("output", F32, &[Is(1), Is(AUDIO_CTX), Var("d_model")])],
+                &[],
             );
             Some("encoder")
         }
@@ -186,6 +196,7 @@ pub fn check_abi(d: &Description, kind: AbiKind) -> AbiReport {
                     F16,
                     &[Is(1), Var("d_model"), Is(1), Is(AUDIO_CTX)],
                 )],
+                &[],
             );
             Some("encoder")
         }
@@ -213,6 +224,13 @@ pub fn check_abi(d: &Description, kind: AbiKind) -> AbiReport {
                     w("value_cache_updates", F16, &upd),
                     w("alignment_heads_weights", F16, &[Is(1), Is(AUDIO_CTX)]),
                 ],
+                // milkit's `--per-head-alignment`: WhisperKit reads outputs by name, so an
+                // extra output does not disturb it.
+                &[w(
+                    "alignment_heads_weights_per_head",
+                    F16,
+                    &[Is(1), Var("alignment_heads"), Is(AUDIO_CTX)],
+                )],
             );
             // The cache stacks every layer's keys: its width is d_model × layers.
             if let (Some(&kvw), Some(&dm)) = (c.dims.get("kv_width"), c.dims.get("d_model")) {
@@ -281,6 +299,27 @@ mod tests {
         assert_eq!(r.dims["layers"], 4);
         assert_eq!(r.dims["vocab"], 51864);
         assert_eq!(r.dims["d_model"], 384);
+    }
+
+    #[test]
+    fn the_per_head_alignment_output_is_allowed_and_checked_but_nothing_else_extra() {
+        let mut d = decoder(384, 4, 51864);
+        d.outputs
+            .push(f("alignment_heads_weights_per_head", F16, &[1, 6, 1500]));
+        let r = check_abi(&d, AbiKind::WhisperKit);
+        assert!(r.ok, "{:?}", r.problems);
+        assert_eq!(r.dims["alignment_heads"], 6);
+        d.outputs[4].shape = vec![1, 6, 1499];
+        let r = check_abi(&d, AbiKind::WhisperKit);
+        assert!(!r.ok);
+        assert!(
+            r.problems[0].contains("alignment_heads_weights_per_head"),
+            "{:?}",
+            r.problems
+        );
+        d.outputs[4] = f("debug_probe", F16, &[1]);
+        let r = check_abi(&d, AbiKind::WhisperKit);
+        assert_eq!(r.problems, ["unexpected output `debug_probe`"]);
     }
 
     #[test]

@@ -15,7 +15,9 @@ pub use super::decoder_parts::build_cross_kv;
 use super::decoder_parts::{embed, head, key_value, query, split_layers, vec1, w4, SelfKv};
 pub(crate) use super::decoder_spec::finish_model;
 use super::decoder_spec::{check, head_op_names, HEAD_OPS_KEY, P};
-pub use super::decoder_spec::{CrossKv, DecoderDims, DecoderOptions, KvCache, CROSS_KV_NAMES};
+pub use super::decoder_spec::{
+    CrossKv, DecoderDims, DecoderOptions, KvCache, CROSS_KV_NAMES, PER_HEAD_ALIGNMENT_OUTPUT,
+};
 use super::graph::{add, attention, conv1x1, gelu, int, ints, layer_norm_c, reshape, WeightSource};
 use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Value, ValueType};
 use crate::ops::{Builder, In, V};
@@ -112,6 +114,13 @@ pub fn decoder_features(
             ArrayDType::F16,
             &[1, d.n_audio_ctx],
         ));
+        if o.per_head_alignment {
+            outputs.push(Feature::new(
+                PER_HEAD_ALIGNMENT_OUTPUT,
+                ArrayDType::F16,
+                &[1, o.alignment_heads.len(), d.n_audio_ctx],
+            ));
+        }
     }
     (inputs, states, outputs)
 }
@@ -381,11 +390,19 @@ pub fn build_decoder(
             "reduce_mean",
             "alignment_heads_mean",
             vec![
-                ("x", In::V(all)),
+                ("x", In::V(all.clone())),
                 ("axes", ints(&[1, 2])),
                 ("keep_dims", In::C(Value::bool_scalar(false))),
             ],
         )?);
+        if opts.per_head_alignment {
+            // [1, n, 1, n_audio] → [1, n, n_audio].
+            outs.push(b.op1(
+                "squeeze",
+                "alignment_heads_per_head",
+                vec![("x", In::V(all)), ("axes", ints(&[2]))],
+            )?);
+        }
     }
     let named: Vec<(V, &str)> = outs
         .into_iter()

@@ -40,6 +40,8 @@ pub struct DecoderExport {
     pub cross_kv: CrossKv,
     /// Row chunks of the vocabulary head (≥ 1).
     pub head_chunks: usize,
+    /// Add the per-head alignment output ([`DecoderOptions::per_head_alignment`]).
+    pub per_head_alignment: bool,
 }
 
 impl Default for DecoderExport {
@@ -48,6 +50,7 @@ impl Default for DecoderExport {
             stateful: false,
             cross_kv: CrossKv::InGraph,
             head_chunks: 1,
+            per_head_alignment: false,
         }
     }
 }
@@ -106,6 +109,7 @@ pub fn export_decoder(model_dir: &Path, o: &DecoderExport, opset: Opset) -> Resu
     let (cfg, w) = open_checked(model_dir, Component::Decoder)?;
     let opts = DecoderOptions {
         alignment_heads: super::checkpoint::usable_alignment_heads(model_dir, &cfg)?,
+        per_head_alignment: o.per_head_alignment,
         head_chunks: o.head_chunks,
         kv_cache: if o.stateful {
             KvCache::State

@@ -63,6 +63,11 @@ pub struct DecoderOptions {
     /// (layer, head) pairs from generation_config.json `alignment_heads`; when empty the
     /// `alignment_heads_weights` output is left out (WhisperKit treats it as optional).
     pub alignment_heads: Vec<(usize, usize)>,
+    /// Also output each alignment head's cross-attention row,
+    /// [`PER_HEAD_ALIGNMENT_OUTPUT`] [1, heads, n_audio] (heads in layer order, then in
+    /// `alignment_heads` order). Word timings from per-head rows normalise each head before
+    /// averaging, as openai-whisper and Hugging Face do; WhisperKit ignores the extra output.
+    pub per_head_alignment: bool,
     /// Number of row chunks of the vocabulary head (≥ 1). The Neural Engine limits a conv's
     /// output channels; whisper.cpp keeps chunks ≤ 16,384 rows ([`super::decoder::min_head_chunks`]).
     pub head_chunks: usize,
@@ -74,6 +79,7 @@ impl Default for DecoderOptions {
     fn default() -> Self {
         DecoderOptions {
             alignment_heads: vec![],
+            per_head_alignment: false,
             head_chunks: 1,
             kv_cache: KvCache::Io,
             cross_kv: CrossKv::InGraph,
@@ -82,6 +88,10 @@ impl Default for DecoderOptions {
 }
 
 pub(super) const P: &str = "model.decoder";
+
+/// The optional per-head alignment output of milkit's decoders (see
+/// [`DecoderOptions::per_head_alignment`]).
+pub const PER_HEAD_ALIGNMENT_OUTPUT: &str = "alignment_heads_weights_per_head";
 
 /// Names of the CrossKV model's outputs (= the precomputed decoder's inputs).
 pub const CROSS_KV_NAMES: [&str; 2] = ["encoder_attn_key_cache", "encoder_attn_value_cache"];

@@ -44,6 +44,9 @@ pub struct RecipeComponent {
     pub cross_kv: Option<String>,
     /// Decoder: row chunks of the vocabulary head (default 1).
     pub head_chunks: Option<usize>,
+    /// Decoder: also output each alignment head's cross-attention row (for word timings).
+    #[serde(default)]
+    pub per_head_alignment: bool,
     /// Compression of this component; absent = fp16.
     pub compress: Option<RecipeCompression>,
 }

@@ -63,6 +63,7 @@ pub fn opts(
 ) -> DecoderOptions {
     DecoderOptions {
         alignment_heads: heads,
+        per_head_alignment: false,
         head_chunks: chunks,
         kv_cache: kv,
         cross_kv: cross,
