@@ -6,8 +6,9 @@
 //! one from the local folder), the huggingface_hub cache layout, `HF_TOKEN` sent as a bearer
 //! token, a second run with no request at all, `HF_HUB_OFFLINE=1` with a warm and a cold
 //! cache, a 404 for a required file, a truncated and a corrupt download (clear errors,
-//! nothing half-written in the snapshot, the truncated one resumed by the next run). The
-//! environment is set on the child processes only.
+//! nothing half-written in the snapshot, the truncated one resumed by the next run), and a
+//! sharded repository (index and shards) exported as a whole models folder. The environment
+//! is set on the child processes only.
 
 mod common;
 use common::milkit;
@@ -311,11 +312,22 @@ fn err(o: &Output) -> String {
 /// `milkit export --component encoder --model MODEL --out OUT` with the Hub variables of
 /// `env` only (HF_HOME set, proxies and every other HF_* variable removed).
 fn export(model: &str, out: &Path, hf_home: &Path, env: &[(&str, &str)]) -> Output {
+    export_component("encoder", model, out, hf_home, env)
+}
+
+/// [`export`] of another component.
+fn export_component(
+    component: &str,
+    model: &str,
+    out: &Path,
+    hf_home: &Path,
+    env: &[(&str, &str)],
+) -> Output {
     let mut c = milkit();
     c.args([
         "export",
         "--component",
-        "encoder",
+        component,
         "--quiet",
         "--model",
         model,
@@ -764,5 +776,91 @@ fn hub_ids_and_environment() {
     assert_eq!(
         env(&[("HF_HOME", hf), ("HF_TOKEN", "t3")]).token.as_deref(),
         Some("t3")
+    );
+}
+
+/// `ckpt` re-written as a sharded checkpoint in `dir`: two safetensors shards and
+/// `model.safetensors.index.json`, next to the same json files.
+fn shard(ckpt: &Path, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "preprocessor_config.json",
+        "tokenizer.json",
+    ] {
+        std::fs::copy(ckpt.join(f), dir.join(f)).unwrap();
+    }
+    let bytes = std::fs::read(ckpt.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    names.sort();
+    let half = names.len() / 2;
+    let mut map = serde_json::Map::new();
+    for (k, part) in [&names[..half], &names[half..]].into_iter().enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", k + 1);
+        let views: Vec<(String, safetensors::tensor::TensorView)> = part
+            .iter()
+            .map(|n| (n.clone(), st.tensor(n).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join(&file)).unwrap();
+        for n in part {
+            map.insert(n.clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+}
+
+#[test]
+fn a_sharded_repository_gives_a_whole_models_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    synth(&ckpt);
+    let sharded = dir.path().join("sharded");
+    shard(&ckpt, &sharded);
+    let hub = Hub::serve(&sharded, &[]);
+    let home = dir.path().join("hf");
+    let ep = hub.endpoint();
+    let out = dir.path().join("folder");
+    ok(&export_component(
+        "all",
+        REPO,
+        &out,
+        &home,
+        &[("HF_ENDPOINT", &ep)],
+    ));
+    for f in [
+        "AudioEncoder.mlpackage",
+        "TextDecoder.mlpackage",
+        "MelSpectrogram.mlpackage",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "preprocessor_config.json",
+    ] {
+        assert!(out.join(f).exists(), "{f} missing in the folder");
+    }
+    // Copied as files, not as links into the cache.
+    assert!(!out
+        .join("config.json")
+        .symlink_metadata()
+        .unwrap()
+        .is_symlink());
+    let snap = repo_dir(&home).join("snapshots").join(COMMIT);
+    for f in [
+        "model.safetensors.index.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ] {
+        assert!(snap.join(f).is_file(), "{f} not in the snapshot");
+    }
+    assert!(!snap.join("model.safetensors").exists());
+    // The encoder equals the one from the unsharded folder.
+    let local = dir.path().join("local.mlpackage");
+    ok(&export(ckpt.to_str().unwrap(), &local, &home, &[]));
+    assert_eq!(
+        weights(&out.join("AudioEncoder.mlpackage")),
+        weights(&local)
     );
 }
