@@ -35,7 +35,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "large-v3-turbo")]
     pub preset: String,
     /// Use this checkpoint instead of synthesizing one (compress suite: the real checkpoint
-    /// compared with coremltools; default ../shared/models/whisper-tiny.en).
+    /// compared with coremltools; default ../shared/models/whisper-tiny.en): a directory or
+    /// a Hub id ORG/NAME[@REVISION] (downloaded into the Hugging Face cache; docs/hub.md).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Repetitions (export: the median; audio: the best, after one warm-up run; decode:
@@ -83,10 +84,15 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
             a.profile,
         );
     }
+    let model = a
+        .model
+        .as_deref()
+        .map(|m| milkit::hub::resolve_model(m, true))
+        .transpose()?;
     match a.suite {
-        Suite::Export => bench_export(a),
+        Suite::Export => bench_export(a, model),
         Suite::Compress => super::bench_compress::run(
-            a.model.as_deref(),
+            model.as_deref(),
             a.python.as_deref(),
             a.json,
             &super::bench_compress::Filter {
@@ -94,21 +100,17 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
                 turbo_only: a.only_turbo,
             },
         ),
-        Suite::Decode => super::bench_decode::run(
-            a.model.as_deref(),
-            a.json,
-            a.only.as_deref(),
-            a.runs,
-            &a.isa,
-        ),
+        Suite::Decode => {
+            super::bench_decode::run(model.as_deref(), a.json, a.only.as_deref(), a.runs, &a.isa)
+        }
     }
 }
 
-fn bench_export(a: &BenchArgs) -> Result<u8> {
+fn bench_export(a: &BenchArgs, model: Option<PathBuf>) -> Result<u8> {
     let exe = std::env::current_exe()?;
     let tmp = tempdir()?;
-    let model = match &a.model {
-        Some(m) => m.clone(),
+    let model = match model {
+        Some(m) => m,
         None => {
             let dir = tmp.join("ckpt");
             eprintln!(

@@ -20,7 +20,8 @@ pub enum CalibComponent {
 
 #[derive(Args)]
 pub struct CalibrateArgs {
-    /// Hugging Face Whisper checkpoint directory.
+    /// Hugging Face Whisper checkpoint: a directory, or a Hub id ORG/NAME[@REVISION]
+    /// (downloaded into the Hugging Face cache; see docs/hub.md).
     #[arg(long)]
     pub model: PathBuf,
     /// WAV files, or .jsonl manifests with an `audio` path per line (relative to the manifest).
@@ -52,6 +53,7 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
         );
     }
     let files = expand_audio_list(&a.audio)?;
+    let model = milkit::hub::resolve_model(&a.model, !a.quiet)?;
     let sel = Selection {
         op_types: a.op_types.clone(),
         ..Selection::default()
@@ -59,8 +61,8 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
     let pb = progress::bar(files.len() as u64, "calibrating", a.quiet);
     let mut tick = |d: usize, _| pb.set_position(d as u64);
     let cal = match a.component {
-        CalibComponent::Encoder => calibrate_encoder(&a.model, &files, &sel, &mut tick)?,
-        CalibComponent::Decoder => calibrate_decoder(&a.model, &files, &sel, &mut tick)?,
+        CalibComponent::Encoder => calibrate_encoder(&model, &files, &sel, &mut tick)?,
+        CalibComponent::Decoder => calibrate_decoder(&model, &files, &sel, &mut tick)?,
     };
     pb.finish_and_clear();
     cal.save(&a.out, a.force)?;

@@ -10,24 +10,27 @@ use milkit::whisper::bundle::{build_part, write_whisperkit_folder, BundleOptions
 use milkit::whisper::decoder::CrossKv;
 use milkit::whisper::decoder_export::DecoderExport;
 use milkit::whisper::encoder::EncoderAbi;
+use std::path::Path;
 use std::time::Instant;
 
 pub fn run(a: &ExportArgs) -> Result<u8> {
     milkit::whisper::weights::set_allow_nonfinite(a.allow_nonfinite);
-    if let Some(r) = &a.recipe {
-        return super::export_recipe::run(a, r);
-    }
-    let t0 = Instant::now();
-    let opset = parse_target(&a.target)?;
     if a.out.exists() && !a.force {
         bail!(
             "{} already exists; pass --force to replace it",
             a.out.display()
         );
     }
+    if let Some(r) = &a.recipe {
+        let model = milkit::hub::resolve_model(&a.model, !a.quiet)?;
+        return super::export_recipe::run(a, &model, r);
+    }
+    let t0 = Instant::now();
+    let opset = parse_target(&a.target)?;
     check_decoder_flags(a, opset)?;
+    let model = milkit::hub::resolve_model(&a.model, !a.quiet)?;
     if a.component == ComponentArg::All {
-        return run_all(a, opset);
+        return run_all(a, &model, opset);
     }
     let spec = PartSpec {
         part: part_of(a.component),
@@ -40,7 +43,7 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
         compression: a.compress.compression()?,
     };
     let pb = progress::bar(0, "building", a.quiet);
-    let built = build_part(&a.model, &spec, &mut |i, n| {
+    let built = build_part(&model, &spec, &mut |i, n| {
         pb.set_length(n as u64);
         pb.set_position(i as u64);
     })?;
@@ -113,7 +116,7 @@ fn check_decoder_flags(a: &ExportArgs, opset: Opset) -> Result<()> {
 }
 
 /// `--component all`: the WhisperKit folder, written by the library.
-fn run_all(a: &ExportArgs, opset: Opset) -> Result<u8> {
+fn run_all(a: &ExportArgs, model: &Path, opset: Opset) -> Result<u8> {
     let t0 = Instant::now();
     let opts = BundleOptions {
         opset,
@@ -125,7 +128,7 @@ fn run_all(a: &ExportArgs, opset: Opset) -> Result<u8> {
         decoder_compression: a.compress.compression_for(Some("decoder"))?,
     };
     let sp = progress::spinner("exporting", a.quiet);
-    let report = write_whisperkit_folder(&a.model, &a.out, &opts, a.force, &mut |msg| {
+    let report = write_whisperkit_folder(model, &a.out, &opts, a.force, &mut |msg| {
         sp.set_message(msg.to_string())
     })?;
     sp.finish_and_clear();

@@ -58,8 +58,10 @@ pub struct ExportArgs {
     /// compression flags.
     #[arg(long, conflicts_with_all = ["palettize", "quantize"])]
     pub recipe: Option<PathBuf>,
-    /// Hugging Face Whisper checkpoint directory (config.json + model.safetensors, sharded
-    /// safetensors with an index, or pytorch_model.bin).
+    /// Hugging Face Whisper checkpoint: a directory (config.json + model.safetensors, sharded
+    /// safetensors with an index, or pytorch_model.bin), or a Hub id ORG/NAME[@REVISION]
+    /// (e.g. openai/whisper-tiny.en), downloaded into the Hugging Face cache
+    /// ($HF_HOME/hub; HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE=1 honoured; see docs/hub.md).
     #[arg(long)]
     pub model: PathBuf,
     /// Which part of the model to export.

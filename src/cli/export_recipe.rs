@@ -94,7 +94,7 @@ pub fn recipe_parts(recipe: &Recipe, path: &Path) -> Result<Vec<(String, PartSpe
 }
 
 /// Exports every component of a recipe into the directory `--out`, atomically as a whole.
-pub fn run(a: &ExportArgs, path: &Path) -> Result<u8> {
+pub fn run(a: &ExportArgs, model: &Path, path: &Path) -> Result<u8> {
     let recipe = Recipe::from_file(path)?;
     let parts = recipe_parts(&recipe, path)?;
     let copy: &[(&str, bool)] = if recipe.copy_model_files {
@@ -103,7 +103,7 @@ pub fn run(a: &ExportArgs, path: &Path) -> Result<u8> {
         &[]
     };
     let sp = progress::spinner("exporting", a.quiet);
-    let report = write_folder(&a.model, &a.out, &parts, copy, a.force, &mut |msg| {
+    let report = write_folder(model, &a.out, &parts, copy, a.force, &mut |msg| {
         sp.set_message(msg.to_string())
     })?;
     sp.finish_and_clear();
