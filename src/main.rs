@@ -36,6 +36,9 @@ enum Command {
     Calibrate(cli::calibrate::CalibrateArgs),
     /// Corpus word error rate of a models folder on a manifest of clips.
     Eval(cli::eval::EvalArgs),
+    /// Go or kill for a compressed models folder against its baseline: package physics,
+    /// placement, numerical parity, end to end; exit 0 go, 1 kill, 2 unusable input.
+    Gate(cli::gate::GateArgs),
     /// Run a package with the bundled runtime: inputs from .npy/.safetensors, outputs to
     /// DIR/NAME.npy (DIR/NAME.k.npy with --repeat N); states kept across the predictions.
     Run(cli::run::RunArgs),
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cli::bench::run(&a),
         Command::Calibrate(a) => cli::calibrate::run(&a),
         Command::Eval(a) => cli::eval::run(&a),
+        Command::Gate(a) => cli::gate::run(&a),
     };
     match r {
         Ok(code) => ExitCode::from(code),

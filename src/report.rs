@@ -453,7 +453,173 @@ pub fn all_schemas() -> Vec<(&'static str, String)> {
             "transcription.schema.json",
             schema_json::<TranscriptionResult>(),
         ),
+        ("gate.schema.json", schema_json::<GateReport>()),
     ]
+}
+
+/// `milkit gate`: go or kill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GateVerdict {
+    Go,
+    Kill,
+}
+
+/// How one rung of the gate ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RungStatus {
+    Pass,
+    Fail,
+    /// Not reached: an earlier rung failed and `--all` was not given.
+    NotRun,
+}
+
+/// One rung: its number (1 = cheapest), name, outcome and the reasons it failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GateRung {
+    pub rung: u32,
+    pub name: String,
+    pub status: RungStatus,
+    pub reasons: Vec<String>,
+}
+
+/// The limits the gate applied (from its flags).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GateThresholds {
+    /// Largest allowed WER regression over the held-out clips, in percentage points.
+    pub max_wer_regression_points: f64,
+    /// Smallest allowed ratio of the compressed weights' fp16 bytes to their stored bytes,
+    /// per package with compressed weights.
+    pub min_compression: f64,
+    /// Parity: smallest allowed SNR (dB) and cosine of every probe's output.
+    pub min_parity_snr_db: f64,
+    pub min_parity_cosine: f64,
+    /// Timestamps: a baseline segment boundary agrees when the candidate has one within this
+    /// many seconds; at least `min_timestamp_agreement` of them must.
+    pub timestamp_tolerance_s: f64,
+    pub min_timestamp_agreement: f64,
+    /// Expected `constexpr_lut_to_dense` count per package (file name → count).
+    pub expected_lut_ops: BTreeMap<String, u64>,
+}
+
+/// Rung 1 for one package present in both folders.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GatePackage {
+    /// File name inside the folders (`AudioEncoder.mlpackage`).
+    pub package: String,
+    /// Inputs, outputs and states (name, dtype, shape) equal.
+    pub abi_equal: bool,
+    pub abi_differences: Vec<String>,
+    /// Op histograms over all functions, side by side.
+    pub baseline_ops: BTreeMap<String, u64>,
+    pub candidate_ops: BTreeMap<String, u64>,
+    /// The candidate's `constexpr_*` ops by kind.
+    pub candidate_constexpr: BTreeMap<String, u64>,
+    pub lut_ops: u64,
+    pub expected_lut_ops: Option<u64>,
+    pub positional_embedding: PositionalStatus,
+    /// The candidate's compressed weights: their dense fp16 bytes, the bytes stored, and the
+    /// ratio (None when the package has no compressed weight).
+    pub compressed_fp16_bytes: u64,
+    pub compressed_stored_bytes: u64,
+    pub compression_ratio: Option<f64>,
+    /// sha256 over every file of each package (the verify receipt's tree digest).
+    pub baseline_sha256: String,
+    pub candidate_sha256: String,
+}
+
+/// Rung 2 for one package: material ops (conv, linear, matmul, attention) placed on the
+/// Neural Engine in the baseline and where the candidate's same-named ops are placed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GatePlacement {
+    pub package: String,
+    /// `predicted` (milkit's rules) — `measured` needs MLComputePlan on macOS.
+    pub basis: String,
+    pub baseline_ane_material_ops: u64,
+    pub candidate_ane_material_ops: u64,
+    /// Ops on the ANE in the baseline predicted elsewhere (or missing) in the candidate.
+    pub moved_off_ane: Vec<String>,
+}
+
+/// Rung 3: one probe's output, candidate against baseline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GateProbe {
+    /// `encoder` or `decoder`.
+    pub component: String,
+    /// `speech`, `silence` or `stress`.
+    pub probe: String,
+    /// Values compared.
+    pub values: u64,
+    pub max_abs_error: f64,
+    pub mean_abs_error: f64,
+    pub cosine: f64,
+    /// 10·log10(Σ baseline² / Σ error²); None when the outputs are identical.
+    pub snr_db: Option<f64>,
+}
+
+/// Rung 4 for one clip (both folders decode it the same way: timestamps, temperature
+/// fallback, no-speech skipping, as `milkit transcribe`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GateClip {
+    pub audio: String,
+    /// A smoke clip: its text must not regress at all.
+    pub smoke: bool,
+    pub reference: Option<String>,
+    pub baseline_text: String,
+    pub candidate_text: String,
+    /// Word edits against the reference (when there is one) and its words.
+    pub baseline_errors: Option<usize>,
+    pub candidate_errors: Option<usize>,
+    pub reference_words: Option<usize>,
+    /// Word edits of the candidate's transcript against the baseline's, and its words.
+    pub errors_vs_baseline: usize,
+    pub baseline_words: usize,
+    /// Baseline segment boundaries (starts and ends) and how many the candidate matches.
+    pub timestamp_boundaries: usize,
+    pub timestamps_matched: usize,
+    /// Per decoded window: skipped as silence (no-speech decision).
+    pub baseline_silent: Vec<bool>,
+    pub candidate_silent: Vec<bool>,
+}
+
+/// Rung 4 over all clips.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GateEndToEnd {
+    pub clips: Vec<GateClip>,
+    /// `reference` when every held-out clip has a reference text (WER against the truth),
+    /// else `baseline transcript` (the candidate's WER against the baseline's output).
+    pub measured_against: String,
+    /// Held-out WERs (Σ edits ÷ Σ words; the baseline's is 0 against its own transcript).
+    pub baseline_wer: f64,
+    pub candidate_wer: f64,
+    /// candidate − baseline, in percentage points.
+    pub wer_regression_points: f64,
+    /// Matched ÷ baseline boundaries over all clips (1 when there are none).
+    pub timestamp_agreement: f64,
+    /// Every window's no-speech decision equal.
+    pub no_speech_agreement: bool,
+}
+
+/// `milkit gate --json`: the cheapest-falsifier ladder of a candidate models folder against
+/// its baseline, every measured number, and the command line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GateReport {
+    pub tool: String,
+    pub version: String,
+    pub command_line: Vec<String>,
+    pub candidate: String,
+    pub baseline: String,
+    pub verdict: GateVerdict,
+    /// The first failed rung and its first reason.
+    pub failed_rung: Option<u32>,
+    pub reason: Option<String>,
+    pub thresholds: GateThresholds,
+    pub rungs: Vec<GateRung>,
+    pub packages: Vec<GatePackage>,
+    pub placement: Vec<GatePlacement>,
+    pub parity: Vec<GateProbe>,
+    pub end_to_end: Option<GateEndToEnd>,
 }
 
 /// `milkit bench --suite decode --model HF_DIR --json`: decoder ms per token against the

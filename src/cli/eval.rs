@@ -18,7 +18,7 @@ use std::path::PathBuf;
 ///
 /// Normalisation before scoring (--normalize): `ascii` lowercases, drops punctuation (dashes
 /// and slashes become spaces), keeps letters and digits and collapses whitespace; `unicode`
-/// applies NFKC, lowercases, drops Unicode punctuation and symbols and collapses whitespace.
+/// applies NFKC, lowercases, turns Unicode punctuation and symbols into spaces (openai-whisper's basic normaliser) and collapses whitespace.
 /// The default is `unicode` when a manifest line names a language other than English, else
 /// `ascii`.
 ///

@@ -9,6 +9,7 @@ pub mod eval;
 pub mod export;
 pub mod export_args;
 pub mod export_recipe;
+pub mod gate;
 pub mod progress;
 pub mod run;
 pub mod synth;

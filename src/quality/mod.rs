@@ -1,6 +1,6 @@
 //! Quality-aware compression, the running half: evaluation (corpus WER through the
 //! transcription pipeline, with the folder's bits per compressed weight; dense fidelity of a
-//! candidate folder against a baseline folder) and calibration, which runs the fp16 model on real
+//! candidate folder against a baseline folder; the go/kill `gate` ladder) and calibration, which runs the fp16 model on real
 //! audio through milkit's runtime to collect the statistics that data-aware compression
 //! weighs errors with (the IR instrumentation lives in `passes::calibrate`). Uses `runtime`,
 //! `transcribe`, `passes`, `whisper` (audio front end, exporters), `verify` and `package` (the
@@ -10,3 +10,4 @@ pub mod bits;
 pub mod calibrate;
 pub mod eval;
 pub mod fidelity;
+pub mod gate;

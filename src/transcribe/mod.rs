@@ -948,6 +948,26 @@ impl Transcriber {
         Ok((enc, cross))
     }
 
+    /// The encoder input's shape (one window's log-mel, e.g. [1, 80, 1, 3000]).
+    pub fn encoder_input_shape(&self) -> &[usize] {
+        &self.encoder_input.1
+    }
+
+    /// Encodes one window's log-mel, given as the encoder's input tensor: the encoder output
+    /// (BC1S) and the decoder's cross-attention source.
+    pub fn encode_mel(&mut self, mel: Tensor) -> Result<(Tensor, Cross)> {
+        let mut t = Timings::default();
+        let enc = self.encoder_output(mel, &mut t)?;
+        let cross = self.cross_of(enc.clone(), &mut t)?;
+        Ok((enc, cross))
+    }
+
+    /// The decoder's cross-attention source for an encoder output (BC1S), through this
+    /// folder's CrossKV model when it has one.
+    pub fn cross_for(&mut self, enc: Tensor) -> Result<Cross> {
+        self.cross_of(enc, &mut Timings::default())
+    }
+
     /// One greedy pass (`opts`' language, task and timestamps; temperature 0) over an
     /// encoded window.
     pub fn greedy_pass(&mut self, cross: &Cross, opts: &TranscribeOptions) -> Result<Pass> {
