@@ -10,15 +10,19 @@ use milkit::whisper::decoder::CrossKv;
 use milkit::whisper::decoder_export::DecoderExport;
 use milkit::whisper::encoder::EncoderAbi;
 use milkit::whisper::recipe::{Recipe, RecipeCompression};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn enum_arg<T: ValueEnum>(what: &str, s: &str) -> Result<T> {
     T::from_str(s, true).map_err(|_| anyhow::anyhow!("recipe: unknown {what} `{s}`"))
 }
 
 /// A recipe's [compress] table as the CLI flags it stands for.
-fn recipe_flags(c: &RecipeCompression) -> Result<super::compress::CompressFlags> {
-    let d = super::compress::CompressFlags::default();
+/// `calibration`: the `--calibration` files of the command line; each component takes the one
+/// measured on it.
+fn recipe_flags(
+    c: &RecipeCompression,
+    calibration: &[PathBuf],
+) -> Result<super::compress::CompressFlags> {
     Ok(super::compress::CompressFlags {
         palettize: c
             .palettize
@@ -49,19 +53,32 @@ fn recipe_flags(c: &RecipeCompression) -> Result<super::compress::CompressFlags>
         head_only: c.head_only,
         per_channel_scale: c.per_channel_scale,
         outlier_grouping: c.outlier_grouping,
-        ..d
+        target_bits: c.target_bits,
+        calibration: calibration.to_vec(),
     })
 }
 
 /// The build specs of a recipe's components, checked before anything is built.
-pub fn recipe_parts(recipe: &Recipe, path: &Path) -> Result<Vec<(String, PartSpec)>> {
+pub fn recipe_parts(
+    recipe: &Recipe,
+    path: &Path,
+    calibration: &[PathBuf],
+) -> Result<Vec<(String, PartSpec)>> {
     let mut parts = Vec::new();
     for c in &recipe.components {
+        let part = Part::parse(&c.component)?;
         let compression = match &c.compress {
             None => None,
             Some(cc) => {
-                let flags = recipe_flags(cc)?;
-                match flags.compression()? {
+                let flags = recipe_flags(cc, calibration)?;
+                // Statistics measured on the encoder serve the encoder, and so on.
+                let measured_on = match part {
+                    Part::Encoder => Some("encoder"),
+                    Part::Decoder => Some("decoder"),
+                    _ => None,
+                };
+                let found = flags.compression_for(measured_on)?;
+                match found {
                     Some(x) => Some(x),
                     None => bail!(
                         "{}: component `{}` has a [compress] table without palettize or quantize",
@@ -72,7 +89,7 @@ pub fn recipe_parts(recipe: &Recipe, path: &Path) -> Result<Vec<(String, PartSpe
             }
         };
         let spec = PartSpec {
-            part: Part::parse(&c.component)?,
+            part,
             abi: EncoderAbi::parse(&c.abi)?,
             opset: parse_target(&c.target)?,
             decoder: DecoderExport {
@@ -96,7 +113,7 @@ pub fn recipe_parts(recipe: &Recipe, path: &Path) -> Result<Vec<(String, PartSpe
 /// Exports every component of a recipe into the directory `--out`, atomically as a whole.
 pub fn run(a: &ExportArgs, model: &Path, path: &Path) -> Result<u8> {
     let recipe = Recipe::from_file(path)?;
-    let parts = recipe_parts(&recipe, path)?;
+    let parts = recipe_parts(&recipe, path, &a.compress.calibration)?;
     let copy: &[(&str, bool)] = if recipe.copy_model_files {
         &MODEL_FILES
     } else {

@@ -78,6 +78,10 @@ pub struct RecipeCompression {
     /// are alike (outlier-aware grouping; function-preserving).
     #[serde(default)]
     pub outlier_grouping: bool,
+    /// Mixed precision: an average-bits budget over the component's selected weights (each
+    /// weight at 2/3/4/6/8 bits, chosen on the `--calibration` statistics measured on this
+    /// component when given).
+    pub target_bits: Option<f64>,
 }
 
 fn default_abi() -> String {
