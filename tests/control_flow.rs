@@ -267,3 +267,62 @@ fn cond_branches_of_different_types_are_refused_naming_both() {
         "{e}"
     );
 }
+
+#[test]
+fn a_saved_package_with_lists_passes_the_validator_and_runs() {
+    let mut b = Builder::new(Opset::Ios15);
+    let x = b.input("x", ValueType::tensor(milkit::ir::DType::F32, &[3]));
+    let dims = vec![b.konst("elem_dim", Value::i32_scalar(3))];
+    let ls = b
+        .op1(
+            "make_list",
+            "ls",
+            vec![
+                ("init_length", In::C(Value::i32_scalar(2))),
+                ("dynamic_length", In::C(Value::bool_scalar(true))),
+                ("elem_shape", In::Vs(dims)),
+                ("dtype", In::C(Value::str("fp32"))),
+            ],
+        )
+        .unwrap();
+    let ls = b
+        .op1(
+            "list_write",
+            "put",
+            vec![
+                ("ls", In::V(ls)),
+                ("index", In::C(Value::i32_scalar(2))),
+                ("value", In::V(x)),
+            ],
+        )
+        .unwrap();
+    let n = b
+        .op1("list_length", "n", vec![("ls", In::V(ls.clone()))])
+        .unwrap();
+    let g = b
+        .op1(
+            "list_gather",
+            "g",
+            vec![("ls", In::V(ls)), ("indices", In::C(Value::i32s(&[2, 0])))],
+        )
+        .unwrap();
+    let n1 = b
+        .op1(
+            "reshape",
+            "n1",
+            vec![("x", In::V(n)), ("shape", In::C(Value::i32s(&[1])))],
+        )
+        .unwrap();
+    let m = model(b, &[(g, "g"), (n1, "length")], Opset::Ios15);
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("lists.mlpackage");
+    milkit::package::save_package(&m, &pkg, false, &mut |_| {}).unwrap();
+    let mut s = Session::load(&pkg).unwrap();
+    let x = Tensor::from_vec(vec![0.5f32, -1.0, 2.0], 3, &cpu()).unwrap();
+    let got = s.predict(&[("x", x)]).unwrap();
+    assert_eq!(f64s(&got[0].1), vec![0.5, -1.0, 2.0, 0.0, 0.0, 0.0]);
+    assert_eq!(f64s(&got[1].1), vec![3.0]);
+    if let Some(report) = common::validate(&pkg) {
+        assert_eq!(report["ok"], serde_json::Value::Bool(true), "{report}");
+    }
+}

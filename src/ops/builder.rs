@@ -63,6 +63,14 @@ pub fn infer_op(op: &Operation, opset: Opset, scope: &dyn Scope) -> Result<Vec<V
             opset.opset_name()
         ),
     })?;
+    ensure!(
+        op.blocks.is_empty() || super::control::takes_blocks(&op.op_type),
+        "op `{}` ({}) holds {} nested block(s); only control flow ops (cond, while_loop) take \
+         blocks",
+        op.op_type,
+        op.name,
+        op.blocks.len()
+    );
     let mut args: BTreeMap<&str, Vec<ArgInfo>> = BTreeMap::new();
     for (pname, binds) in &op.inputs {
         let spec = def

@@ -172,6 +172,11 @@ fn eval_while(cx: &EvalCx) -> Result<Vec<RValue>> {
     }
 }
 
+/// Whether ops of `op_type` hold nested blocks (only the control flow ops do).
+pub fn takes_blocks(op_type: &str) -> bool {
+    DEFS.iter().any(|d| d.name == op_type)
+}
+
 const COND_IN: &[InputSpec] = &[req("pred")];
 const WHILE_IN: &[InputSpec] = &[var("loop_vars")];
 
