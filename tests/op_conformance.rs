@@ -203,33 +203,13 @@ const COREML_OPS: &[(&str, &[Opset])] = &[
 const MISSING: &[(&str, &str)] = &[
     ("affine", "image resampling family not implemented yet"),
     ("classify", "classifier output (dictionary) not supported"),
-    (
-        "cond",
-        "control flow: nested blocks not supported by the runtime",
-    ),
     ("conv_quantized", "not implemented yet"),
     ("conv_transpose", "not implemented yet"),
     ("crop", "image resampling family not implemented yet"),
     ("crop_resize", "image resampling family not implemented yet"),
     ("gru", "recurrent ops not implemented yet"),
-    ("list_gather", "list values not supported by the runtime"),
-    ("list_length", "list values not supported by the runtime"),
-    ("list_read", "list values not supported by the runtime"),
-    ("list_scatter", "list values not supported by the runtime"),
-    ("list_write", "list values not supported by the runtime"),
     ("lstm", "recurrent ops not implemented yet"),
-    ("make_list", "list values not supported by the runtime"),
     ("non_maximum_suppression", "not implemented yet"),
-    (
-        "random_bernoulli",
-        "random ops (seeded) not implemented yet",
-    ),
-    (
-        "random_categorical",
-        "random ops (seeded) not implemented yet",
-    ),
-    ("random_normal", "random ops (seeded) not implemented yet"),
-    ("random_uniform", "random ops (seeded) not implemented yet"),
     ("resample", "image resampling family not implemented yet"),
     ("resize", "resize family not implemented yet"),
     ("resize_bilinear", "resize family not implemented yet"),
@@ -242,10 +222,6 @@ const MISSING: &[(&str, &str)] = &[
     (
         "upsample_nearest_neighbor",
         "resize family not implemented yet",
-    ),
-    (
-        "while_loop",
-        "control flow: nested blocks not supported by the runtime",
     ),
 ];
 
@@ -2468,6 +2444,10 @@ fn cases() -> Vec<Case> {
     v.extend(compression_cases());
     // ---- states ----
     v.extend(state_cases());
+    // ---- control flow, lists, random ops ----
+    v.extend(control_cases());
+    v.extend(list_cases());
+    v.extend(random_cases());
     v
 }
 
@@ -2882,6 +2862,429 @@ fn state_cases() -> Vec<Case> {
     ]
 }
 
+/// `cond` on `pred`, both branches returning one value each (the true branch reads `x`
+/// from the enclosing scope).
+fn cond_of(p: &mut Prog, pred: V, x: &V) -> Result<V> {
+    let (two, one) = (p.fval(&[], &[2.0]), p.fval(&[], &[1.0]));
+    let xt = x.clone();
+    let t = p.b.block(&[], |b, _| {
+        Ok(vec![b.op1(
+            "mul",
+            "twice",
+            vec![("x", In::V(xt)), ("y", In::C(two))],
+        )?])
+    })?;
+    let xf = x.clone();
+    let f = p.b.block(&[], |b, _| {
+        Ok(vec![b.op1(
+            "sub",
+            "less_one",
+            vec![("x", In::V(xf)), ("y", In::C(one))],
+        )?])
+    })?;
+    let mut o =
+        p.b.op_with_blocks("cond", "cond", vec![("pred", In::V(pred))], vec![t, f])?;
+    Ok(o.remove(0))
+}
+
+/// `while i < bound: i += 1; acc = acc · 0.5 + x` from (0, x), `x` read from the enclosing
+/// scope; returns (i, acc).
+fn halving_loop(p: &mut Prog, x: &V, bound: i32) -> Result<Vec<V>> {
+    let tx = p.b.ty(x)?.clone();
+    let ti = ValueType::tensor(I32, &[]);
+    let i0 = p.b.konst("i0", Value::i32_scalar(0));
+    let c =
+        p.b.block(&[("i", ti.clone()), ("acc", tx.clone())], |b, v| {
+            Ok(vec![b.op1(
+                "less",
+                "more",
+                vec![
+                    ("x", In::V(v[0].clone())),
+                    ("y", In::C(Value::i32_scalar(bound))),
+                ],
+            )?])
+        })?;
+    let half = p.fval(&[], &[0.5]);
+    let xb = x.clone();
+    let body = p.b.block(&[("i", ti), ("acc", tx)], |b, v| {
+        let i = b.op1(
+            "add",
+            "next",
+            vec![
+                ("x", In::V(v[0].clone())),
+                ("y", In::C(Value::i32_scalar(1))),
+            ],
+        )?;
+        let h = b.op1(
+            "mul",
+            "halve",
+            vec![("x", In::V(v[1].clone())), ("y", In::C(half))],
+        )?;
+        let a = b.op1("add", "plus_x", vec![("x", In::V(h)), ("y", In::V(xb))])?;
+        Ok(vec![i, a])
+    })?;
+    p.b.op_with_blocks(
+        "while_loop",
+        "loop",
+        vec![("loop_vars", In::Vs(vec![i0, x.clone()]))],
+        vec![c, body],
+    )
+}
+
+fn control_cases() -> Vec<Case> {
+    vec![
+        case("cond", "both branches, outer values", &[I15], FP, |p| {
+            let (x, xv) = p.xs("x", &[2, 3]);
+            let s = p.op(
+                "reduce_sum",
+                vec![("x", In::V(x.clone())), ("keep_dims", cb(false))],
+            )?;
+            let zero = p.cs(0.0);
+            let pos = p.op("greater", vec![("x", In::V(s)), ("y", zero)])?;
+            let neg = p.op("logical_not", vec![("x", In::V(pos.clone()))])?;
+            let a = cond_of(p, pos, &x)?;
+            let b = cond_of(p, neg, &x)?;
+            let sum: f64 = xv.iter().sum();
+            let t: Vec<f64> = xv.iter().map(|v| p.r(v * 2.0)).collect();
+            let f: Vec<f64> = xv.iter().map(|v| p.r(v - 1.0)).collect();
+            let (wa, wb) = if sum > 0.0 { (t, f) } else { (f, t) };
+            p.want(&a, &[2, 3], wa, Cmp::Exact)?;
+            p.want(&b, &[2, 3], wb, Cmp::Exact)
+        }),
+        case("while_loop", "5 iterations and none", &[I15], FP, |p| {
+            let (x, xv) = p.xs("x", &[2, 3]);
+            let five = halving_loop(p, &x, 5)?;
+            let none = halving_loop(p, &x, 0)?;
+            let mut acc = xv.clone();
+            for _ in 0..5 {
+                acc = acc
+                    .iter()
+                    .zip(&xv)
+                    .map(|(a, x)| p.r(p.r(a * 0.5) + x))
+                    .collect();
+            }
+            p.want(&five[0], &[], vec![5.0], Cmp::Exact)?;
+            p.want(&five[1], &[2, 3], acc, CLOSE)?;
+            p.want(&none[0], &[], vec![0.0], Cmp::Exact)?;
+            p.want(&none[1], &[2, 3], xv, Cmp::Exact)
+        }),
+        case(
+            "while_loop",
+            "a cond in the body reads the function's input",
+            &[I15],
+            FP,
+            |p| {
+                let (x, xv) = p.xs("x", &[4]);
+                let tx = p.b.ty(&x)?.clone();
+                let ti = ValueType::tensor(I32, &[]);
+                let i0 = p.b.konst("i0", Value::i32_scalar(0));
+                let c =
+                    p.b.block(&[("i", ti.clone()), ("acc", tx.clone())], |b, v| {
+                        let four = In::C(Value::i32_scalar(4));
+                        Ok(vec![b.op1(
+                            "less",
+                            "more",
+                            vec![("x", In::V(v[0].clone())), ("y", four)],
+                        )?])
+                    })?;
+                let half = p.fval(&[], &[0.5]);
+                let xb = x.clone();
+                let body = p.b.block(&[("i", ti), ("acc", tx)], |b, v| {
+                    let two = In::C(Value::i32_scalar(2));
+                    let early = b.op1(
+                        "less",
+                        "early",
+                        vec![("x", In::V(v[0].clone())), ("y", two)],
+                    )?;
+                    let acc = v[1].clone();
+                    let acc_t = acc.clone();
+                    let t = b.block(&[], |b, _| {
+                        Ok(vec![b.op1(
+                            "add",
+                            "plus_x",
+                            vec![("x", In::V(acc_t)), ("y", In::V(xb))],
+                        )?])
+                    })?;
+                    let f = b.block(&[], |b, _| {
+                        Ok(vec![b.op1(
+                            "mul",
+                            "halve",
+                            vec![("x", In::V(acc)), ("y", In::C(half))],
+                        )?])
+                    })?;
+                    let a =
+                        b.op_with_blocks("cond", "step", vec![("pred", In::V(early))], vec![t, f])?;
+                    let one = In::C(Value::i32_scalar(1));
+                    let i = b.op1("add", "next", vec![("x", In::V(v[0].clone())), ("y", one)])?;
+                    Ok(vec![i, a[0].clone()])
+                })?;
+                let o = p.b.op_with_blocks(
+                    "while_loop",
+                    "loop",
+                    vec![("loop_vars", In::Vs(vec![i0, x.clone()]))],
+                    vec![c, body],
+                )?;
+                let mut acc = xv.clone();
+                for k in 0..4 {
+                    acc = acc
+                        .iter()
+                        .zip(&xv)
+                        .map(|(a, x)| if k < 2 { p.r(a + x) } else { p.r(a * 0.5) })
+                        .collect();
+                }
+                p.want(&o[1], &[4], acc, Cmp::Exact)
+            },
+        ),
+        case("while_loop", "a list as a loop variable", &[I15], FP, |p| {
+            let (x, xv) = p.xs("x", &[3]);
+            let ls = make_list(p, 4, false, &[3])?;
+            let tl = p.b.ty(&ls)?.clone();
+            let tx = p.b.ty(&x)?.clone();
+            let ti = ValueType::tensor(I32, &[]);
+            let i0 = p.b.konst("i0", Value::i32_scalar(0));
+            let c = p.b.block(
+                &[("i", ti.clone()), ("acc", tx.clone()), ("ls", tl.clone())],
+                |b, v| {
+                    Ok(vec![b.op1(
+                        "less",
+                        "more",
+                        vec![
+                            ("x", In::V(v[0].clone())),
+                            ("y", In::C(Value::i32_scalar(4))),
+                        ],
+                    )?])
+                },
+            )?;
+            let xb = x.clone();
+            let body = p.b.block(&[("i", ti), ("acc", tx), ("ls", tl)], |b, v| {
+                let l = b.op1(
+                    "list_write",
+                    "put",
+                    vec![
+                        ("ls", In::V(v[2].clone())),
+                        ("index", In::V(v[0].clone())),
+                        ("value", In::V(v[1].clone())),
+                    ],
+                )?;
+                let i = b.op1(
+                    "add",
+                    "next",
+                    vec![
+                        ("x", In::V(v[0].clone())),
+                        ("y", In::C(Value::i32_scalar(1))),
+                    ],
+                )?;
+                let a = b.op1(
+                    "add",
+                    "plus_x",
+                    vec![("x", In::V(v[1].clone())), ("y", In::V(xb))],
+                )?;
+                Ok(vec![i, a, l])
+            })?;
+            let o = p.b.op_with_blocks(
+                "while_loop",
+                "loop",
+                vec![("loop_vars", In::Vs(vec![i0, x.clone(), ls]))],
+                vec![c, body],
+            )?;
+            let g = p.op(
+                "list_gather",
+                vec![("ls", In::V(o[2].clone())), ("indices", ci(&[0, 1, 2, 3]))],
+            )?;
+            // Row k holds (k + 1)·x, summed in k additions of the compute dtype.
+            let mut w = vec![];
+            let mut acc = xv.clone();
+            for _ in 0..4 {
+                w.extend(acc.iter().cloned());
+                acc = acc.iter().zip(&xv).map(|(a, x)| p.r(a + x)).collect();
+            }
+            p.want(&g, &[4, 3], w, Cmp::Exact)
+        }),
+    ]
+}
+
+/// `make_list` of `n` elements of the case's dtype and shape `shape`.
+fn make_list(p: &mut Prog, n: i32, dynamic: bool, shape: &[i32]) -> Result<V> {
+    let dims: Vec<V> = shape
+        .iter()
+        .map(|&d| p.b.konst("elem_dim", Value::i32_scalar(d)))
+        .collect();
+    let dt = p.dt.name();
+    p.op(
+        "make_list",
+        vec![
+            ("init_length", ci0(n)),
+            ("dynamic_length", cb(dynamic)),
+            ("elem_shape", In::Vs(dims)),
+            ("dtype", cstr(dt)),
+        ],
+    )
+}
+
+fn write(p: &mut Prog, ls: V, i: i32, v: &V) -> Result<V> {
+    p.op(
+        "list_write",
+        vec![
+            ("ls", In::V(ls)),
+            ("index", ci0(i)),
+            ("value", In::V(v.clone())),
+        ],
+    )
+}
+
+fn list_cases() -> Vec<Case> {
+    vec![
+        case(
+            "make_list",
+            "fixed length, never written elements read as zeros",
+            &[I15],
+            FP,
+            |p| {
+                let ls = make_list(p, 3, false, &[2, 2])?;
+                let n = p.op("list_length", vec![("ls", In::V(ls.clone()))])?;
+                let r = p.op("list_read", vec![("ls", In::V(ls)), ("index", ci0(2))])?;
+                p.want(&n, &[], vec![3.0], Cmp::Exact)?;
+                p.want(&r, &[2, 2], vec![0.0; 4], Cmp::Exact)
+            },
+        ),
+        case(
+            "list_length",
+            "a dynamic list grows on a write past its end",
+            &[I15],
+            FP,
+            |p| {
+                let (x, _) = p.xs("x", &[2]);
+                let ls = make_list(p, 1, true, &[2])?;
+                let ls = write(p, ls, 4, &x)?;
+                let n = p.op("list_length", vec![("ls", In::V(ls))])?;
+                p.want(&n, &[], vec![5.0], Cmp::Exact)
+            },
+        ),
+        case(
+            "list_write",
+            "overwrite and keep the old list",
+            &[I15],
+            FP,
+            |p| {
+                let (x, xv) = p.xs("x", &[2, 3]);
+                let (y, yv) = p.xs("y", &[2, 3]);
+                let l0 = make_list(p, 2, false, &[2, 3])?;
+                let l1 = write(p, l0, 0, &x)?;
+                let l2 = write(p, l1.clone(), 0, &y)?;
+                let a = p.op("list_read", vec![("ls", In::V(l1)), ("index", ci0(0))])?;
+                let b = p.op("list_read", vec![("ls", In::V(l2)), ("index", ci0(0))])?;
+                p.want(&a, &[2, 3], xv, Cmp::Exact)?;
+                p.want(&b, &[2, 3], yv, Cmp::Exact)
+            },
+        ),
+        case("list_read", "an index from the data", &[I15], FP, |p| {
+            let (x, xv) = p.xs("x", &[4]);
+            let (y, yv) = p.xs("y", &[4]);
+            let i = p.input_of("i", I32, &[], &[1.0]);
+            let l = make_list(p, 2, false, &[4])?;
+            let l = write(p, l, 0, &x)?;
+            let l = write(p, l, 1, &y)?;
+            let r = p.op(
+                "list_read",
+                vec![("ls", In::V(l.clone())), ("index", In::V(i))],
+            )?;
+            let r0 = p.op("list_read", vec![("ls", In::V(l)), ("index", ci0(0))])?;
+            p.want(&r, &[4], yv, Cmp::Exact)?;
+            p.want(&r0, &[4], xv, Cmp::Exact)
+        }),
+        case("list_gather", "repeated indices", &[I15], FP, |p| {
+            let (x, xv) = p.xs("x", &[2, 2]);
+            let (y, yv) = p.xs("y", &[2, 2]);
+            let l = make_list(p, 3, false, &[2, 2])?;
+            let l = write(p, l, 0, &x)?;
+            let l = write(p, l, 2, &y)?;
+            let g = p.op(
+                "list_gather",
+                vec![("ls", In::V(l)), ("indices", ci(&[2, 0, 2, 1]))],
+            )?;
+            let mut w = yv.clone();
+            w.extend(&xv);
+            w.extend(&yv);
+            w.extend([0.0; 4]);
+            p.want(&g, &[4, 2, 2], w, Cmp::Exact)
+        }),
+        case("list_scatter", "rows to a dynamic list", &[I15], FP, |p| {
+            let (v, vv) = p.xs("v", &[2, 3]);
+            let l = make_list(p, 1, true, &[3])?;
+            let l = p.op(
+                "list_scatter",
+                vec![
+                    ("ls", In::V(l)),
+                    ("indices", ci(&[2, 0])),
+                    ("value", In::V(v)),
+                ],
+            )?;
+            let n = p.op("list_length", vec![("ls", In::V(l.clone()))])?;
+            let g = p.op(
+                "list_gather",
+                vec![("ls", In::V(l)), ("indices", ci(&[0, 1, 2]))],
+            )?;
+            let mut w = vv[3..].to_vec();
+            w.extend([0.0; 3]);
+            w.extend(&vv[..3]);
+            p.want(&n, &[], vec![3.0], Cmp::Exact)?;
+            p.want(&g, &[3, 3], w, Cmp::Exact)
+        }),
+    ]
+}
+
+/// Degenerate distributions, whose draws are known exactly; the distributions themselves
+/// are checked statistically in `tests/random_ops.rs`.
+fn random_cases() -> Vec<Case> {
+    vec![
+        case("random_bernoulli", "prob 0 and 1", &[I15], FP, |p| {
+            let (p0, p1) = (p.cs(0.0), p.cs(1.0));
+            let a = p.op(
+                "random_bernoulli",
+                vec![("shape", ci(&[3, 4])), ("prob", p0)],
+            )?;
+            let b = p.op("random_bernoulli", vec![("shape", ci(&[5])), ("prob", p1)])?;
+            p.want(&a, &[3, 4], vec![0.0; 12], Cmp::Exact)?;
+            p.want(&b, &[5], vec![1.0; 5], Cmp::Exact)
+        }),
+        case("random_normal", "stddev 0", &[I15], FP, |p| {
+            let (m, s) = (p.cs(0.75), p.cs(0.0));
+            let a = p.op(
+                "random_normal",
+                vec![("shape", ci(&[2, 3])), ("mean", m), ("stddev", s)],
+            )?;
+            p.want(&a, &[2, 3], vec![0.75; 6], Cmp::Exact)
+        }),
+        case("random_uniform", "low = high", &[I15], FP, |p| {
+            let (lo, hi) = (p.cs(-0.25), p.cs(-0.25));
+            let a = p.op(
+                "random_uniform",
+                vec![
+                    ("shape", ci(&[4])),
+                    ("low", lo),
+                    ("high", hi),
+                    ("seed", ci0(7)),
+                ],
+            )?;
+            p.want(&a, &[4], vec![-0.25; 4], Cmp::Exact)
+        }),
+        case(
+            "random_categorical",
+            "one-hot probabilities",
+            &[I15],
+            FP,
+            |p| {
+                let x = p.cf(&[2, 3], &[0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+                let a = p.op(
+                    "random_categorical",
+                    vec![("x", x), ("mode", cstr("probs")), ("size", ci0(3))],
+                )?;
+                p.want(&a, &[2, 3], vec![2.0, 2.0, 2.0, 0.0, 0.0, 0.0], Cmp::Exact)
+            },
+        ),
+    ]
+}
+
 // ---------------------------------------------------------------------------------------
 // The tests.
 
@@ -3027,7 +3430,7 @@ fn raw_package(dir: &std::path::Path, opset: Opset, op_type: &str) -> std::path:
 fn an_op_the_interpreter_lacks_or_a_newer_opset_has_is_named_with_the_opset() {
     let dir = tempfile::tempdir().unwrap();
     for (opset, op, needs) in [
-        (I15, "while_loop", None),
+        (I15, "made_up_op", None),
         (I17, "scaled_dot_product_attention", Some("CoreML8")),
         (I15, "fill_like", Some("CoreML6")),
     ] {

@@ -41,6 +41,13 @@ pub struct RunArgs {
     /// Default: the machine's physical memory.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_memory: Option<u64>,
+    /// Seed of the random stream the random ops (`random_normal`, ...) without a `seed` of
+    /// their own draw from; the same seed gives the same outputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop a `while_loop` that runs more iterations than this, with an error naming it.
+    #[arg(long, default_value_t = milkit::runtime::DEFAULT_MAX_LOOP_ITERATIONS)]
+    pub max_loop_iterations: u64,
 }
 
 /// `4096`, `512K`, `64M`, `4G`, `1T` (powers of 1024; `iB`/`B` suffixes allowed).
@@ -107,6 +114,8 @@ pub fn run(a: &RunArgs) -> Result<u8> {
             a.max_memory
                 .unwrap_or_else(milkit::runtime::default_max_memory),
         ),
+        seed: a.seed,
+        max_loop_iterations: a.max_loop_iterations,
         ..Default::default()
     };
     let mut session = Session::load_with(&a.package, &opts)?;

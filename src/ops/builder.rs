@@ -2,7 +2,7 @@
 //! every output type from the op's [`OpDef`](super::OpDef) as it goes, so a built program is
 //! typed by construction. [`infer_op`] is the same check the package loader runs.
 
-use super::{lookup, ArgInfo, InferCx, Kind};
+use super::{lookup, ArgInfo, BlockSig, InferCx, Kind};
 use crate::ir::{Arg, Block, Operation, Opset, Value, ValueType, Var};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -63,6 +63,14 @@ pub fn infer_op(op: &Operation, opset: Opset, scope: &dyn Scope) -> Result<Vec<V
             opset.opset_name()
         ),
     })?;
+    ensure!(
+        op.blocks.is_empty() || super::control::takes_blocks(&op.op_type),
+        "op `{}` ({}) holds {} nested block(s); only control flow ops (cond, while_loop) take \
+         blocks",
+        op.op_type,
+        op.name,
+        op.blocks.len()
+    );
     let mut args: BTreeMap<&str, Vec<ArgInfo>> = BTreeMap::new();
     for (pname, binds) in &op.inputs {
         let spec = def
@@ -120,14 +128,45 @@ pub fn infer_op(op: &Operation, opset: Opset, scope: &dyn Scope) -> Result<Vec<V
             spec.name
         );
     }
+    let blocks = op
+        .blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| block_sig(b, scope).with_context(|| format!("block {i} of `{}`", op.name)))
+        .collect::<Result<Vec<_>>>()?;
     let cx = InferCx {
         op_type: &op.op_type,
         op_name: &op.name,
         opset,
         args,
         attributes: &op.attributes,
+        blocks,
     };
     (def.infer)(&cx).with_context(|| format!("type inference of `{}` ({})", op.op_type, op.name))
+}
+
+/// The types of a nested block: its inputs as declared, each output the type of the block
+/// input, block op output (as declared; the loader re-infers those first) or outer
+/// variable (from `scope`) of that name.
+pub fn block_sig(b: &Block, scope: &dyn Scope) -> Result<BlockSig> {
+    let outputs = b
+        .outputs
+        .iter()
+        .map(|o| {
+            b.inputs
+                .iter()
+                .chain(b.operations.iter().flat_map(|op| &op.outputs))
+                .rev()
+                .find(|v| v.name == *o)
+                .map(|v| v.ty.clone())
+                .or_else(|| scope.lookup(o).map(|(t, _)| t.clone()))
+                .ok_or_else(|| anyhow!("block output `{o}` is never defined"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(BlockSig {
+        inputs: b.inputs.iter().map(|v| v.ty.clone()).collect(),
+        outputs,
+    })
 }
 
 /// Builds one block (a function body) op by op.
@@ -208,6 +247,49 @@ impl Builder {
 
     /// Appends an op; returns its outputs.
     pub fn op(&mut self, op_type: &str, name: &str, inputs: Vec<(&str, In)>) -> Result<Vec<V>> {
+        self.op_with_blocks(op_type, name, inputs, vec![])
+    }
+
+    /// Builds a nested block (of `cond` or `while_loop`) with inputs of the given types:
+    /// `f` appends its ops (it may read every variable in scope here) and returns its
+    /// outputs. What the block defines is out of scope afterwards.
+    pub fn block(
+        &mut self,
+        inputs: &[(&str, ValueType)],
+        f: impl FnOnce(&mut Builder, &[V]) -> Result<Vec<V>>,
+    ) -> Result<Block> {
+        let outer_ops = std::mem::take(&mut self.ops);
+        let outer_env = self.env.clone();
+        let mut vars = vec![];
+        let mut vs = vec![];
+        for (n, ty) in inputs {
+            let n = self.unique(n);
+            self.env.insert(n.clone(), (ty.clone(), None));
+            vars.push(Var {
+                name: n.clone(),
+                ty: ty.clone(),
+            });
+            vs.push(V(n));
+        }
+        let outs = f(self, &vs);
+        let operations = std::mem::replace(&mut self.ops, outer_ops);
+        self.env = outer_env;
+        Ok(Block {
+            inputs: vars,
+            operations,
+            outputs: outs?.into_iter().map(|v| v.0).collect(),
+        })
+    }
+
+    /// Appends an op holding nested blocks (made with [`Builder::block`]); returns its
+    /// outputs.
+    pub fn op_with_blocks(
+        &mut self,
+        op_type: &str,
+        name: &str,
+        inputs: Vec<(&str, In)>,
+        blocks: Vec<Block>,
+    ) -> Result<Vec<V>> {
         let name = self.unique(name);
         let mut bound = BTreeMap::new();
         for (p, i) in inputs {
@@ -227,7 +309,7 @@ impl Builder {
             name: name.clone(),
             inputs: bound,
             outputs: vec![],
-            blocks: vec![],
+            blocks,
             attributes: BTreeMap::new(),
         };
         let types = infer_op(&op, self.opset, &self.env)?;

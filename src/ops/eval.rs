@@ -24,6 +24,34 @@ pub enum RValue {
     Str(Vec<String>),
     /// A Core ML state: the session owns the cell, ops read and replace its tensor.
     State(StateCell),
+    /// A MIL list (`make_list` … `list_gather`). Lists are values: a write makes a new
+    /// list (sharing the unchanged elements' storage).
+    List(ListVal),
+}
+
+/// A list at run time: its elements in order, `None` where nothing was written yet, and
+/// whether writes past the end grow it (`dynamic_length`). A list's type records its
+/// initial length only (coremltools serializes a dynamic list's type so), so the length
+/// is checked here, not against the type.
+#[derive(Clone, Debug)]
+pub struct ListVal {
+    pub elems: Vec<Option<Tensor>>,
+    pub dynamic: bool,
+}
+
+/// What an op with nested blocks (`cond`, `while_loop`) or with randomness needs from the
+/// interpreter that runs it: its blocks compiled, the session's limits and its random
+/// stream. The runtime implements it; the op's definition holds the semantics.
+pub trait ExecEnv {
+    /// Runs nested block `block` of the op on `inputs` (the block's inputs, in order) and
+    /// returns its outputs.
+    fn run_block(&self, block: usize, inputs: Vec<RValue>) -> Result<Vec<RValue>>;
+    /// The most iterations one `while_loop` may run before it is stopped with an error.
+    fn max_iterations(&self) -> u64;
+    /// The session's memory cap in bytes (`u64::MAX`: none).
+    fn max_memory(&self) -> u64;
+    /// A fresh 64-bit seed from the session's random stream (seeded by `--seed`).
+    fn next_seed(&self) -> u64;
 }
 
 /// Shared, replaceable tensor holding a state's current value, and whether the cell is
@@ -72,6 +100,7 @@ impl RValue {
             RValue::T(t) => Ok(t),
             RValue::Str(_) => bail!("expected a tensor, got a string"),
             RValue::State(_) => bail!("expected a tensor, got a state"),
+            RValue::List(_) => bail!("expected a tensor, got a list"),
         }
     }
 }
@@ -190,6 +219,12 @@ pub fn check_output(v: &RValue, ty: &ValueType) -> Result<()> {
         }
         (RValue::Str(_), ValueType::Tensor(tt)) if tt.dtype == MilType::Str => Ok(()),
         (RValue::State(_), ValueType::State(_)) => Ok(()),
+        (RValue::List(v), ValueType::List { elem, .. }) => {
+            for t in v.elems.iter().flatten() {
+                check_output(&RValue::T(t.clone()), elem)?;
+            }
+            Ok(())
+        }
         (v, ty) => bail!("produced {} for a {ty} output", kind(v)),
     }
 }
@@ -199,6 +234,7 @@ fn kind(v: &RValue) -> &'static str {
         RValue::T(_) => "a tensor",
         RValue::Str(_) => "strings",
         RValue::State(_) => "a state",
+        RValue::List(_) => "a list",
     }
 }
 
@@ -226,6 +262,9 @@ pub struct EvalCx<'a> {
     pub attributes: &'a BTreeMap<String, Value>,
     /// Inferred output types.
     pub outputs: &'a [ValueType],
+    /// The interpreter's services (nested blocks, limits, random stream); `None` where
+    /// an op is evaluated outside a session run (constant folding).
+    pub env: Option<&'a dyn ExecEnv>,
 }
 
 impl<'a> EvalCx<'a> {
@@ -362,6 +401,24 @@ impl<'a> EvalCx<'a> {
         match self.one(name)?.val {
             RValue::State(s) => Ok(s),
             _ => bail!("input `{name}` must be a state"),
+        }
+    }
+    /// The interpreter's services, for ops that need them.
+    pub fn env(&self) -> Result<&'a dyn ExecEnv> {
+        self.env.ok_or_else(|| {
+            anyhow!(
+                "`{}` ({}) needs the interpreter (nested blocks or randomness) and cannot \
+                 be evaluated here",
+                self.op_type,
+                self.op_name
+            )
+        })
+    }
+    /// A list input.
+    pub fn list(&self, name: &str) -> Result<&'a ListVal> {
+        match self.one(name)?.val {
+            RValue::List(v) => Ok(v),
+            _ => bail!("input `{name}` must be a list"),
         }
     }
     /// Inferred type of output `i`.

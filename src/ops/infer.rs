@@ -12,12 +12,21 @@ pub struct ArgInfo<'a> {
     pub val: Option<&'a Value>,
 }
 
+/// The types of one nested block (of `cond` or `while_loop`): its inputs and outputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockSig {
+    pub inputs: Vec<ValueType>,
+    pub outputs: Vec<ValueType>,
+}
+
 pub struct InferCx<'a> {
     pub op_type: &'a str,
     pub op_name: &'a str,
     pub opset: Opset,
     pub args: BTreeMap<&'a str, Vec<ArgInfo<'a>>>,
     pub attributes: &'a BTreeMap<String, Value>,
+    /// The op's nested blocks, in order (empty for ops without any).
+    pub blocks: Vec<BlockSig>,
 }
 
 impl<'a> InferCx<'a> {

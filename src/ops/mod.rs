@@ -7,13 +7,16 @@ mod activation;
 mod attention;
 pub mod builder;
 mod compression;
+mod control;
 mod elementwise;
 pub mod eval;
 mod index;
 mod infer;
+mod list;
 mod nn;
 mod pool;
 mod quant;
+pub mod random;
 mod reduce;
 mod scatter;
 mod shape;
@@ -22,8 +25,8 @@ mod state;
 mod tensor_ops;
 
 pub use builder::{Builder, In, V};
-pub use eval::{EvalCx, EvalFn, RValue, StateCell};
-pub use infer::{ArgInfo, InferCx};
+pub use eval::{EvalCx, EvalFn, ExecEnv, ListVal, RValue, StateCell};
+pub use infer::{ArgInfo, BlockSig, InferCx};
 pub use state::{eval_state_slice_update, eval_state_slice_update_view};
 
 use crate::ir::{Opset, ValueType};
@@ -171,6 +174,9 @@ pub fn all() -> impl Iterator<Item = &'static OpDef> {
         .chain(pool::DEFS)
         .chain(sparse::DEFS)
         .chain(quant::DEFS)
+        .chain(control::DEFS)
+        .chain(list::DEFS)
+        .chain(random::DEFS)
 }
 
 /// The version of `op_type` that `opset` uses, if the op exists there.

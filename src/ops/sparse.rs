@@ -166,6 +166,7 @@ fn run_dense(
         inputs,
         attributes: cx.attributes,
         outputs: &outs,
+        env: None,
     };
     let r = f(&sub)?;
     Ok(r.first()

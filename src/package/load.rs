@@ -1,7 +1,8 @@
 //! Package → IR, trusting nothing: the manifest must keep paths inside the package, blob
 //! references must be in range with valid records, every op must exist in the function's
 //! opset, every input must be defined before use, and every op's output types are inferred
-//! again from its definition and must equal the types the file declares.
+//! again from its definition and must equal the types the file declares. Nested blocks
+//! (`cond`, `while_loop`) see the enclosing scope; what they define ends with them.
 
 use super::blob::{BlobDType, BlobReader};
 use super::convert::{value_from_proto, value_type_from_proto, BlobSource};
@@ -102,17 +103,24 @@ fn load_op(
         .map(var)
         .collect::<Result<Vec<_>>>()
         .with_context(ctx)?;
-    ensure!(
-        p.blocks.is_empty(),
-        "{}: nested blocks (control flow) are not supported",
-        ctx()
-    );
+    // Nested blocks (cond, while_loop): each sees the outer scope plus its own inputs and
+    // values, which end with it.
+    let blocks = p
+        .blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let mut inner = scope.clone();
+            load_block(b, opset, &mut inner, blobs).with_context(|| format!("block {i}"))
+        })
+        .collect::<Result<Vec<_>>>()
+        .with_context(ctx)?;
     let op = Operation {
         op_type: p.r#type.clone(),
         name,
         inputs,
         outputs,
-        blocks: vec![],
+        blocks,
         attributes,
     };
     let inferred = infer_op(&op, opset, scope).with_context(ctx)?;
@@ -152,6 +160,14 @@ fn load_block(
     blobs: &dyn BlobSource,
 ) -> Result<Block> {
     let inputs = p.inputs.iter().map(var).collect::<Result<Vec<_>>>()?;
+    for v in &inputs {
+        ensure!(
+            !scope.contains_key(&v.name),
+            "block input `{}` redefines a visible name",
+            v.name
+        );
+        scope.insert(v.name.clone(), (v.ty.clone(), None));
+    }
     let operations = p
         .operations
         .iter()

@@ -65,6 +65,7 @@ pub fn fuse_blends(steps: &mut Vec<Step>, outputs: &[Src]) {
                 out_types: add.out_types.clone(),
                 outs: add.outs.clone(),
                 free: vec![],
+                blocks: vec![],
             },
         );
     }

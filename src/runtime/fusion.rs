@@ -188,6 +188,7 @@ fn match_chain(
         out_types,
         outs,
         free: vec![],
+        blocks: vec![],
     };
     Some(Chain {
         removed,

@@ -67,7 +67,8 @@ impl Memo {
                     }
                 }
             }
-            let d = d.filter(|&b| b != 0);
+            // Random draws differ between calls: never cached, nor anything after them.
+            let d = d.filter(|&b| b != 0 && !super::plan::draws_random(st));
             for &o in &st.outs {
                 slot_deps[o] = d;
             }

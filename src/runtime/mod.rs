@@ -16,13 +16,14 @@ pub mod step;
 
 use crate::ir::{Description, Model, ValueType};
 use crate::kernels;
-use crate::ops::eval::{storage_dtype, StateCell};
+use crate::ops::eval::{storage_dtype, ExecEnv, StateCell};
 use crate::ops::RValue;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 pub use candle_core::{DType, Tensor};
-use plan::{compile, make_cx, op_label, run_eval, zero_state, Plan, Src};
+use plan::{compile, make_cx, op_label, run_eval, zero_state, Plan, Src, CAPTURED};
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How a session compiles its program.
@@ -42,7 +43,16 @@ pub struct Options {
     pub max_memory: Option<u64>,
     /// The precision floating-point tensors are computed in (see [`precision`]).
     pub compute: precision::Compute,
+    /// The most iterations one `while_loop` runs before the call fails naming it (a loop
+    /// whose condition never turns false then ends in bounded time).
+    pub max_loop_iterations: u64,
+    /// The seed of the session's random stream, which the random ops without a `seed` of
+    /// their own draw from (`milkit run --seed`); fixed by default, so runs reproduce.
+    pub seed: u64,
 }
+
+/// The default bound on one `while_loop`'s iterations.
+pub const DEFAULT_MAX_LOOP_ITERATIONS: u64 = 1_000_000;
 
 /// The default memory cap of a session: the machine's physical memory (16 GiB where it
 /// cannot be read).
@@ -71,6 +81,8 @@ impl Default for Options {
             fuse_blends: true,
             max_memory: Some(default_max_memory()),
             compute: precision::Compute::Package,
+            max_loop_iterations: DEFAULT_MAX_LOOP_ITERATIONS,
+            seed: 0,
         }
     }
 }
@@ -85,6 +97,75 @@ pub struct Session {
     /// Per function: input-invariant values kept across calls (see [`memo`]); `None`
     /// when memoization is off.
     memo: Option<BTreeMap<String, memo::Memo>>,
+    /// Limits and the random stream the ops that need the interpreter read.
+    run: RunLimits,
+}
+
+/// What a run hands ops through [`ExecEnv`]: the loop bound, the memory cap and the
+/// session's random stream (a counter advanced once per seed drawn).
+struct RunLimits {
+    max_iterations: u64,
+    max_memory: u64,
+    seed: u64,
+    draws: AtomicU64,
+}
+
+/// The environment of one step: its compiled blocks and the outer values they read.
+struct Env<'a> {
+    run: &'a RunLimits,
+    blocks: &'a [Plan],
+    captured: Vec<RValue>,
+}
+
+impl ExecEnv for Env<'_> {
+    fn run_block(&self, block: usize, inputs: Vec<RValue>) -> Result<Vec<RValue>> {
+        let plan = self
+            .blocks
+            .get(block)
+            .ok_or_else(|| anyhow!("the op has no block {block}"))?;
+        ensure!(
+            inputs.len() + self.captured.len() == plan.inputs.len(),
+            "block {block} takes {} inputs, got {}",
+            plan.inputs.len() - self.captured.len(),
+            inputs.len()
+        );
+        let mut slots: Vec<Option<RValue>> = vec![None; plan.nslots];
+        for (i, v) in inputs
+            .into_iter()
+            .chain(self.captured.iter().cloned())
+            .enumerate()
+        {
+            slots[plan.inputs[i].slot] = Some(v);
+        }
+        run_steps(plan, &mut slots, None, None, self.run)?;
+        plan.outputs
+            .iter()
+            .map(|(name, src, _)| match *src {
+                Src::Slot(k) => slots[k]
+                    .clone()
+                    .ok_or_else(|| anyhow!("block output `{name}` was not computed")),
+                Src::Const(k) => Ok(plan.consts[k].val.clone()),
+            })
+            .collect()
+    }
+    fn max_iterations(&self) -> u64 {
+        self.run.max_iterations
+    }
+    fn max_memory(&self) -> u64 {
+        self.run.max_memory
+    }
+    fn next_seed(&self) -> u64 {
+        let k = self.run.draws.fetch_add(1, Ordering::Relaxed);
+        // splitmix64 of (seed, k): distinct, well-mixed seeds along the stream.
+        let mut z = self
+            .run
+            .seed
+            .wrapping_mul(0xD1B5_4A32_D192_ED03)
+            .wrapping_add(k.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
 }
 
 impl Session {
@@ -148,6 +229,12 @@ impl Session {
             states,
             profile: None,
             memo: Some(BTreeMap::new()),
+            run: RunLimits {
+                max_iterations: opts.max_loop_iterations,
+                max_memory: opts.max_memory.unwrap_or(u64::MAX),
+                seed: opts.seed,
+                draws: AtomicU64::new(0),
+            },
         })
     }
 
@@ -324,10 +411,11 @@ impl Session {
         // costs about as much as a decode step's small GEMVs themselves. A helper job keeps
         // the other workers awake for the call (see `keep_awake`).
         let done = std::sync::atomic::AtomicBool::new(false);
+        let run = &self.run;
         let res = rayon::scope(|s| {
             keep_awake(s, &done);
             let _stop = StopOnDrop(&done);
-            run_steps(plan, &mut slots, profile.as_mut(), memo)
+            run_steps(plan, &mut slots, profile.as_mut(), memo, run)
         });
         self.profile = profile;
         res?;
@@ -403,6 +491,7 @@ fn run_steps(
     slots: &mut [Option<RValue>],
     mut profile: Option<&mut BTreeMap<String, (usize, Duration)>>,
     mut memo: Option<&mut memo::Memo>,
+    run: &RunLimits,
 ) -> Result<()> {
     let cp = memo.as_mut().map(|m| m.begin(plan, slots));
     for (si, st) in plan.steps.iter().enumerate() {
@@ -417,7 +506,13 @@ fn run_steps(
         }
         let t0 = Instant::now();
         let outs = {
-            let cx = make_cx(st, plan.opset, &plan.consts, slots)?;
+            let env = Env {
+                run,
+                blocks: &st.blocks,
+                captured: captured(st, slots)?,
+            };
+            let mut cx = make_cx(st, plan.opset, &plan.consts, slots)?;
+            cx.env = Some(&env);
             run_eval(st.eval, &cx).with_context(|| op_label(&st.op_type, &st.name, plan.opset))?
         };
         for (k, v) in st.outs.iter().zip(outs) {
@@ -436,6 +531,30 @@ fn run_steps(
         }
     }
     Ok(())
+}
+
+/// The outer values a step's nested blocks read (bound as [`CAPTURED`]).
+fn captured(st: &plan::Step, slots: &[Option<RValue>]) -> Result<Vec<RValue>> {
+    if st.blocks.is_empty() {
+        return Ok(vec![]);
+    }
+    st.args
+        .iter()
+        .filter(|(p, _)| p == CAPTURED)
+        .flat_map(|(_, v)| v)
+        .map(|s| match *s {
+            Src::Slot(k) => slots[k].clone().ok_or_else(|| {
+                anyhow!(
+                    "an outer value of `{}` was freed (interpreter bug)",
+                    st.name
+                )
+            }),
+            Src::Const(_) => bail!(
+                "`{}` binds a constant as an outer value (interpreter bug)",
+                st.name
+            ),
+        })
+        .collect()
 }
 
 /// Converts a caller's tensor to an input's type as Core ML does at its boundary: any

@@ -3,31 +3,15 @@
 //! decompression included) are evaluated once here, and each remaining op becomes a step
 //! that knows which slots die after it (their last use), so a run holds only live values.
 
-use crate::ir::{Arg, Function, Opset, ValueType};
+use crate::ir::{Arg, Block, Function, Opset, ValueType, Var};
 use crate::ops::eval::{check_output, value_from_ir, Bound, EvalCx, EvalFn};
 use crate::ops::RValue;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::Tensor;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::OnceLock;
 
-pub use super::step::{slot_uses, splice_fused, Const, Src, Step};
-
-/// A function input: a tensor fed by the caller or a state held by the session.
-pub struct PlanInput {
-    pub name: String,
-    pub ty: ValueType,
-    pub slot: usize,
-}
-
-pub struct Plan {
-    pub opset: Opset,
-    pub inputs: Vec<PlanInput>,
-    pub consts: Vec<Const>,
-    pub steps: Vec<Step>,
-    pub outputs: Vec<(String, Src, ValueType)>,
-    pub nslots: usize,
-}
+pub use super::step::{slot_uses, splice_fused, Const, Plan, PlanInput, Src, Step, CAPTURED};
 
 /// Builds the evaluation context of one step from the constants and the live slots.
 pub fn make_cx<'a>(
@@ -72,6 +56,7 @@ pub fn make_cx<'a>(
         inputs,
         attributes: &st.attributes,
         outputs: &st.out_types,
+        env: None,
     })
 }
 
@@ -96,15 +81,81 @@ pub fn op_label(op_type: &str, name: &str, opset: Opset) -> String {
 
 /// Compiles `f`; `opts` choose the fusions ([`super::fusion`], [`super::state_fusion`]).
 pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
-    let opset = f.opset;
+    compile_body(&f.inputs, vec![], &f.block, f.opset, opts, false)
+}
+
+/// An outer-scope value a nested block reads: its name, type, and either a slot of the
+/// enclosing plan (fed as an input of the block's plan) or a constant (copied in).
+struct Captured {
+    name: String,
+    ty: ValueType,
+    konst: Option<Const>,
+}
+
+/// Names a block reads that it (and its own nested blocks) does not define, in order of
+/// first use.
+fn free_names(b: &Block, out: &mut Vec<String>) {
+    let mut defined: HashSet<String> = b.inputs.iter().map(|v| v.name.clone()).collect();
+    let push = |n: &str, defined: &HashSet<String>, out: &mut Vec<String>| {
+        if !defined.contains(n) && !out.iter().any(|o| o == n) {
+            out.push(n.to_string());
+        }
+    };
+    for op in &b.operations {
+        for a in op.inputs.values().flatten() {
+            if let Arg::Var(n) = a {
+                push(n, &defined, out);
+            }
+        }
+        for nb in &op.blocks {
+            let mut inner = vec![];
+            free_names(nb, &mut inner);
+            for n in inner {
+                push(&n, &defined, out);
+            }
+        }
+        for o in &op.outputs {
+            defined.insert(o.name.clone());
+        }
+    }
+    for o in &b.outputs {
+        push(o, &defined, out);
+    }
+}
+
+/// Compiles a function body or (`nested`) a block of `cond` / `while_loop`: `inputs` are
+/// the body's inputs (slots 0..), then the captured outer slots, then the ops' values. A
+/// nested block folds only `const` and `constexpr_*` ops (a branch not taken must not be
+/// evaluated) and is not fused.
+fn compile_body(
+    f_inputs: &[Var],
+    captured: Vec<Captured>,
+    block: &Block,
+    opset: Opset,
+    opts: &super::Options,
+    nested: bool,
+) -> Result<Plan> {
     let mut names: HashMap<String, Src> = HashMap::new();
+    let mut types: HashMap<String, ValueType> = HashMap::new();
     let mut consts: Vec<Const> = Vec::new();
     let mut steps = Vec::new();
     let mut nslots = 0;
     let mut inputs = Vec::new();
     let mut origins = super::pack::Origins::new();
-    for v in &f.inputs {
+    let mut slot_inputs: Vec<Var> = f_inputs.to_vec();
+    let mut konsts = vec![];
+    for c in captured {
+        match c.konst {
+            Some(k) => konsts.push((c.name, c.ty, k)),
+            None => slot_inputs.push(Var {
+                name: c.name,
+                ty: c.ty,
+            }),
+        }
+    }
+    for v in &slot_inputs {
         names.insert(v.name.clone(), Src::Slot(nslots));
+        types.insert(v.name.clone(), v.ty.clone());
         inputs.push(PlanInput {
             name: v.name.clone(),
             ty: v.ty.clone(),
@@ -112,12 +163,16 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
         });
         nslots += 1;
     }
+    for (n, ty, k) in konsts {
+        consts.push(k);
+        names.insert(n.clone(), Src::Const(consts.len() - 1));
+        types.insert(n, ty);
+    }
     let cap = opts.max_memory.unwrap_or(u64::MAX);
-    let mut const_bytes = f
-        .inputs
+    let mut const_bytes = slot_inputs
         .iter()
         .fold(0u64, |a, v| a.saturating_add(value_bytes(&v.ty)));
-    for op in &f.block.operations {
+    for op in &block.operations {
         let label = op_label(&op.op_type, &op.name, opset);
         // Before anything of this op is evaluated (constants are folded right here): its
         // outputs on top of the constants so far must fit the cap.
@@ -132,10 +187,6 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
             show_bytes(out_bytes),
             show_bytes(const_bytes),
             show_bytes(cap)
-        );
-        ensure!(
-            op.blocks.is_empty(),
-            "{label}: nested blocks (control flow) are not supported by the interpreter"
         );
         let def = crate::ops::lookup(&op.op_type, opset).ok_or_else(|| {
             anyhow!(
@@ -173,9 +224,80 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
             }
             args.push((p.clone(), srcs));
         }
-        let constant = args
-            .iter()
-            .all(|(_, s)| s.iter().all(|s| matches!(s, Src::Const(_))));
+        // Nested blocks: each compiled like a function body over its own inputs plus the
+        // outer values any of them reads.
+        let mut blocks = Vec::new();
+        if !op.blocks.is_empty() {
+            let mut free = vec![];
+            for b in &op.blocks {
+                let mut f = vec![];
+                free_names(b, &mut f);
+                for n in f {
+                    if !free.contains(&n) {
+                        free.push(n);
+                    }
+                }
+            }
+            let mut caps = vec![];
+            let mut cap_srcs = vec![];
+            for n in free {
+                let src = *names
+                    .get(&n)
+                    .ok_or_else(|| anyhow!("{label}: a block uses `{n}` before it is defined"))?;
+                let ty = types[&n].clone();
+                let konst = match src {
+                    Src::Const(i) => {
+                        let c = &consts[i];
+                        Some(Const {
+                            val: c.val.clone(),
+                            konst: c.konst.clone(),
+                            f32: OnceLock::new(),
+                            packed: None,
+                        })
+                    }
+                    Src::Slot(_) => {
+                        cap_srcs.push(src);
+                        None
+                    }
+                };
+                caps.push((n, ty, konst));
+            }
+            let sub_opts = super::Options {
+                fuse_attention: false,
+                fuse_state_updates: false,
+                fuse_blends: false,
+                ..opts.clone()
+            };
+            for (i, b) in op.blocks.iter().enumerate() {
+                let c = caps
+                    .iter()
+                    .map(|(n, ty, k)| Captured {
+                        name: n.clone(),
+                        ty: ty.clone(),
+                        konst: k.as_ref().map(|k| Const {
+                            val: k.val.clone(),
+                            konst: k.konst.clone(),
+                            f32: OnceLock::new(),
+                            packed: None,
+                        }),
+                    })
+                    .collect();
+                blocks.push(
+                    compile_body(&b.inputs, c, b, opset, &sub_opts, true)
+                        .with_context(|| format!("{label}: block {i}"))?,
+                );
+            }
+            args.push((CAPTURED.to_string(), cap_srcs));
+        }
+        let foldable = if nested {
+            op.op_type == "const" || op.op_type.starts_with("constexpr_")
+        } else {
+            op.blocks.is_empty() && !crate::ops::random::is_random(&op.op_type)
+        };
+        let constant = foldable
+            && args
+                .iter()
+                .all(|(_, s)| s.iter().all(|s| matches!(s, Src::Const(_))));
         let mut step = Step {
             op_type: op.op_type.clone(),
             name: op.name.clone(),
@@ -185,7 +307,11 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
             out_types: op.outputs.iter().map(|o| o.ty.clone()).collect(),
             outs: vec![],
             free: vec![],
+            blocks,
         };
+        for o in &op.outputs {
+            types.insert(o.name.clone(), o.ty.clone());
+        }
         if constant {
             const_bytes = const_bytes.saturating_add(out_bytes);
             let vals = {
@@ -224,18 +350,13 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
         steps.push(step);
     }
     let mut outputs = Vec::new();
-    for o in &f.block.outputs {
+    for o in &block.outputs {
         let src = *names
             .get(o)
             .ok_or_else(|| anyhow!("block output `{o}` is never defined"))?;
-        let ty = f
-            .block
-            .operations
-            .iter()
-            .flat_map(|op| &op.outputs)
-            .chain(&f.inputs)
-            .find(|v| v.name == *o)
-            .map(|v| v.ty.clone())
+        let ty = types
+            .get(o)
+            .cloned()
             .ok_or_else(|| anyhow!("block output `{o}` has no type"))?;
         outputs.push((o.clone(), src, ty));
     }
@@ -251,9 +372,13 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
     }
     schedule_frees(&mut steps, &outputs, nslots);
     check_memory(&steps, const_bytes, cap)?;
-    super::pack::pack_weights(&mut consts, &steps, &outputs, &origins)?;
+    if !nested {
+        super::pack::pack_weights(&mut consts, &steps, &outputs, &origins)?;
+    }
     drop_unused_consts(&mut consts, &steps, &outputs);
-    widen_weights(&mut consts, &steps, &outputs)?;
+    if !nested {
+        widen_weights(&mut consts, &steps, &outputs)?;
+    }
     Ok(Plan {
         opset,
         inputs,
@@ -262,6 +387,12 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
         outputs,
         nslots,
     })
+}
+
+/// Whether a step draws random values, itself or in one of its nested blocks.
+pub fn draws_random(st: &Step) -> bool {
+    crate::ops::random::is_random(&st.op_type)
+        || st.blocks.iter().any(|p| p.steps.iter().any(draws_random))
 }
 
 /// Bytes a value of type `ty` takes at run time: fixed-shape tensors and states at their

@@ -192,6 +192,7 @@ fn match_chain(
         out_types: sl.out_types.clone(),
         outs: sl.outs.clone(),
         free: vec![],
+        blocks: vec![],
     };
     let gone: Vec<usize> = chain.into_iter().filter(|&j| j != last).collect();
     Some((gone, last, step))

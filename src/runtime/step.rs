@@ -1,10 +1,11 @@
-//! The steps of an execution plan and the plan-level fusions' shared tools: a [`Step`] (one op
-//! to run, its bindings and the slots it frees), where a binding lives ([`Src`]), the
+//! The steps of an execution plan and the plan-level fusions' shared tools: the [`Plan`] of a
+//! function or nested block, a [`Step`] (one op to run, its bindings, the slots it frees and
+//! its nested blocks' plans), where a binding lives ([`Src`]), the
 //! constants ([`Const`]), who reads each slot ([`slot_uses`]) and how a fusion splices its
 //! fused steps in ([`splice_fused`]). A leaf of `runtime`: [`super::plan`] compiles functions
 //! into these steps, the fusions and the weight packing rewrite them.
 
-use crate::ir::{Value, ValueType};
+use crate::ir::{Opset, Value, ValueType};
 use crate::ops::eval::EvalFn;
 use crate::ops::RValue;
 use candle_core::Tensor;
@@ -40,7 +41,30 @@ pub struct Step {
     pub outs: Vec<usize>,
     /// Slots whose last use is this step.
     pub free: Vec<usize>,
+    /// The op's nested blocks compiled (`cond`, `while_loop`); their inputs are the
+    /// block's own, then the outer values the blocks read, bound as [`CAPTURED`].
+    pub blocks: Vec<Plan>,
 }
+
+/// A function input: a tensor fed by the caller or a state held by the session.
+pub struct PlanInput {
+    pub name: String,
+    pub ty: ValueType,
+    pub slot: usize,
+}
+
+pub struct Plan {
+    pub opset: Opset,
+    pub inputs: Vec<PlanInput>,
+    pub consts: Vec<Const>,
+    pub steps: Vec<Step>,
+    pub outputs: Vec<(String, Src, ValueType)>,
+    pub nslots: usize,
+}
+
+/// The parameter under which a step with nested blocks binds the outer-scope values its
+/// blocks read (so their slots live until the step has run).
+pub const CAPTURED: &str = "(outer values)";
 
 impl Step {
     /// Whether any parameter of this step is bound to `src`.
