@@ -7,14 +7,18 @@ mod activation;
 mod attention;
 pub mod builder;
 mod compression;
+mod deconv;
 mod elementwise;
 pub mod eval;
 mod index;
 mod infer;
+mod nms;
 mod nn;
 mod pool;
 mod quant;
+mod recurrent;
 mod reduce;
+mod resize;
 mod scatter;
 mod shape;
 mod sparse;
@@ -171,6 +175,10 @@ pub fn all() -> impl Iterator<Item = &'static OpDef> {
         .chain(pool::DEFS)
         .chain(sparse::DEFS)
         .chain(quant::DEFS)
+        .chain(deconv::DEFS)
+        .chain(resize::DEFS)
+        .chain(recurrent::DEFS)
+        .chain(nms::DEFS)
 }
 
 /// The version of `op_type` that `opset` uses, if the op exists there.
