@@ -102,3 +102,59 @@ def prog_r(x):
 
 
 save("resize_family", prog_r, ct.target.iOS17, {})
+
+
+# Recurrent ops (iOS17, fp32): x [4, 2, 3], h0 [2, 5], c0 [2, 10] (bidirectional lstm).
+S, B, I, H = 4, 2, 3, 5
+rw = {
+    "rnn_wi": rand(H, I), "rnn_wh": rand(H, H), "rnn_b": rand(H),
+    "gru_wi": rand(3 * H, I), "gru_wh": rand(3 * H, H), "gru_b": rand(3 * H),
+    "lstm_wi": rand(4 * H, I), "lstm_wh": rand(4 * H, H), "lstm_b": rand(4 * H),
+    "lstm_p": rand(3 * H), "lstm_wib": rand(4 * H, I), "lstm_whb": rand(4 * H, H),
+    "lstm_bb": rand(4 * H), "lstm_pb": rand(3 * H),
+}
+
+
+@mb.program(
+    input_specs=[
+        mb.TensorSpec(shape=(S, B, I)),
+        mb.TensorSpec(shape=(B, H)),
+        mb.TensorSpec(shape=(B, 2 * H)),
+        mb.TensorSpec(shape=(B, 2 * H)),
+    ],
+    opset_version=ct.target.iOS17,
+)
+def prog_rec(x, h0, hb, cb):
+    r = mb.rnn(
+        x=x, initial_h=h0, weight_ih=rw["rnn_wi"], weight_hh=rw["rnn_wh"], bias=rw["rnn_b"],
+        direction="reverse", output_sequence=True, activation="tanh", name="rnn",
+    )
+    g = mb.gru(
+        x=x, initial_h=h0, weight_ih=rw["gru_wi"], weight_hh=rw["gru_wh"], bias=rw["gru_b"],
+        output_sequence=True, name="gru",
+    )
+    l = mb.lstm(
+        x=x, initial_h=hb, initial_c=cb, weight_ih=rw["lstm_wi"], weight_hh=rw["lstm_wh"],
+        bias=rw["lstm_b"], peephole=rw["lstm_p"], weight_ih_back=rw["lstm_wib"],
+        weight_hh_back=rw["lstm_whb"], bias_back=rw["lstm_bb"], peephole_back=rw["lstm_pb"],
+        direction="bidirectional", output_sequence=True, clip=np.float32(0.7), name="lstm",
+    )
+    return r[0], r[1], g[0], g[1], l[0], l[1], l[2]
+
+
+save("recurrent", prog_rec, ct.target.iOS17, rw)
+
+
+# non_maximum_suppression (iOS15 layout): boxes [1, 8, 4], scores [1, 8, 2].
+@mb.program(
+    input_specs=[mb.TensorSpec(shape=(1, 8, 4)), mb.TensorSpec(shape=(1, 8, 2))],
+    opset_version=ct.target.iOS15,
+)
+def prog_nms(boxes, scores):
+    return mb.non_maximum_suppression(
+        boxes=boxes, scores=scores, iou_threshold=np.float32(0.2),
+        score_threshold=np.float32(0.1), max_boxes=5, per_class_suppression=True, name="nms",
+    )
+
+
+save("nms", prog_nms, ct.target.iOS15, {})

@@ -4359,3 +4359,189 @@ fn coremltools_made_resize_family_matches_float64_references() {
         compare(t, shape, w, *cmp).unwrap_or_else(|e| panic!("{n}: {e:#}"));
     }
 }
+
+/// Loads `name`.mlpackage and runs it on the given f32 inputs.
+fn run_made_on(
+    dir: &std::path::Path,
+    name: &str,
+    feeds: &[(&str, &[usize], &[f64])],
+) -> Vec<(String, Tensor)> {
+    let mut s = Session::load(&dir.join(format!("{name}.mlpackage")))
+        .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let ts: Vec<(&str, Tensor)> = feeds
+        .iter()
+        .map(|(n, sh, v)| {
+            let f: Vec<f32> = v.iter().map(|&e| e as f32).collect();
+            (*n, Tensor::from_vec(f, *sh, &cpu()).unwrap())
+        })
+        .collect();
+    s.predict(&ts).unwrap_or_else(|e| panic!("{name}: {e:#}"))
+}
+
+fn lcg_vals(seed: u64, n: usize) -> Vec<f64> {
+    let mut r = Lcg(seed);
+    (0..n).map(|_| r.next() as f64).collect()
+}
+
+#[test]
+fn coremltools_made_rnn_gru_lstm_and_nms_match_float64_references() {
+    let Some(dir) = coremltools_made() else {
+        return;
+    };
+    let d = dir.path();
+    let (s, b, isz, hsz) = (4, 2, 3, 5);
+    let xv = lcg_vals(21, s * b * isz);
+    let h0 = lcg_vals(22, b * hsz);
+    let hb = lcg_vals(23, b * 2 * hsz);
+    let cb = lcg_vals(24, b * 2 * hsz);
+    let got = run_made_on(
+        d,
+        "recurrent",
+        &[
+            ("x", &[s, b, isz], &xv),
+            ("h0", &[b, hsz], &h0),
+            ("hb", &[b, 2 * hsz], &hb),
+            ("cb", &[b, 2 * hsz], &cb),
+        ],
+    );
+    let w = |n: &str| npy(d, &format!("recurrent.{n}"));
+    let h0s = split_rows(&h0, hsz);
+    // rnn, reverse: outputs in processing order.
+    let (wi, wh, bias) = (w("rnn_wi"), w("rnn_wh"), w("rnn_b"));
+    let rnn = |x: &[f64], h: &[f64], _: &[f64]| {
+        let (a, c) = (mv(&wi, 0, hsz, x), mv(&wh, 0, hsz, h));
+        let h: Vec<f64> = (0..hsz).map(|k| (a[k] + c[k] + bias[k]).tanh()).collect();
+        (h, vec![0.0; hsz])
+    };
+    let run_rnn = run_cell(&xv, (s, b, isz), &h0s, &h0s, true, &rnn);
+    // gru [r, o, z], reset before R_o.
+    let (gwi, gwh, gb) = (w("gru_wi"), w("gru_wh"), w("gru_b"));
+    let gru = |x: &[f64], h: &[f64], _: &[f64]| {
+        let (gx, gh) = (mv(&gwi, 0, 3 * hsz, x), mv(&gwh, 0, 3 * hsz, h));
+        let r: Vec<f64> = (0..hsz).map(|k| sigmoid(gx[k] + gh[k] + gb[k])).collect();
+        let z: Vec<f64> = (0..hsz)
+            .map(|k| sigmoid(gx[2 * hsz + k] + gh[2 * hsz + k] + gb[2 * hsz + k]))
+            .collect();
+        let rh: Vec<f64> = (0..hsz).map(|k| r[k] * h[k]).collect();
+        let ho = mv(&gwh, hsz, hsz, &rh);
+        let h: Vec<f64> = (0..hsz)
+            .map(|k| {
+                let o = (gx[hsz + k] + ho[k] + gb[hsz + k]).tanh();
+                (1.0 - z[k]) * o + z[k] * h[k]
+            })
+            .collect();
+        (h, vec![0.0; hsz])
+    };
+    let run_gru = run_cell(&xv, (s, b, isz), &h0s, &h0s, false, &gru);
+    // lstm, bidirectional, peephole, clip 0.7.
+    let mut lstm_runs = vec![];
+    for (di, sfx) in ["", "b"].iter().enumerate() {
+        let (wi, wh, bias, peep) = (
+            w(&format!("lstm_wi{sfx}")),
+            w(&format!("lstm_wh{sfx}")),
+            w(&format!("lstm_b{sfx}")),
+            w(&format!("lstm_p{sfx}")),
+        );
+        let cell = |x: &[f64], h: &[f64], c: &[f64]| {
+            let (gx, gh) = (mv(&wi, 0, 4 * hsz, x), mv(&wh, 0, 4 * hsz, h));
+            let pre = |g: usize, k: usize| gx[g * hsz + k] + gh[g * hsz + k] + bias[g * hsz + k];
+            let (mut nh, mut nc) = (vec![0.0; hsz], vec![0.0; hsz]);
+            for k in 0..hsz {
+                let i = sigmoid(pre(0, k) + c[k] * peep[k]);
+                let f = sigmoid(pre(1, k) + c[k] * peep[hsz + k]);
+                let cc = (f * c[k] + i * pre(3, k).tanh()).clamp(-0.7, 0.7);
+                let o = sigmoid(pre(2, k) + cc * peep[2 * hsz + k]);
+                nh[k] = o * cc.tanh();
+                nc[k] = cc;
+            }
+            (nh, nc)
+        };
+        let rows = |v: &[f64]| -> Vec<Vec<f64>> {
+            (0..b)
+                .map(|bi| v[(bi * 2 + di) * hsz..(bi * 2 + di + 1) * hsz].to_vec())
+                .collect()
+        };
+        lstm_runs.push(run_cell(
+            &xv,
+            (s, b, isz),
+            &rows(&hb),
+            &rows(&cb),
+            di == 1,
+            &cell,
+        ));
+    }
+    // The expectations, through the conformance harness's layout helper.
+    let mut p = Prog::new(I17, F32, 0);
+    let vs: Vec<V> = (0..7)
+        .map(|i| p.input_of(&format!("o{i}"), F32, &[1], &[0.0]))
+        .collect();
+    want_rec(
+        &mut p,
+        &vs[0..2],
+        &[run_rnn],
+        true,
+        (s, b),
+        false,
+        false,
+        8.0,
+    )
+    .unwrap();
+    want_rec(
+        &mut p,
+        &vs[2..4],
+        &[run_gru],
+        true,
+        (s, b),
+        false,
+        false,
+        8.0,
+    )
+    .unwrap();
+    want_rec(&mut p, &vs[4..7], &lstm_runs, true, (s, b), true, true, 8.0).unwrap();
+    assert_eq!(got.len(), 7);
+    for ((n, t), (_, shape, want, cmp)) in got.iter().zip(&p.outs) {
+        compare(t, shape, want, *cmp).unwrap_or_else(|e| panic!("{n}: {e:#}"));
+    }
+
+    // non_maximum_suppression, iOS15, per class: centres in [-1, 1), sizes in [0.5, 1.5).
+    let raw = lcg_vals(25, 8 * 4);
+    let boxes: Vec<[f64; 4]> = raw
+        .chunks(4)
+        .map(|c| [c[0], c[1], c[2].abs() + 0.5, c[3].abs() + 0.5])
+        .map(|bx| bx.map(|e| e as f32 as f64))
+        .collect();
+    let scores: Vec<Vec<f64>> = lcg_vals(26, 8 * 2)
+        .chunks(2)
+        .map(|c| c.iter().map(|e| (e.abs() as f32) as f64).collect())
+        .collect();
+    let bflat: Vec<f64> = boxes.iter().flatten().copied().collect();
+    let sflat: Vec<f64> = scores.iter().flatten().copied().collect();
+    let got = run_made_on(
+        d,
+        "nms",
+        &[
+            ("boxes", &[1, 8, 4], &bflat),
+            ("scores", &[1, 8, 2], &sflat),
+        ],
+    );
+    let ids = nms_ref(&boxes, &scores, 0.2f32 as f64, 0.1f32 as f64, 5, true);
+    let mut ob = vec![0.0; 5 * 4];
+    let mut os = vec![0.0; 5 * 2];
+    let mut oi = vec![-1.0; 5];
+    for (slot, &i) in ids.iter().enumerate() {
+        ob[slot * 4..slot * 4 + 4].copy_from_slice(&boxes[i]);
+        os[slot * 2..slot * 2 + 2].copy_from_slice(&scores[i]);
+        oi[slot] = i as f64;
+    }
+    let want: [(&[usize], Vec<f64>); 4] = [
+        (&[1, 5, 4], ob),
+        (&[1, 5, 2], os),
+        (&[1, 5], oi),
+        (&[1], vec![ids.len() as f64]),
+    ];
+    assert_eq!(got.len(), 4);
+    for ((n, t), (shape, w)) in got.iter().zip(&want) {
+        compare(t, shape, w, Cmp::Exact).unwrap_or_else(|e| panic!("{n}: {e:#}"));
+    }
+    assert!(ids.len() >= 2, "the case keeps several boxes: {ids:?}");
+}
