@@ -202,7 +202,6 @@ const COREML_OPS: &[(&str, &[Opset])] = &[
 
 /// Ops of [`COREML_OPS`] the interpreter does not run yet, and why.
 const MISSING: &[(&str, &str)] = &[
-    ("affine", "image resampling family not implemented yet"),
     ("classify", "classifier output (dictionary) not supported"),
     (
         "cond",
@@ -225,7 +224,6 @@ const MISSING: &[(&str, &str)] = &[
     ),
     ("random_normal", "random ops (seeded) not implemented yet"),
     ("random_uniform", "random ops (seeded) not implemented yet"),
-    ("resample", "image resampling family not implemented yet"),
     (
         "while_loop",
         "control flow: nested blocks not supported by the runtime",
@@ -3111,6 +3109,192 @@ fn conv_resample_cases() -> Vec<Case> {
     v.extend(resize_cases());
     v.extend(recurrent_cases());
     v.extend(nms_cases());
+    v.extend(resample_cases());
+    v
+}
+
+/// `resample`'s reading of plane `img` (`h × w`) at point `(px, py)`, by its docstring:
+/// coordinates to pixels, the padded image's value at each neighbour (the padding
+/// bounced back into the image step by step), bilinear or nearest.
+#[allow(clippy::too_many_arguments)]
+fn sample_ref(
+    img: &[f64],
+    (h, w): (usize, usize),
+    (px, py): (f64, f64),
+    coords: &str,
+    align: bool,
+    nearest: bool,
+    padding: &str,
+    pad: f64,
+) -> f64 {
+    let to_pixel = |c: f64, n: usize| {
+        let n = n as f64;
+        match coords {
+            "unnormalized" => c,
+            "normalized_minus_one_to_one" if align => (c + 1.0) * (n - 1.0) / 2.0,
+            "normalized_minus_one_to_one" => ((c + 1.0) * n - 1.0) / 2.0,
+            "normalized_zero_to_one" if align => c * (n - 1.0),
+            _ => c * n - 0.5,
+        }
+    };
+    let fold = |mut i: i64, n: i64| -> Option<usize> {
+        loop {
+            if (0..n).contains(&i) {
+                return Some(i as usize);
+            }
+            match padding {
+                "constant" => return None,
+                "border" => return Some(i.max(0).min(n - 1) as usize),
+                "reflection" if n == 1 => return Some(0),
+                "reflection" => i = if i < 0 { -i } else { 2 * (n - 1) - i },
+                _ => i = if i < 0 { -i - 1 } else { 2 * n - 1 - i },
+            }
+        }
+    };
+    let val = |y: i64, x: i64| match (fold(y, h as i64), fold(x, w as i64)) {
+        (Some(y), Some(x)) => img[y * w + x],
+        _ => pad,
+    };
+    let (u, v) = (to_pixel(px, w), to_pixel(py, h));
+    if nearest {
+        return val((v + 0.5).floor() as i64, (u + 0.5).floor() as i64);
+    }
+    let (x0, y0) = (u.floor() as i64, v.floor() as i64);
+    let (fx, fy) = (u - u.floor(), v - v.floor());
+    val(y0, x0) * (1.0 - fx) * (1.0 - fy)
+        + val(y0, x0 + 1) * fx * (1.0 - fy)
+        + val(y0 + 1, x0) * (1.0 - fx) * fy
+        + val(y0 + 1, x0 + 1) * fx * fy
+}
+
+fn resample_cases() -> Vec<Case> {
+    let mut v = vec![];
+    type R = (&'static str, &'static str, &'static str, bool, (f64, f64));
+    let modes: Vec<R> = vec![
+        (
+            "bilinear",
+            "constant",
+            "normalized_minus_one_to_one",
+            false,
+            (-1.3, 1.3),
+        ),
+        (
+            "bilinear",
+            "border",
+            "normalized_zero_to_one",
+            true,
+            (-0.3, 1.3),
+        ),
+        ("nearest", "reflection", "unnormalized", false, (-6.0, 10.0)),
+        ("bilinear", "symmetric", "unnormalized", true, (-6.0, 10.0)),
+        (
+            "bilinear",
+            "reflection",
+            "normalized_minus_one_to_one",
+            true,
+            (-2.5, 2.5),
+        ),
+    ];
+    for (sampling, padding, coords, align, (lo, hi)) in modes {
+        v.push(case(
+            "resample",
+            &format!("{sampling}, {padding} padding, {coords}, align_corners {align}"),
+            &versions("resample"),
+            FP,
+            move |p| {
+                let (b, c, h, w, oh, ow) = (2, 2, 4, 5, 3, 6);
+                let (x, xv) = p.xs("x", &[b, c, h, w]);
+                let cv: Vec<f64> = p
+                    .rand(b * oh * ow * 2, lo, hi)
+                    .iter()
+                    .map(|&e| e as f32 as f64)
+                    .collect();
+                let ct = p.input_of("coordinates", F32, &[b, oh, ow, 2], &cv);
+                let ins = vec![
+                    ("x", In::V(x)),
+                    ("coordinates", In::V(ct)),
+                    ("sampling_mode", cstr(sampling)),
+                    ("padding_mode", cstr(padding)),
+                    ("padding_value", p.cs(0.5)),
+                    ("coordinates_mode", cstr(coords)),
+                    ("align_corners", cb(align)),
+                ];
+                let y = p.op("resample", ins)?;
+                let pad = p.r(0.5);
+                let mut want = vec![];
+                for bi in 0..b {
+                    for ci in 0..c {
+                        let img = &xv[(bi * c + ci) * h * w..(bi * c + ci + 1) * h * w];
+                        for q in 0..oh * ow {
+                            let at = (bi * oh * ow + q) * 2;
+                            want.push(sample_ref(
+                                img,
+                                (h, w),
+                                (cv[at], cv[at + 1]),
+                                coords,
+                                align,
+                                sampling == "nearest",
+                                padding,
+                                pad,
+                            ));
+                        }
+                    }
+                }
+                p.want(&y, &[b, c, oh, ow], want, CLOSE)
+            },
+        ));
+    }
+    for (what, rows) in [("one matrix per batch", 2usize), ("one matrix for all", 1)] {
+        v.push(case("affine", what, &versions("affine"), FP, move |p| {
+            let (b, c, h, w, oh, ow) = (2, 2, 4, 5, 3, 6);
+            let (x, xv) = p.xs("x", &[b, c, h, w]);
+            let base = [
+                0.9, 0.2, 0.1, -0.15, 1.1, -0.05, 1.2, -0.3, -0.2, 0.25, 0.8, 0.3,
+            ];
+            let mv: Vec<f64> = base[..rows * 6].iter().map(|&e| p.r(e)).collect();
+            let dt = p.dt;
+            let m = p.input_of("m", dt, &[rows, 6], &mv);
+            let ins = vec![
+                ("x", In::V(x)),
+                ("transform_matrix", In::V(m)),
+                ("output_height", ci0(oh as i32)),
+                ("output_width", ci0(ow as i32)),
+                ("sampling_mode", cstr("bilinear")),
+                ("padding_mode", cstr("constant")),
+                ("padding_value", p.cs(0.0)),
+                ("coordinates_mode", cstr("normalized_minus_one_to_one")),
+                ("align_corners", cb(true)),
+            ];
+            let y = p.op("affine", ins)?;
+            let mut want = vec![];
+            for bi in 0..b {
+                let t = &mv[(bi % rows) * 6..(bi % rows) * 6 + 6];
+                for ci in 0..c {
+                    let img = &xv[(bi * c + ci) * h * w..(bi * c + ci + 1) * h * w];
+                    for i in 0..oh {
+                        for j in 0..ow {
+                            let (xn, yn) = (
+                                2.0 * j as f64 / (ow - 1) as f64 - 1.0,
+                                2.0 * i as f64 / (oh - 1) as f64 - 1.0,
+                            );
+                            let pt = (t[0] * xn + t[1] * yn + t[2], t[3] * xn + t[4] * yn + t[5]);
+                            want.push(sample_ref(
+                                img,
+                                (h, w),
+                                pt,
+                                "normalized_minus_one_to_one",
+                                true,
+                                false,
+                                "constant",
+                                0.0,
+                            ));
+                        }
+                    }
+                }
+            }
+            p.want(&y, &[b, c, oh, ow], want, CLOSE)
+        }));
+    }
     v
 }
 

@@ -18,6 +18,7 @@ mod pool;
 mod quant;
 mod recurrent;
 mod reduce;
+mod resample;
 mod resize;
 mod scatter;
 mod shape;
@@ -179,6 +180,7 @@ pub fn all() -> impl Iterator<Item = &'static OpDef> {
         .chain(resize::DEFS)
         .chain(recurrent::DEFS)
         .chain(nms::DEFS)
+        .chain(resample::DEFS)
 }
 
 /// The version of `op_type` that `opset` uses, if the op exists there.
