@@ -202,12 +202,15 @@ const COREML_OPS: &[(&str, &[Opset])] = &[
 
 /// Ops of [`COREML_OPS`] the interpreter does not run yet, and why.
 const MISSING: &[(&str, &str)] = &[
-    ("classify", "classifier output (dictionary) not supported"),
+    (
+        "classify",
+        "its second output is a dictionary (class label → probability), a value type \
+         milkit's IR and runtime do not have",
+    ),
     (
         "cond",
         "control flow: nested blocks not supported by the runtime",
     ),
-    ("crop_resize", "image resampling family not implemented yet"),
     ("list_gather", "list values not supported by the runtime"),
     ("list_length", "list values not supported by the runtime"),
     ("list_read", "list values not supported by the runtime"),
@@ -3110,6 +3113,215 @@ fn conv_resample_cases() -> Vec<Case> {
     v.extend(recurrent_cases());
     v.extend(nms_cases());
     v.extend(resample_cases());
+    v.extend(crop_resize_cases());
+    v
+}
+
+/// TF's `crop_and_resize` of one plane for a box `[y1, x1, y2, x2]` in pixel coordinates.
+fn crop_and_resize_ref(
+    img: &[f64],
+    (h, w): (usize, usize),
+    bx: [f64; 4],
+    (th, tw): (usize, usize),
+    one_at_centre: bool,
+    pad: f64,
+) -> Vec<f64> {
+    let at = |a: f64, b: f64, i: usize, t: usize| {
+        if t > 1 {
+            a + i as f64 * (b - a) / (t as f64 - 1.0)
+        } else if one_at_centre {
+            0.5 * (a + b)
+        } else {
+            a
+        }
+    };
+    let mut out = vec![];
+    for i in 0..th {
+        let iy = at(bx[0], bx[2], i, th);
+        for j in 0..tw {
+            let ix = at(bx[1], bx[3], j, tw);
+            if iy < 0.0 || iy > (h - 1) as f64 || ix < 0.0 || ix > (w - 1) as f64 {
+                out.push(pad);
+                continue;
+            }
+            let (t, b, l, r) = (
+                iy.floor() as usize,
+                iy.ceil() as usize,
+                ix.floor() as usize,
+                ix.ceil() as usize,
+            );
+            let (dy, dx) = (iy - iy.floor(), ix - ix.floor());
+            let top = img[t * w + l] + (img[t * w + r] - img[t * w + l]) * dx;
+            let bot = img[b * w + l] + (img[b * w + r] - img[b * w + l]) * dx;
+            out.push(top + (bot - top) * dy);
+        }
+    }
+    out
+}
+
+/// A box in `mode` → `[y1, x1, y2, x2]`.
+fn box_corners(c: &[f64], mode: &str) -> [f64; 4] {
+    match mode {
+        "CORNERS_HEIGHT_FIRST" => [c[0], c[1], c[2], c[3]],
+        "CORNERS_WIDTH_FIRST" => [c[1], c[0], c[3], c[2]],
+        "CENTER_SIZE_HEIGHT_FIRST" => [
+            c[0] - 0.5 * c[2],
+            c[1] - 0.5 * c[3],
+            c[0] + 0.5 * c[2],
+            c[1] + 0.5 * c[3],
+        ],
+        _ => [
+            c[1] - 0.5 * c[3],
+            c[0] - 0.5 * c[2],
+            c[1] + 0.5 * c[3],
+            c[0] + 0.5 * c[2],
+        ],
+    }
+}
+
+fn crop_resize_cases() -> Vec<Case> {
+    let mut v = vec![];
+    // (what, opset, box mode, sampling, normalized, spatial_scale, pad, with batch index, target)
+    type Cr = (
+        &'static str,
+        Opset,
+        &'static str,
+        &'static str,
+        bool,
+        f64,
+        Option<f64>,
+        bool,
+        (usize, usize),
+    );
+    let crs: Vec<Cr> = vec![
+        (
+            "iOS15 roi of 4: every box on every image, corners, ALIGN_CORNERS",
+            I15,
+            "CORNERS_HEIGHT_FIRST",
+            "ALIGN_CORNERS",
+            false,
+            1.0,
+            None,
+            false,
+            (3, 4),
+        ),
+        (
+            "iOS15 roi of 5: batch index, normalized centre-size, STRICT_ALIGN_CORNERS, one row",
+            I15,
+            "CENTER_SIZE_WIDTH_FIRST",
+            "STRICT_ALIGN_CORNERS",
+            true,
+            1.0,
+            None,
+            true,
+            (1, 3),
+        ),
+        (
+            "iOS16 pad_value 0.75, corners width first, spatial_scale 0.5, one row",
+            I16,
+            "CORNERS_WIDTH_FIRST",
+            "ALIGN_CORNERS",
+            false,
+            0.5,
+            Some(0.75),
+            false,
+            (1, 4),
+        ),
+        (
+            "iOS17 boxes and box_indices, centre-size, pad_value -0.25",
+            I17,
+            "CENTER_SIZE_HEIGHT_FIRST",
+            "ALIGN_CORNERS",
+            false,
+            1.0,
+            Some(-0.25),
+            true,
+            (3, 2),
+        ),
+    ];
+    for (what, opset, bm, sm, norm, scale, pad, indexed, (th, tw)) in crs {
+        v.push(case("crop_resize", what, &[opset], FP, move |p| {
+            let (b, c, h, w, n) = (2usize, 2usize, 5usize, 6usize, 3usize);
+            let (x, xv) = p.xs("x", &[b, c, h, w]);
+            // Boxes spanning the image and a little beyond it.
+            let hi = if norm { 1.2 } else { 6.5 };
+            let coords: Vec<Vec<f64>> = (0..n).map(|_| p.rand(4, -0.3, hi)).collect();
+            let img_of: Vec<usize> = (0..n).map(|i| (i + 1) % b).collect();
+            let dt = p.dt;
+            let mut ins = vec![("x", In::V(x))];
+            if opset >= I17 {
+                let flat: Vec<f64> = coords.iter().flatten().copied().collect();
+                let bx = p.input_of("boxes", dt, &[n, 4], &flat);
+                let idx: Vec<f64> = img_of.iter().map(|&i| i as f64).collect();
+                let bi = p.input_of("box_indices", I32, &[n], &idx);
+                ins.push(("boxes", In::V(bx)));
+                ins.push(("box_indices", In::V(bi)));
+            } else {
+                let k = if indexed { 5 } else { 4 };
+                let mut flat = vec![];
+                for (i, cd) in coords.iter().enumerate() {
+                    if indexed {
+                        flat.push(img_of[i] as f64);
+                    }
+                    flat.extend_from_slice(cd);
+                }
+                let r = p.input_of("roi", dt, &[n, 1, k, 1, 1], &flat);
+                ins.push(("roi", In::V(r)));
+            }
+            ins.extend([
+                ("target_height", ci0(th as i32)),
+                ("target_width", ci0(tw as i32)),
+                ("normalized_coordinates", cb(norm)),
+                ("spatial_scale", In::C(Value::f32_scalar(scale as f32))),
+                ("box_coordinate_mode", cstr(bm)),
+                ("sampling_mode", cstr(sm)),
+            ]);
+            if let Some(pv) = pad {
+                ins.push(("pad_value", p.cs(pv)));
+            }
+            let y = p.op("crop_resize", ins)?;
+            let padv = p.r(pad.unwrap_or(0.0));
+            let mut want = vec![];
+            for (i, cd) in coords.iter().enumerate() {
+                let bx = box_corners(cd, bm);
+                let (sy, sx) = if norm {
+                    ((h - 1) as f64, (w - 1) as f64)
+                } else {
+                    (1.0, 1.0)
+                };
+                let bx = [
+                    bx[0] * sy * scale,
+                    bx[1] * sx * scale,
+                    bx[2] * sy * scale,
+                    bx[3] * sx * scale,
+                ];
+                let imgs: Vec<usize> = if indexed || opset >= I17 {
+                    vec![img_of[i]]
+                } else {
+                    (0..b).collect()
+                };
+                for j in imgs {
+                    for ci in 0..c {
+                        let img = &xv[(j * c + ci) * h * w..(j * c + ci + 1) * h * w];
+                        want.extend(crop_and_resize_ref(
+                            img,
+                            (h, w),
+                            bx,
+                            (th, tw),
+                            sm == "ALIGN_CORNERS",
+                            padv,
+                        ));
+                    }
+                }
+            }
+            let shape: Vec<usize> = if opset >= I17 {
+                vec![n, c, th, tw]
+            } else {
+                vec![n, if indexed { 1 } else { b }, c, th, tw]
+            };
+            p.want(&y, &shape, want, CLOSE)
+        }));
+    }
     v
 }
 
