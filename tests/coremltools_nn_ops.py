@@ -158,3 +158,34 @@ def prog_nms(boxes, scores):
 
 
 save("nms", prog_nms, ct.target.iOS15, {})
+
+
+# resample, affine, crop_resize (iOS17) on x [2, 2, 4, 5].
+aff = np.array([[0.9, 0.2, 0.1, -0.15, 1.1, -0.05]], dtype=np.float32)
+crop_boxes = np.array([[0.5, 0.2, 3.5, 4.4], [-0.5, 1.0, 2.0, 5.5]], dtype=np.float32)
+
+
+@mb.program(
+    input_specs=[mb.TensorSpec(shape=(2, 2, 4, 5)), mb.TensorSpec(shape=(2, 3, 6, 2))],
+    opset_version=ct.target.iOS17,
+)
+def prog_s(x, coords):
+    a = mb.resample(
+        x=x, coordinates=coords, sampling_mode="bilinear", padding_mode="border",
+        padding_value=np.float32(0.0), coordinates_mode="normalized_zero_to_one",
+        align_corners=True, name="resample",
+    )
+    b = mb.affine(
+        x=x, transform_matrix=aff, output_height=3, output_width=6, sampling_mode="bilinear",
+        padding_mode="constant", padding_value=np.float32(0.0),
+        coordinates_mode="normalized_minus_one_to_one", align_corners=True, name="affine",
+    )
+    c = mb.crop_resize(
+        x=x, boxes=crop_boxes, box_indices=np.array([1, 0], dtype=np.int32), target_height=3,
+        target_width=4, box_coordinate_mode="CORNERS_HEIGHT_FIRST",
+        sampling_mode="ALIGN_CORNERS", pad_value=np.float32(0.5), name="crop_resize",
+    )
+    return a, b, c
+
+
+save("sampling", prog_s, ct.target.iOS17, {"aff": aff, "boxes": crop_boxes})

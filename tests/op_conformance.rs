@@ -4941,3 +4941,115 @@ fn coremltools_made_rnn_gru_lstm_and_nms_match_float64_references() {
     }
     assert!(ids.len() >= 2, "the case keeps several boxes: {ids:?}");
 }
+
+#[test]
+fn coremltools_made_resample_affine_and_crop_resize_match_float64_references() {
+    let Some(dir) = coremltools_made() else {
+        return;
+    };
+    let d = dir.path();
+    let (b, c, h, w) = (2, 2, 4, 5);
+    let xv = lcg_vals(31, b * c * h * w);
+    // Coordinates in [-0.25, 1.25): some outside the image (border padding).
+    let cv: Vec<f64> = lcg_vals(32, b * 3 * 6 * 2)
+        .iter()
+        .map(|e| (e * 0.75 + 0.5) as f32 as f64)
+        .collect();
+    let got = run_made_on(
+        d,
+        "sampling",
+        &[("x", &[b, c, h, w], &xv), ("coords", &[b, 3, 6, 2], &cv)],
+    );
+    assert_eq!(got.len(), 3);
+    let plane = |bi: usize, ci: usize| &xv[(bi * c + ci) * h * w..(bi * c + ci + 1) * h * w];
+    let mut resample = vec![];
+    for bi in 0..b {
+        for ci in 0..c {
+            for q in 0..18 {
+                let at = (bi * 18 + q) * 2;
+                resample.push(sample_ref(
+                    plane(bi, ci),
+                    (h, w),
+                    (cv[at], cv[at + 1]),
+                    "normalized_zero_to_one",
+                    true,
+                    false,
+                    "border",
+                    0.0,
+                ));
+            }
+        }
+    }
+    let t = npy(d, "sampling.aff");
+    let mut affine = vec![];
+    for bi in 0..b {
+        for ci in 0..c {
+            for i in 0..3 {
+                for j in 0..6 {
+                    let (xn, yn) = (2.0 * j as f64 / 5.0 - 1.0, 2.0 * i as f64 / 2.0 - 1.0);
+                    let pt = (t[0] * xn + t[1] * yn + t[2], t[3] * xn + t[4] * yn + t[5]);
+                    affine.push(sample_ref(
+                        plane(bi, ci),
+                        (h, w),
+                        pt,
+                        "normalized_minus_one_to_one",
+                        true,
+                        false,
+                        "constant",
+                        0.0,
+                    ));
+                }
+            }
+        }
+    }
+    let boxes = npy(d, "sampling.boxes");
+    let mut crop = vec![];
+    for (k, img) in [1usize, 0].iter().enumerate() {
+        let bx = [
+            boxes[k * 4],
+            boxes[k * 4 + 1],
+            boxes[k * 4 + 2],
+            boxes[k * 4 + 3],
+        ];
+        for ci in 0..c {
+            crop.extend(crop_and_resize_ref(
+                plane(*img, ci),
+                (h, w),
+                bx,
+                (3, 4),
+                true,
+                0.5,
+            ));
+        }
+    }
+    let want: [(&[usize], Vec<f64>); 3] = [
+        (&[b, c, 3, 6], resample),
+        (&[b, c, 3, 6], affine),
+        (&[2, c, 3, 4], crop),
+    ];
+    for ((n, t), (shape, w)) in got.iter().zip(&want) {
+        compare(t, shape, w, CLOSE).unwrap_or_else(|e| panic!("{n}: {e:#}"));
+    }
+}
+
+#[test]
+fn crop_resize_refuses_a_sampling_mode_coremltools_leaves_undefined_naming_it() {
+    let mut p = Prog::new(I17, F32, 1);
+    let (x, _) = p.xs("x", &[1, 1, 3, 3]);
+    let bx = p.input_of("boxes", F32, &[1, 4], &[0.0, 0.0, 2.0, 2.0]);
+    let e = p
+        .op(
+            "crop_resize",
+            vec![
+                ("x", In::V(x)),
+                ("boxes", In::V(bx)),
+                ("sampling_mode", cstr("OFFSET_CORNERS")),
+            ],
+        )
+        .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("crop_resize") && e.contains("OFFSET_CORNERS"),
+        "{e}"
+    );
+}
