@@ -3051,6 +3051,56 @@ fn conv_resample_cases() -> Vec<Case> {
         ));
     }
     v.push(case(
+        "conv_transpose",
+        "1-D, weight decompressed by constexpr_lut_to_dense (iOS16), stride 3",
+        &[I16],
+        FP,
+        |p| {
+            let codes: Vec<u8> = (0..2 * 3 * 4).map(|i| (i * 7 % 16) as u8).collect();
+            let lut: Vec<f64> = (0..16).map(|i| i as f64 / 8.0 - 1.0).collect();
+            let ins = vec![
+                ("lut", p.cf(&[16], &lut)),
+                (
+                    "indices",
+                    In::C(Value::Tensor(ITensor::new(
+                        DType::U8,
+                        vec![12],
+                        milkit::ir::Bytes::from_vec(pack(&codes, 4)),
+                    )?)),
+                ),
+                (
+                    "shape",
+                    In::C(Value::Tensor(ITensor::new(
+                        DType::U32,
+                        vec![3],
+                        milkit::ir::Bytes::from_vec(
+                            [2u32, 3, 4].iter().flat_map(|v| v.to_le_bytes()).collect(),
+                        ),
+                    )?)),
+                ),
+            ];
+            let w = p.op("constexpr_lut_to_dense", ins)?;
+            let (x, xv) = p.xs("x", &[1, 2, 5]);
+            let ins = vec![("x", In::V(x)), ("weight", In::V(w)), ("strides", ci(&[3]))];
+            let y = p.op("conv_transpose", ins)?;
+            let wv: Vec<f64> = codes.iter().map(|&c| p.r(lut[c as usize])).collect();
+            // (5 - 1)·3 + 4 = 16
+            let (want, shape) = conv_transpose_ref(
+                &xv,
+                &[1, 2, 5],
+                &wv,
+                &[2, 3, 4],
+                None,
+                1,
+                &[3],
+                &[1],
+                &[0],
+                &[16],
+            );
+            p.want(&y, &shape, want, Cmp::Float(8.0))
+        },
+    ));
+    v.push(case(
         "conv_quantized",
         "2-D linear uint8 weight, per-channel scale, scalar bias, same pad",
         &versions("conv_quantized"),

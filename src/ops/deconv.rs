@@ -8,7 +8,7 @@
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{float_only, tensor, InferCx};
-use super::{opt, opt_c, req, req_c, ver as v, InputSpec, OpDef};
+use super::{opt, opt_c, req, ver as v, InputSpec, OpDef};
 use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels;
 use anyhow::{anyhow, bail, ensure, Result};
@@ -282,18 +282,9 @@ fn eval_conv_transpose(cx: &EvalCx) -> Result<Vec<RValue>> {
 
 use Opset::{Ios15 as I15, Ios17 as I17};
 
+// coremltools declares iOS15's weight and bias const; like `conv`'s they are accepted from
+// any binding, so that a weight a constexpr op decompresses (iOS16+) loads.
 const CT15: &[InputSpec] = &[
-    req("x"),
-    req_c("weight"),
-    opt_c("bias"),
-    opt_c("pad"),
-    opt_c("output_shape"),
-    opt_c("pad_type"),
-    opt_c("strides"),
-    opt_c("dilations"),
-    opt_c("groups"),
-];
-const CT17: &[InputSpec] = &[
     req("x"),
     req("weight"),
     opt("bias"),
@@ -304,6 +295,7 @@ const CT17: &[InputSpec] = &[
     opt_c("dilations"),
     opt_c("groups"),
 ];
+const CT17: &[InputSpec] = CT15;
 
 pub static DEFS: &[OpDef] = &[
     v(

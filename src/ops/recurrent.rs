@@ -7,11 +7,13 @@
 //! `r ∘ (R_o·h + b_ho)`); `lstm`'s `clip` bounds the cell state. A `reverse` sequence is
 //! emitted in processing order; a bidirectional one aligned with the input's time (PyTorch's
 //! layout), its last-step output `[forward's last | backward's last]`. One matrix-vector
-//! product per gate and step, in f64, rounded once to x's dtype.
+//! product per gate and step, in f64, rounded once to x's dtype. Weights, biases and
+//! peepholes (const in coremltools) are accepted from any binding, as `conv`'s weight is, so
+//! that weights a constexpr op decompresses load.
 
 use super::eval::{EvalCx, RValue};
 use super::infer::{tensor, InferCx};
-use super::{opt_c, req, req_c, ver as v, InputSpec, OpDef};
+use super::{opt, opt_c, req, ver as v, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, ValueType};
 use crate::kernels;
 use anyhow::{anyhow, bail, ensure, Result};
@@ -318,9 +320,9 @@ use Opset::{Ios15 as I15, Ios17 as I17, Ios18 as I18};
 const RNN: &[InputSpec] = &[
     req("x"),
     req("initial_h"),
-    req_c("weight_ih"),
-    req_c("weight_hh"),
-    opt_c("bias"),
+    req("weight_ih"),
+    req("weight_hh"),
+    opt("bias"),
     opt_c("direction"),
     opt_c("output_sequence"),
     opt_c("activation"),
@@ -328,9 +330,9 @@ const RNN: &[InputSpec] = &[
 const GRU: &[InputSpec] = &[
     req("x"),
     req("initial_h"),
-    req_c("weight_ih"),
-    req_c("weight_hh"),
-    opt_c("bias"),
+    req("weight_ih"),
+    req("weight_hh"),
+    opt("bias"),
     opt_c("direction"),
     opt_c("output_sequence"),
     opt_c("recurrent_activation"),
@@ -339,28 +341,28 @@ const GRU: &[InputSpec] = &[
 const GRU18: &[InputSpec] = &[
     req("x"),
     req("initial_h"),
-    req_c("weight_ih"),
-    req_c("weight_hh"),
-    opt_c("bias"),
+    req("weight_ih"),
+    req("weight_hh"),
+    opt("bias"),
     opt_c("direction"),
     opt_c("output_sequence"),
     opt_c("recurrent_activation"),
     opt_c("activation"),
     opt_c("reset_after"),
-    opt_c("input_bias"),
+    opt("input_bias"),
 ];
 const LSTM: &[InputSpec] = &[
     req("x"),
     req("initial_h"),
     req("initial_c"),
-    req_c("weight_ih"),
-    req_c("weight_hh"),
-    opt_c("bias"),
-    opt_c("peephole"),
-    opt_c("weight_ih_back"),
-    opt_c("weight_hh_back"),
-    opt_c("bias_back"),
-    opt_c("peephole_back"),
+    req("weight_ih"),
+    req("weight_hh"),
+    opt("bias"),
+    opt("peephole"),
+    opt("weight_ih_back"),
+    opt("weight_hh_back"),
+    opt("bias_back"),
+    opt("peephole_back"),
     opt_c("direction"),
     opt_c("output_sequence"),
     opt_c("recurrent_activation"),
