@@ -8,6 +8,7 @@
 //! op definitions, the table and [`MISSING`] consistent, and prints the count per opset.
 //! An op milkit lacks fails to load with an error naming the op and the opset.
 
+mod common;
 mod runtime_common;
 
 use anyhow::{ensure, Context, Result};
@@ -201,27 +202,10 @@ const COREML_OPS: &[(&str, &[Opset])] = &[
 
 /// Ops of [`COREML_OPS`] the interpreter does not run yet, and why.
 const MISSING: &[(&str, &str)] = &[
-    ("affine", "image resampling family not implemented yet"),
-    ("classify", "classifier output (dictionary) not supported"),
-    ("conv_quantized", "not implemented yet"),
-    ("conv_transpose", "not implemented yet"),
-    ("crop", "image resampling family not implemented yet"),
-    ("crop_resize", "image resampling family not implemented yet"),
-    ("gru", "recurrent ops not implemented yet"),
-    ("lstm", "recurrent ops not implemented yet"),
-    ("non_maximum_suppression", "not implemented yet"),
-    ("resample", "image resampling family not implemented yet"),
-    ("resize", "resize family not implemented yet"),
-    ("resize_bilinear", "resize family not implemented yet"),
     (
-        "resize_nearest_neighbor",
-        "resize family not implemented yet",
-    ),
-    ("rnn", "recurrent ops not implemented yet"),
-    ("upsample_bilinear", "resize family not implemented yet"),
-    (
-        "upsample_nearest_neighbor",
-        "resize family not implemented yet",
+        "classify",
+        "its second output is a dictionary (class label → probability), a value type \
+         milkit's IR and runtime do not have",
     ),
 ];
 
@@ -241,6 +225,8 @@ const CLOSE: Cmp = Cmp::Float(1.0);
 /// A program under construction, its inputs and its expected outputs.
 struct Prog {
     b: Builder,
+    /// The opset the case is built for.
+    opset: Opset,
     /// The compute dtype of the case (float inputs and constants are of it).
     dt: DType,
     rng: Lcg,
@@ -257,6 +243,7 @@ impl Prog {
     fn new(opset: Opset, dt: DType, seed: u64) -> Prog {
         Prog {
             b: Builder::new(opset),
+            opset,
             dt,
             rng: Lcg(seed),
             feeds: vec![],
@@ -2448,6 +2435,8 @@ fn cases() -> Vec<Case> {
     v.extend(control_cases());
     v.extend(list_cases());
     v.extend(random_cases());
+    // ---- transposed / quantized convolution, resampling, recurrent ----
+    v.extend(conv_resample_cases());
     v
 }
 
@@ -3286,6 +3275,1627 @@ fn random_cases() -> Vec<Case> {
 }
 
 // ---------------------------------------------------------------------------------------
+// Transposed and quantized convolution, resampling, recurrent ops.
+
+/// Transposed convolution by its definition, gathered per output element:
+/// `y[n, g·Cog+oc, o] = b + Σ x[n, g·Cig+ic, i] · w[g·Cig+ic, oc, k]` over `i·s + k·d = o + before`.
+#[allow(clippy::too_many_arguments)]
+fn conv_transpose_ref(
+    xv: &[f64],
+    xs: &[usize],
+    wv: &[f64],
+    ws: &[usize],
+    bias: Option<&[f64]>,
+    groups: usize,
+    s: &[usize],
+    d: &[usize],
+    before: &[usize],
+    out_sp: &[usize],
+) -> (Vec<f64>, Vec<usize>) {
+    let (n, cin, cog) = (xs[0], xs[1], ws[1]);
+    let (cig, cout) = (cin / groups, cog * groups);
+    let mut os = vec![n, cout];
+    os.extend_from_slice(out_sp);
+    let (din, k) = (&xs[2..], &ws[2..]);
+    let out = (0..numel(&os))
+        .map(|e| {
+            let c = unravel(&os, e);
+            let (b, co) = (c[0], c[1]);
+            let (g, oc) = (co / cog, co % cog);
+            let mut acc = bias.map_or(0.0, |bv| bv[co]);
+            for ic in 0..cig {
+                let ci = g * cig + ic;
+                for kk in 0..numel(k) {
+                    let kc = unravel(k, kk);
+                    // The input position this tap reads, if integral and inside.
+                    let mut ipos = vec![];
+                    for a in 0..din.len() {
+                        let num = (c[2 + a] + before[a]) as i64 - (kc[a] * d[a]) as i64;
+                        if num < 0
+                            || num % s[a] as i64 != 0
+                            || (num / s[a] as i64) as usize >= din[a]
+                        {
+                            break;
+                        }
+                        ipos.push((num / s[a] as i64) as usize);
+                    }
+                    if ipos.len() < din.len() {
+                        continue;
+                    }
+                    let mut xi = vec![b, ci];
+                    xi.extend_from_slice(&ipos);
+                    let mut wi = vec![ci, oc];
+                    wi.extend_from_slice(&kc);
+                    acc += xv[ravel(xs, &xi)] * wv[ravel(ws, &wi)];
+                }
+            }
+            acc
+        })
+        .collect();
+    (out, os)
+}
+
+fn conv_resample_cases() -> Vec<Case> {
+    let mut v = vec![];
+    // (what, x shape, weight shape, groups, strides, dilations, pad_type, pad, output_shape,
+    //  before pads of the reference, output spatial shape)
+    type Ct = (
+        &'static str,
+        Vec<usize>,
+        Vec<usize>,
+        usize,
+        Vec<usize>,
+        Vec<usize>,
+        &'static str,
+        Option<Vec<i32>>,
+        Option<Vec<i32>>,
+        Vec<usize>,
+        Vec<usize>,
+    );
+    let cts: Vec<Ct> = vec![
+        (
+            "2-D, groups 2, strides 2x1, dilations 1x2, custom pad, bias",
+            vec![1, 4, 3, 4],
+            vec![4, 3, 3, 2],
+            2,
+            vec![2, 1],
+            vec![1, 2],
+            "custom",
+            Some(vec![1, 0, 0, 2]),
+            None,
+            vec![1, 0],
+            // (3-1)·2 + 3 - 1 = 6; (4-1)·1 + (2-1)·2 + 1 - 2 = 4
+            vec![6, 4],
+        ),
+        (
+            "1-D, same, stride 2 (output D·s)",
+            vec![2, 3, 5],
+            vec![3, 2, 3],
+            1,
+            vec![2],
+            vec![1],
+            "same",
+            None,
+            None,
+            // full (5-1)·2 + 3 = 11, out 10: one cut, before 0
+            vec![0],
+            vec![10],
+        ),
+        (
+            "2-D, same with output_shape [1, 4, 5, 7], stride 2, groups 2",
+            vec![1, 2, 3, 4],
+            vec![2, 2, 3, 3],
+            2,
+            vec![2, 2],
+            vec![1, 1],
+            "same",
+            None,
+            Some(vec![1, 4, 5, 7]),
+            // full 7 and 9: cuts 2 and 2, before 1 and 1
+            vec![1, 1],
+            vec![5, 7],
+        ),
+        (
+            "3-D, valid, strides 1x2x1",
+            vec![1, 2, 2, 3, 2],
+            vec![2, 2, 2, 2, 3],
+            1,
+            vec![1, 2, 1],
+            vec![1, 1, 1],
+            "valid",
+            None,
+            None,
+            vec![0, 0, 0],
+            vec![3, 6, 4],
+        ),
+    ];
+    for (what, xs, ws, groups, st, dl, pt, pad, os, before, out_sp) in cts {
+        v.push(case(
+            "conv_transpose",
+            what,
+            &versions("conv_transpose"),
+            FP,
+            move |p| {
+                let (x, xv) = p.xs("x", &xs);
+                let wv = p.rand(numel(&ws), -1.0, 1.0);
+                let bv = p.rand(ws[1] * groups, -1.0, 1.0);
+                let i32s = |v: &[usize]| v.iter().map(|&e| e as i32).collect::<Vec<_>>();
+                let mut ins = vec![
+                    ("x", In::V(x)),
+                    ("weight", p.cf(&ws, &wv)),
+                    ("bias", p.cf(&[ws[1] * groups], &bv)),
+                    ("strides", ci(&i32s(&st))),
+                    ("dilations", ci(&i32s(&dl))),
+                    ("pad_type", cstr(pt)),
+                    ("groups", ci0(groups as i32)),
+                ];
+                if let Some(pd) = &pad {
+                    ins.push(("pad", ci(pd)));
+                }
+                if let Some(o) = &os {
+                    ins.push(("output_shape", ci(o)));
+                }
+                let y = p.op("conv_transpose", ins)?;
+                let (w, shape) = conv_transpose_ref(
+                    &xv,
+                    &xs,
+                    &wv,
+                    &ws,
+                    Some(&bv),
+                    groups,
+                    &st,
+                    &dl,
+                    &before,
+                    &out_sp,
+                );
+                let terms = (xs[1] / groups * numel(&ws[2..])) as f64;
+                p.want(&y, &shape, w, Cmp::Float(terms))
+            },
+        ));
+    }
+    v.push(case(
+        "conv_transpose",
+        "1-D, weight decompressed by constexpr_lut_to_dense (iOS16), stride 3",
+        &[I16],
+        FP,
+        |p| {
+            let codes: Vec<u8> = (0..2 * 3 * 4).map(|i| (i * 7 % 16) as u8).collect();
+            let lut: Vec<f64> = (0..16).map(|i| i as f64 / 8.0 - 1.0).collect();
+            let ins = vec![
+                ("lut", p.cf(&[16], &lut)),
+                (
+                    "indices",
+                    In::C(Value::Tensor(ITensor::new(
+                        DType::U8,
+                        vec![12],
+                        milkit::ir::Bytes::from_vec(pack(&codes, 4)),
+                    )?)),
+                ),
+                (
+                    "shape",
+                    In::C(Value::Tensor(ITensor::new(
+                        DType::U32,
+                        vec![3],
+                        milkit::ir::Bytes::from_vec(
+                            [2u32, 3, 4].iter().flat_map(|v| v.to_le_bytes()).collect(),
+                        ),
+                    )?)),
+                ),
+            ];
+            let w = p.op("constexpr_lut_to_dense", ins)?;
+            let (x, xv) = p.xs("x", &[1, 2, 5]);
+            let ins = vec![("x", In::V(x)), ("weight", In::V(w)), ("strides", ci(&[3]))];
+            let y = p.op("conv_transpose", ins)?;
+            let wv: Vec<f64> = codes.iter().map(|&c| p.r(lut[c as usize])).collect();
+            // (5 - 1)·3 + 4 = 16
+            let (want, shape) = conv_transpose_ref(
+                &xv,
+                &[1, 2, 5],
+                &wv,
+                &[2, 3, 4],
+                None,
+                1,
+                &[3],
+                &[1],
+                &[0],
+                &[16],
+            );
+            p.want(&y, &shape, want, Cmp::Float(8.0))
+        },
+    ));
+    v.push(case(
+        "conv_quantized",
+        "2-D linear uint8 weight, per-channel scale, scalar bias, same pad",
+        &versions("conv_quantized"),
+        FP,
+        |p| {
+            let (x, xv) = p.xs("x", &[1, 2, 4, 5]);
+            let codes: Vec<u8> = (0..3 * 2 * 3 * 3).map(|i| (i * 37 % 256) as u8).collect();
+            let scale = [0.01, -0.02, 0.005];
+            let qbias = -0.5;
+            let bv = p.rand(3, -1.0, 1.0);
+            let ins = vec![
+                ("x", In::V(x)),
+                (
+                    "weight",
+                    In::C(Value::Tensor(ITensor::new(
+                        DType::U8,
+                        vec![3, 2, 3, 3],
+                        milkit::ir::Bytes::from_vec(codes.clone()),
+                    )?)),
+                ),
+                ("bias", p.cf(&[3], &bv)),
+                ("quantization_type", cstr("linear")),
+                ("nbits", ci0(8)),
+                ("quant_scale", p.cf(&[3], &scale)),
+                ("quant_bias", p.cs(qbias)),
+                ("pad_type", cstr("same")),
+            ];
+            let y = p.op("conv_quantized", ins)?;
+            let (sc, qb) = (scale.map(|s| p.r(s)), p.r(qbias));
+            let wv: Vec<f64> = codes
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| c as f64 * sc[i / 18] + qb)
+                .collect();
+            let mut w = vec![0.0; 3 * 4 * 5];
+            for o in 0..3 {
+                for i in 0..4 {
+                    for j in 0..5 {
+                        let mut acc = bv[o];
+                        for c in 0..2 {
+                            for a in 0..3 {
+                                for b in 0..3 {
+                                    let (yy, xx) =
+                                        (i as i64 + a as i64 - 1, j as i64 + b as i64 - 1);
+                                    if (0..4).contains(&yy) && (0..5).contains(&xx) {
+                                        acc += wv[((o * 2 + c) * 3 + a) * 3 + b]
+                                            * xv[(c * 4 + yy as usize) * 5 + xx as usize];
+                                    }
+                                }
+                            }
+                        }
+                        w[(o * 4 + i) * 5 + j] = acc;
+                    }
+                }
+            }
+            p.want(&y, &[1, 3, 4, 5], w, Cmp::Float(18.0))
+        },
+    ));
+    v.extend(resize_cases());
+    v.extend(recurrent_cases());
+    v.extend(nms_cases());
+    v.extend(resample_cases());
+    v.extend(crop_resize_cases());
+    v
+}
+
+/// TF's `crop_and_resize` of one plane for a box `[y1, x1, y2, x2]` in pixel coordinates.
+fn crop_and_resize_ref(
+    img: &[f64],
+    (h, w): (usize, usize),
+    bx: [f64; 4],
+    (th, tw): (usize, usize),
+    one_at_centre: bool,
+    pad: f64,
+) -> Vec<f64> {
+    let at = |a: f64, b: f64, i: usize, t: usize| {
+        if t > 1 {
+            a + i as f64 * (b - a) / (t as f64 - 1.0)
+        } else if one_at_centre {
+            0.5 * (a + b)
+        } else {
+            a
+        }
+    };
+    let mut out = vec![];
+    for i in 0..th {
+        let iy = at(bx[0], bx[2], i, th);
+        for j in 0..tw {
+            let ix = at(bx[1], bx[3], j, tw);
+            if iy < 0.0 || iy > (h - 1) as f64 || ix < 0.0 || ix > (w - 1) as f64 {
+                out.push(pad);
+                continue;
+            }
+            let (t, b, l, r) = (
+                iy.floor() as usize,
+                iy.ceil() as usize,
+                ix.floor() as usize,
+                ix.ceil() as usize,
+            );
+            let (dy, dx) = (iy - iy.floor(), ix - ix.floor());
+            let top = img[t * w + l] + (img[t * w + r] - img[t * w + l]) * dx;
+            let bot = img[b * w + l] + (img[b * w + r] - img[b * w + l]) * dx;
+            out.push(top + (bot - top) * dy);
+        }
+    }
+    out
+}
+
+/// A box in `mode` → `[y1, x1, y2, x2]`.
+fn box_corners(c: &[f64], mode: &str) -> [f64; 4] {
+    match mode {
+        "CORNERS_HEIGHT_FIRST" => [c[0], c[1], c[2], c[3]],
+        "CORNERS_WIDTH_FIRST" => [c[1], c[0], c[3], c[2]],
+        "CENTER_SIZE_HEIGHT_FIRST" => [
+            c[0] - 0.5 * c[2],
+            c[1] - 0.5 * c[3],
+            c[0] + 0.5 * c[2],
+            c[1] + 0.5 * c[3],
+        ],
+        _ => [
+            c[1] - 0.5 * c[3],
+            c[0] - 0.5 * c[2],
+            c[1] + 0.5 * c[3],
+            c[0] + 0.5 * c[2],
+        ],
+    }
+}
+
+fn crop_resize_cases() -> Vec<Case> {
+    let mut v = vec![];
+    // (what, opset, box mode, sampling, normalized, spatial_scale, pad, with batch index, target)
+    type Cr = (
+        &'static str,
+        Opset,
+        &'static str,
+        &'static str,
+        bool,
+        f64,
+        Option<f64>,
+        bool,
+        (usize, usize),
+    );
+    let crs: Vec<Cr> = vec![
+        (
+            "iOS15 roi of 4: every box on every image, corners, ALIGN_CORNERS",
+            I15,
+            "CORNERS_HEIGHT_FIRST",
+            "ALIGN_CORNERS",
+            false,
+            1.0,
+            None,
+            false,
+            (3, 4),
+        ),
+        (
+            "iOS15 roi of 5: batch index, normalized centre-size, STRICT_ALIGN_CORNERS, one row",
+            I15,
+            "CENTER_SIZE_WIDTH_FIRST",
+            "STRICT_ALIGN_CORNERS",
+            true,
+            1.0,
+            None,
+            true,
+            (1, 3),
+        ),
+        (
+            "iOS16 pad_value 0.75, corners width first, spatial_scale 0.5, one row",
+            I16,
+            "CORNERS_WIDTH_FIRST",
+            "ALIGN_CORNERS",
+            false,
+            0.5,
+            Some(0.75),
+            false,
+            (1, 4),
+        ),
+        (
+            "iOS17 boxes and box_indices, centre-size, pad_value -0.25",
+            I17,
+            "CENTER_SIZE_HEIGHT_FIRST",
+            "ALIGN_CORNERS",
+            false,
+            1.0,
+            Some(-0.25),
+            true,
+            (3, 2),
+        ),
+    ];
+    for (what, opset, bm, sm, norm, scale, pad, indexed, (th, tw)) in crs {
+        v.push(case("crop_resize", what, &[opset], FP, move |p| {
+            let (b, c, h, w, n) = (2usize, 2usize, 5usize, 6usize, 3usize);
+            let (x, xv) = p.xs("x", &[b, c, h, w]);
+            // Boxes spanning the image and a little beyond it.
+            let hi = if norm { 1.2 } else { 6.5 };
+            let coords: Vec<Vec<f64>> = (0..n).map(|_| p.rand(4, -0.3, hi)).collect();
+            let img_of: Vec<usize> = (0..n).map(|i| (i + 1) % b).collect();
+            let dt = p.dt;
+            let mut ins = vec![("x", In::V(x))];
+            if opset >= I17 {
+                let flat: Vec<f64> = coords.iter().flatten().copied().collect();
+                let bx = p.input_of("boxes", dt, &[n, 4], &flat);
+                let idx: Vec<f64> = img_of.iter().map(|&i| i as f64).collect();
+                let bi = p.input_of("box_indices", I32, &[n], &idx);
+                ins.push(("boxes", In::V(bx)));
+                ins.push(("box_indices", In::V(bi)));
+            } else {
+                let k = if indexed { 5 } else { 4 };
+                let mut flat = vec![];
+                for (i, cd) in coords.iter().enumerate() {
+                    if indexed {
+                        flat.push(img_of[i] as f64);
+                    }
+                    flat.extend_from_slice(cd);
+                }
+                let r = p.input_of("roi", dt, &[n, 1, k, 1, 1], &flat);
+                ins.push(("roi", In::V(r)));
+            }
+            ins.extend([
+                ("target_height", ci0(th as i32)),
+                ("target_width", ci0(tw as i32)),
+                ("normalized_coordinates", cb(norm)),
+                ("spatial_scale", In::C(Value::f32_scalar(scale as f32))),
+                ("box_coordinate_mode", cstr(bm)),
+                ("sampling_mode", cstr(sm)),
+            ]);
+            if let Some(pv) = pad {
+                ins.push(("pad_value", p.cs(pv)));
+            }
+            let y = p.op("crop_resize", ins)?;
+            let padv = p.r(pad.unwrap_or(0.0));
+            let mut want = vec![];
+            for (i, cd) in coords.iter().enumerate() {
+                let bx = box_corners(cd, bm);
+                let (sy, sx) = if norm {
+                    ((h - 1) as f64, (w - 1) as f64)
+                } else {
+                    (1.0, 1.0)
+                };
+                let bx = [
+                    bx[0] * sy * scale,
+                    bx[1] * sx * scale,
+                    bx[2] * sy * scale,
+                    bx[3] * sx * scale,
+                ];
+                let imgs: Vec<usize> = if indexed || opset >= I17 {
+                    vec![img_of[i]]
+                } else {
+                    (0..b).collect()
+                };
+                for j in imgs {
+                    for ci in 0..c {
+                        let img = &xv[(j * c + ci) * h * w..(j * c + ci + 1) * h * w];
+                        want.extend(crop_and_resize_ref(
+                            img,
+                            (h, w),
+                            bx,
+                            (th, tw),
+                            sm == "ALIGN_CORNERS",
+                            padv,
+                        ));
+                    }
+                }
+            }
+            let shape: Vec<usize> = if opset >= I17 {
+                vec![n, c, th, tw]
+            } else {
+                vec![n, if indexed { 1 } else { b }, c, th, tw]
+            };
+            p.want(&y, &shape, want, CLOSE)
+        }));
+    }
+    v
+}
+
+/// `resample`'s reading of plane `img` (`h × w`) at point `(px, py)`, by its docstring:
+/// coordinates to pixels, the padded image's value at each neighbour (the padding
+/// bounced back into the image step by step), bilinear or nearest.
+#[allow(clippy::too_many_arguments)]
+fn sample_ref(
+    img: &[f64],
+    (h, w): (usize, usize),
+    (px, py): (f64, f64),
+    coords: &str,
+    align: bool,
+    nearest: bool,
+    padding: &str,
+    pad: f64,
+) -> f64 {
+    let to_pixel = |c: f64, n: usize| {
+        let n = n as f64;
+        match coords {
+            "unnormalized" => c,
+            "normalized_minus_one_to_one" if align => (c + 1.0) * (n - 1.0) / 2.0,
+            "normalized_minus_one_to_one" => ((c + 1.0) * n - 1.0) / 2.0,
+            "normalized_zero_to_one" if align => c * (n - 1.0),
+            _ => c * n - 0.5,
+        }
+    };
+    let fold = |mut i: i64, n: i64| -> Option<usize> {
+        loop {
+            if (0..n).contains(&i) {
+                return Some(i as usize);
+            }
+            match padding {
+                "constant" => return None,
+                "border" => return Some(i.max(0).min(n - 1) as usize),
+                "reflection" if n == 1 => return Some(0),
+                "reflection" => i = if i < 0 { -i } else { 2 * (n - 1) - i },
+                _ => i = if i < 0 { -i - 1 } else { 2 * n - 1 - i },
+            }
+        }
+    };
+    let val = |y: i64, x: i64| match (fold(y, h as i64), fold(x, w as i64)) {
+        (Some(y), Some(x)) => img[y * w + x],
+        _ => pad,
+    };
+    let (u, v) = (to_pixel(px, w), to_pixel(py, h));
+    if nearest {
+        return val((v + 0.5).floor() as i64, (u + 0.5).floor() as i64);
+    }
+    let (x0, y0) = (u.floor() as i64, v.floor() as i64);
+    let (fx, fy) = (u - u.floor(), v - v.floor());
+    val(y0, x0) * (1.0 - fx) * (1.0 - fy)
+        + val(y0, x0 + 1) * fx * (1.0 - fy)
+        + val(y0 + 1, x0) * (1.0 - fx) * fy
+        + val(y0 + 1, x0 + 1) * fx * fy
+}
+
+fn resample_cases() -> Vec<Case> {
+    let mut v = vec![];
+    type R = (&'static str, &'static str, &'static str, bool, (f64, f64));
+    let modes: Vec<R> = vec![
+        (
+            "bilinear",
+            "constant",
+            "normalized_minus_one_to_one",
+            false,
+            (-1.3, 1.3),
+        ),
+        (
+            "bilinear",
+            "border",
+            "normalized_zero_to_one",
+            true,
+            (-0.3, 1.3),
+        ),
+        ("nearest", "reflection", "unnormalized", false, (-6.0, 10.0)),
+        ("bilinear", "symmetric", "unnormalized", true, (-6.0, 10.0)),
+        (
+            "bilinear",
+            "reflection",
+            "normalized_minus_one_to_one",
+            true,
+            (-2.5, 2.5),
+        ),
+    ];
+    for (sampling, padding, coords, align, (lo, hi)) in modes {
+        v.push(case(
+            "resample",
+            &format!("{sampling}, {padding} padding, {coords}, align_corners {align}"),
+            &versions("resample"),
+            FP,
+            move |p| {
+                let (b, c, h, w, oh, ow) = (2, 2, 4, 5, 3, 6);
+                let (x, xv) = p.xs("x", &[b, c, h, w]);
+                let cv: Vec<f64> = p
+                    .rand(b * oh * ow * 2, lo, hi)
+                    .iter()
+                    .map(|&e| e as f32 as f64)
+                    .collect();
+                let ct = p.input_of("coordinates", F32, &[b, oh, ow, 2], &cv);
+                let ins = vec![
+                    ("x", In::V(x)),
+                    ("coordinates", In::V(ct)),
+                    ("sampling_mode", cstr(sampling)),
+                    ("padding_mode", cstr(padding)),
+                    ("padding_value", p.cs(0.5)),
+                    ("coordinates_mode", cstr(coords)),
+                    ("align_corners", cb(align)),
+                ];
+                let y = p.op("resample", ins)?;
+                let pad = p.r(0.5);
+                let mut want = vec![];
+                for bi in 0..b {
+                    for ci in 0..c {
+                        let img = &xv[(bi * c + ci) * h * w..(bi * c + ci + 1) * h * w];
+                        for q in 0..oh * ow {
+                            let at = (bi * oh * ow + q) * 2;
+                            want.push(sample_ref(
+                                img,
+                                (h, w),
+                                (cv[at], cv[at + 1]),
+                                coords,
+                                align,
+                                sampling == "nearest",
+                                padding,
+                                pad,
+                            ));
+                        }
+                    }
+                }
+                p.want(&y, &[b, c, oh, ow], want, CLOSE)
+            },
+        ));
+    }
+    for (what, rows) in [("one matrix per batch", 2usize), ("one matrix for all", 1)] {
+        v.push(case("affine", what, &versions("affine"), FP, move |p| {
+            let (b, c, h, w, oh, ow) = (2, 2, 4, 5, 3, 6);
+            let (x, xv) = p.xs("x", &[b, c, h, w]);
+            let base = [
+                0.9, 0.2, 0.1, -0.15, 1.1, -0.05, 1.2, -0.3, -0.2, 0.25, 0.8, 0.3,
+            ];
+            let mv: Vec<f64> = base[..rows * 6].iter().map(|&e| p.r(e)).collect();
+            let dt = p.dt;
+            let m = p.input_of("m", dt, &[rows, 6], &mv);
+            let ins = vec![
+                ("x", In::V(x)),
+                ("transform_matrix", In::V(m)),
+                ("output_height", ci0(oh as i32)),
+                ("output_width", ci0(ow as i32)),
+                ("sampling_mode", cstr("bilinear")),
+                ("padding_mode", cstr("constant")),
+                ("padding_value", p.cs(0.0)),
+                ("coordinates_mode", cstr("normalized_minus_one_to_one")),
+                ("align_corners", cb(true)),
+            ];
+            let y = p.op("affine", ins)?;
+            let mut want = vec![];
+            for bi in 0..b {
+                let t = &mv[(bi % rows) * 6..(bi % rows) * 6 + 6];
+                for ci in 0..c {
+                    let img = &xv[(bi * c + ci) * h * w..(bi * c + ci + 1) * h * w];
+                    for i in 0..oh {
+                        for j in 0..ow {
+                            let (xn, yn) = (
+                                2.0 * j as f64 / (ow - 1) as f64 - 1.0,
+                                2.0 * i as f64 / (oh - 1) as f64 - 1.0,
+                            );
+                            let pt = (t[0] * xn + t[1] * yn + t[2], t[3] * xn + t[4] * yn + t[5]);
+                            want.push(sample_ref(
+                                img,
+                                (h, w),
+                                pt,
+                                "normalized_minus_one_to_one",
+                                true,
+                                false,
+                                "constant",
+                                0.0,
+                            ));
+                        }
+                    }
+                }
+            }
+            p.want(&y, &[b, c, oh, ow], want, CLOSE)
+        }));
+    }
+    v
+}
+
+/// coremltools' numpy reference of NMS (TF's greedy `non_max_suppression` per batch):
+/// the kept box indices.
+fn nms_ref(
+    boxes: &[[f64; 4]],
+    scores: &[Vec<f64>],
+    iou_t: f64,
+    score_t: f64,
+    max: usize,
+    per_class: bool,
+) -> Vec<usize> {
+    let iou = |a: &[f64; 4], b: &[f64; 4]| {
+        let (top, bot) = (
+            (a[1] + 0.5 * a[3]).min(b[1] + 0.5 * b[3]),
+            (a[1] - 0.5 * a[3]).max(b[1] - 0.5 * b[3]),
+        );
+        let (right, left) = (
+            (a[0] + 0.5 * a[2]).min(b[0] + 0.5 * b[2]),
+            (a[0] - 0.5 * a[2]).max(b[0] - 0.5 * b[2]),
+        );
+        let inter = (top - bot).max(0.0) * (right - left).max(0.0);
+        inter / (a[2] * a[3] + b[2] * b[3] - inter)
+    };
+    let best: Vec<f64> = scores
+        .iter()
+        .map(|r| r.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
+        .collect();
+    let class: Vec<usize> = scores
+        .iter()
+        .map(|r| {
+            (0..r.len())
+                .find(|&c| r[c] == r.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
+                .unwrap()
+        })
+        .collect();
+    // TF: candidates above the score threshold in descending score, greedily kept.
+    let tf = |cands: &[usize]| {
+        let mut kept: Vec<usize> = vec![];
+        for &i in cands {
+            if best[i] > score_t
+                && kept.len() < max
+                && kept.iter().all(|&j| iou(&boxes[i], &boxes[j]) <= iou_t)
+            {
+                kept.push(i);
+            }
+        }
+        kept
+    };
+    let mut sorted: Vec<usize> = (0..boxes.len()).collect();
+    sorted.sort_by(|&a, &b| best[b].partial_cmp(&best[a]).unwrap());
+    let mut ids = if per_class {
+        let mut pos: Vec<usize> = vec![];
+        let mut classes: Vec<usize> = sorted.iter().map(|&i| class[i]).collect();
+        classes.dedup();
+        let mut seen = BTreeSet::new();
+        for c in classes {
+            if !seen.insert(c) {
+                continue;
+            }
+            let mine: Vec<usize> = sorted.iter().copied().filter(|&i| class[i] == c).collect();
+            for k in tf(&mine) {
+                pos.push(sorted.iter().position(|&i| i == k).unwrap());
+            }
+        }
+        pos.sort();
+        pos.into_iter().map(|p| sorted[p]).collect()
+    } else {
+        tf(&sorted)
+    };
+    if ids.is_empty() {
+        ids.push(sorted[0]);
+    }
+    ids.truncate(max);
+    ids
+}
+
+fn nms_cases() -> Vec<Case> {
+    let mut v = vec![];
+    let (n, nb, k, max) = (2usize, 7usize, 3usize, 4usize);
+    for (what, per_class, score_t, opsets) in [
+        ("iOS15 layout, score threshold 0.3", false, 0.3, vec![I15]),
+        ("iOS15 layout, per-class suppression", true, 0.1, vec![I15]),
+        (
+            "iOS15 layout, nothing above the threshold: the best box",
+            false,
+            5.0,
+            vec![I15],
+        ),
+        (
+            "iOS17 layout (boxes last)",
+            false,
+            f64::NEG_INFINITY,
+            vec![I17],
+        ),
+        (
+            "iOS17 layout, per-class suppression",
+            true,
+            f64::NEG_INFINITY,
+            vec![I17],
+        ),
+    ] {
+        v.push(case(
+            "non_maximum_suppression",
+            what,
+            &opsets,
+            FP,
+            move |p| {
+                let last = p.opset >= I17;
+                // Box centres in [0, 3), sizes in [0.5, 2): plenty of overlaps.
+                let mut boxes = vec![[0.0; 4]; n * nb];
+                for bx in boxes.iter_mut() {
+                    let c = p.rand(2, 0.0, 3.0);
+                    let wh = p.rand(2, 0.5, 2.0);
+                    *bx = [c[0], c[1], wh[0], wh[1]];
+                }
+                let scores: Vec<Vec<f64>> = (0..n * nb).map(|_| p.rand(k, 0.0, 1.0)).collect();
+                let (bv, bs, sv, ss): (Vec<f64>, Vec<usize>, Vec<f64>, Vec<usize>) = if last {
+                    let mut bv = vec![0.0; n * 4 * nb];
+                    let mut sv = vec![0.0; n * k * nb];
+                    for b in 0..n {
+                        for i in 0..nb {
+                            for c in 0..4 {
+                                bv[(b * 4 + c) * nb + i] = boxes[b * nb + i][c];
+                            }
+                            for c in 0..k {
+                                sv[(b * k + c) * nb + i] = scores[b * nb + i][c];
+                            }
+                        }
+                    }
+                    (bv, vec![n, 4, nb], sv, vec![n, k, nb])
+                } else {
+                    (
+                        boxes.iter().flatten().copied().collect(),
+                        vec![n, nb, 4],
+                        scores.iter().flatten().copied().collect(),
+                        vec![n, nb, k],
+                    )
+                };
+                let dt = p.dt;
+                let bx = p.input_of("boxes", dt, &bs, &bv);
+                let sc = p.input_of("scores", dt, &ss, &sv);
+                let mut ins = vec![
+                    ("boxes", In::V(bx)),
+                    ("scores", In::V(sc)),
+                    ("iou_threshold", p.cs(0.2)),
+                    ("max_boxes", ci0(max as i32)),
+                    ("per_class_suppression", cb(per_class)),
+                ];
+                if !last {
+                    ins.push(("score_threshold", p.cs(score_t)));
+                }
+                let outs = p.ops("non_maximum_suppression", ins)?;
+                let (iou_t, st) = (p.r(0.2), p.r(score_t));
+                let mut ob = vec![0.0; n * max * 4];
+                let mut os = vec![0.0; n * max * k];
+                let mut oi = vec![-1.0; n * max];
+                let mut oc = vec![0.0; n];
+                for b in 0..n {
+                    let ids = nms_ref(
+                        &boxes[b * nb..(b + 1) * nb],
+                        &scores[b * nb..(b + 1) * nb],
+                        iou_t,
+                        st,
+                        max,
+                        per_class,
+                    );
+                    oc[b] = ids.len() as f64;
+                    for (slot, &i) in ids.iter().enumerate() {
+                        oi[b * max + slot] = i as f64;
+                        for (c, &e) in boxes[b * nb + i].iter().enumerate() {
+                            let at = if last {
+                                (b * 4 + c) * max + slot
+                            } else {
+                                (b * max + slot) * 4 + c
+                            };
+                            ob[at] = e;
+                        }
+                        for (c, &e) in scores[b * nb + i].iter().enumerate() {
+                            let at = if last {
+                                (b * k + c) * max + slot
+                            } else {
+                                (b * max + slot) * k + c
+                            };
+                            os[at] = e;
+                        }
+                    }
+                }
+                if last {
+                    p.want(&outs[0], &[n, 4, max], ob, Cmp::Exact)?;
+                    p.want(&outs[1], &[n, k, max], os, Cmp::Exact)?;
+                } else {
+                    p.want(&outs[0], &[n, max, 4], ob, Cmp::Exact)?;
+                    p.want(&outs[1], &[n, max, k], os, Cmp::Exact)?;
+                    p.want(&outs[3], &[n], oc, Cmp::Exact)?;
+                }
+                p.want(&outs[2], &[n, max], oi, Cmp::Exact)
+            },
+        ));
+    }
+    v
+}
+
+/// `w · v` for a row-major `[rows, v.len()]` matrix (rows `r0..r0 + n`).
+fn mv(w: &[f64], r0: usize, n: usize, v: &[f64]) -> Vec<f64> {
+    (r0..r0 + n)
+        .map(|r| (0..v.len()).map(|c| w[r * v.len() + c] * v[c]).sum())
+        .collect()
+}
+
+/// Per batch row, the (h, c) after each processed step.
+type Steps = Vec<Vec<(Vec<f64>, Vec<f64>)>>;
+
+/// One recurrent cell: (x_t, h, c) → (h', c').
+type Cell<'a> = &'a dyn Fn(&[f64], &[f64], &[f64]) -> (Vec<f64>, Vec<f64>);
+
+/// Runs `cell` over x `[s, b, I]` for each batch row from (h0, c0) `[b, H]`, in reverse
+/// time when `rev`; per batch row the states after each processed step, in processing order.
+fn run_cell(
+    xv: &[f64],
+    (s, b, isz): (usize, usize, usize),
+    h0: &[Vec<f64>],
+    c0: &[Vec<f64>],
+    rev: bool,
+    cell: Cell,
+) -> Steps {
+    (0..b)
+        .map(|bi| {
+            let (mut h, mut c) = (h0[bi].clone(), c0[bi].clone());
+            let mut steps = vec![];
+            for k in 0..s {
+                let t = if rev { s - 1 - k } else { k };
+                let x = &xv[(t * b + bi) * isz..(t * b + bi + 1) * isz];
+                (h, c) = cell(x, &h, &c);
+                steps.push((h.clone(), c.clone()));
+            }
+            steps
+        })
+        .collect()
+}
+
+fn act_ref(name: &str, x: f64) -> f64 {
+    match name {
+        "sigmoid" => sigmoid(x),
+        "tanh" => x.tanh(),
+        "relu" => x.max(0.0),
+        "linear" => x,
+        "hard_sigmoid" => (0.2 * x + 0.5).clamp(0.0, 1.0),
+        n => panic!("activation {n}"),
+    }
+}
+
+/// A recurrent case at every version in fp32, and in fp16 from iOS17 (iOS15 is fp32 only).
+fn rec_cases(
+    op: &'static str,
+    what: &str,
+    from: Opset,
+    f: impl Fn(&mut Prog) -> Result<()> + Clone + 'static,
+) -> Vec<Case> {
+    let all: Vec<Opset> = versions(op).into_iter().filter(|&o| o >= from).collect();
+    let later: Vec<Opset> = [I17, I18].into_iter().filter(|&o| o >= from).collect();
+    vec![
+        case(op, &format!("{what}, fp32"), &all, &[F32], f.clone()),
+        case(op, &format!("{what}, fp16"), &later, &[F16], f),
+    ]
+}
+
+/// Builds the op's outputs' expectations: y `[s or 1, b, W]` from per-row step states,
+/// final h (and c).
+#[allow(clippy::too_many_arguments)]
+fn want_rec(
+    p: &mut Prog,
+    outs: &[V],
+    runs: &[Steps],
+    seq: bool,
+    (s, b): (usize, usize),
+    bidir: bool,
+    lstm: bool,
+    terms: f64,
+) -> Result<()> {
+    let hsz = runs[0][0][0].0.len();
+    let width = hsz * runs.len();
+    let os = if seq { s } else { 1 };
+    let mut y = vec![0.0; os * b * width];
+    let (mut hn, mut cn) = (vec![0.0; b * width], vec![0.0; b * width]);
+    for (di, run) in runs.iter().enumerate() {
+        for (bi, steps) in run.iter().enumerate() {
+            for (k, (h, _)) in steps.iter().enumerate() {
+                // A backward direction of a bidirectional op is aligned with input time.
+                let t = if bidir && di == 1 { s - 1 - k } else { k };
+                if seq {
+                    y[(t * b + bi) * width + di * hsz..][..hsz].copy_from_slice(h);
+                }
+            }
+            let (h, c) = steps.last().unwrap();
+            if !seq {
+                y[bi * width + di * hsz..][..hsz].copy_from_slice(h);
+            }
+            hn[bi * width + di * hsz..][..hsz].copy_from_slice(h);
+            cn[bi * width + di * hsz..][..hsz].copy_from_slice(c);
+        }
+    }
+    let sc = Cmp::Float(terms);
+    p.want(&outs[0], &[os, b, width], y, sc)?;
+    p.want(&outs[1], &[b, width], hn, sc)?;
+    if lstm {
+        p.want(&outs[2], &[b, width], cn, sc)?;
+    }
+    Ok(())
+}
+
+fn split_rows(v: &[f64], n: usize) -> Vec<Vec<f64>> {
+    v.chunks(n).map(|c| c.to_vec()).collect()
+}
+
+fn recurrent_cases() -> Vec<Case> {
+    let mut v = vec![];
+    let (s, b, isz, hsz) = (4usize, 2usize, 3usize, 5usize);
+    // rnn: h' = act(W_ih x + W_hh h + b).
+    for (what, dir, seq, act) in [
+        (
+            "forward, output_sequence, tanh, bias",
+            "forward",
+            true,
+            "tanh",
+        ),
+        ("reverse, last step, relu", "reverse", false, "relu"),
+    ] {
+        v.extend(rec_cases("rnn", what, I15, move |p| {
+            let (x, xv) = p.xs("x", &[s, b, isz]);
+            let (h0, h0v) = p.xs("h0", &[b, hsz]);
+            let wi = p.rand(hsz * isz, -0.7, 0.7);
+            let wh = p.rand(hsz * hsz, -0.7, 0.7);
+            let bias = p.rand(hsz, -0.5, 0.5);
+            let ins = vec![
+                ("x", In::V(x)),
+                ("initial_h", In::V(h0)),
+                ("weight_ih", p.cf(&[hsz, isz], &wi)),
+                ("weight_hh", p.cf(&[hsz, hsz], &wh)),
+                ("bias", p.cf(&[hsz], &bias)),
+                ("direction", cstr(dir)),
+                ("output_sequence", cb(seq)),
+                ("activation", cstr(act)),
+            ];
+            let outs = p.ops("rnn", ins)?;
+            let cell = |x: &[f64], h: &[f64], _: &[f64]| {
+                let (a, c) = (mv(&wi, 0, hsz, x), mv(&wh, 0, hsz, h));
+                (
+                    (0..hsz)
+                        .map(|k| act_ref(act, a[k] + c[k] + bias[k]))
+                        .collect(),
+                    vec![0.0; hsz],
+                )
+            };
+            let h0s = split_rows(&h0v, hsz);
+            let run = run_cell(&xv, (s, b, isz), &h0s, &h0s, dir == "reverse", &cell);
+            want_rec(
+                p,
+                &outs,
+                &[run],
+                seq,
+                (s, b),
+                false,
+                false,
+                (isz + hsz) as f64,
+            )
+        }));
+    }
+    // gru: gates [r, o, z]; as coremltools' numpy reference (reset applied to h before
+    // R_o), or iOS18's reset_after (r ∘ (R_o h + b_ho)) with a separate input_bias.
+    type G = (
+        &'static str,
+        &'static str,
+        bool,
+        &'static str,
+        &'static str,
+        bool,
+        bool,
+        Opset,
+    );
+    let grus: Vec<G> = vec![
+        (
+            "forward, output_sequence, sigmoid / tanh, bias",
+            "forward",
+            true,
+            "sigmoid",
+            "tanh",
+            true,
+            false,
+            I15,
+        ),
+        (
+            "reverse, last step, tanh / sigmoid, no bias",
+            "reverse",
+            false,
+            "tanh",
+            "sigmoid",
+            false,
+            false,
+            I15,
+        ),
+        (
+            "iOS18 reset_after with input_bias, output_sequence",
+            "forward",
+            true,
+            "sigmoid",
+            "tanh",
+            true,
+            true,
+            I18,
+        ),
+    ];
+    for (what, dir, seq, rec, act, has_bias, reset_after, from) in grus {
+        v.extend(rec_cases("gru", what, from, move |p| {
+            let (x, xv) = p.xs("x", &[s, b, isz]);
+            let (h0, h0v) = p.xs("h0", &[b, hsz]);
+            let wi = p.rand(3 * hsz * isz, -0.7, 0.7);
+            let wh = p.rand(3 * hsz * hsz, -0.7, 0.7);
+            let bias = if has_bias {
+                p.rand(3 * hsz, -0.5, 0.5)
+            } else {
+                vec![0.0; 3 * hsz]
+            };
+            let ibias = if reset_after {
+                p.rand(3 * hsz, -0.5, 0.5)
+            } else {
+                vec![0.0; 3 * hsz]
+            };
+            let mut ins = vec![
+                ("x", In::V(x)),
+                ("initial_h", In::V(h0)),
+                ("weight_ih", p.cf(&[3 * hsz, isz], &wi)),
+                ("weight_hh", p.cf(&[3 * hsz, hsz], &wh)),
+                ("direction", cstr(dir)),
+                ("output_sequence", cb(seq)),
+                ("recurrent_activation", cstr(rec)),
+                ("activation", cstr(act)),
+            ];
+            if has_bias {
+                ins.push(("bias", p.cf(&[3 * hsz], &bias)));
+            }
+            if reset_after {
+                ins.push(("reset_after", cb(true)));
+                ins.push(("input_bias", p.cf(&[3 * hsz], &ibias)));
+            }
+            let outs = p.ops("gru", ins)?;
+            let cell = |x: &[f64], h: &[f64], _: &[f64]| {
+                let gx = |g: usize| mv(&wi, g * hsz, hsz, x);
+                let gh = |g: usize, v: &[f64]| mv(&wh, g * hsz, hsz, v);
+                let (xr, xo, xz) = (gx(0), gx(1), gx(2));
+                let (hr, hz) = (gh(0, h), gh(2, h));
+                let r: Vec<f64> = (0..hsz)
+                    .map(|k| act_ref(rec, xr[k] + ibias[k] + hr[k] + bias[k]))
+                    .collect();
+                let z: Vec<f64> = (0..hsz)
+                    .map(|k| act_ref(rec, xz[k] + ibias[2 * hsz + k] + hz[k] + bias[2 * hsz + k]))
+                    .collect();
+                let o: Vec<f64> = if reset_after {
+                    let ho = gh(1, h);
+                    (0..hsz)
+                        .map(|k| {
+                            act_ref(act, xo[k] + ibias[hsz + k] + r[k] * (ho[k] + bias[hsz + k]))
+                        })
+                        .collect()
+                } else {
+                    let rh: Vec<f64> = (0..hsz).map(|k| h[k] * r[k]).collect();
+                    let ho = gh(1, &rh);
+                    (0..hsz)
+                        .map(|k| act_ref(act, xo[k] + ibias[hsz + k] + ho[k] + bias[hsz + k]))
+                        .collect()
+                };
+                (
+                    (0..hsz)
+                        .map(|k| (1.0 - z[k]) * o[k] + z[k] * h[k])
+                        .collect(),
+                    vec![0.0; hsz],
+                )
+            };
+            let h0s = split_rows(&h0v, hsz);
+            let run = run_cell(&xv, (s, b, isz), &h0s, &h0s, dir == "reverse", &cell);
+            want_rec(
+                p,
+                &outs,
+                &[run],
+                seq,
+                (s, b),
+                false,
+                false,
+                (isz + hsz) as f64,
+            )
+        }));
+    }
+    // lstm: gates [i, f, o, z], peephole [i, f, o] (o reads the new cell), cell clipped.
+    type L = (&'static str, &'static str, bool, &'static str, Option<f64>);
+    let lstms: Vec<L> = vec![
+        (
+            "forward, output_sequence, peephole, clip 0.6",
+            "forward",
+            true,
+            "sigmoid",
+            Some(0.6),
+        ),
+        (
+            "reverse, last step, hard_sigmoid gates",
+            "reverse",
+            false,
+            "hard_sigmoid",
+            None,
+        ),
+        (
+            "bidirectional, output_sequence",
+            "bidirectional",
+            true,
+            "sigmoid",
+            None,
+        ),
+        (
+            "bidirectional, last step, clip 0.5",
+            "bidirectional",
+            false,
+            "sigmoid",
+            Some(0.5),
+        ),
+    ];
+    for (what, dir, seq, rec, clip) in lstms {
+        v.extend(rec_cases("lstm", what, I15, move |p| {
+            let nd = if dir == "bidirectional" { 2 } else { 1 };
+            let (x, xv) = p.xs("x", &[s, b, isz]);
+            let (h0, h0v) = p.xs("h0", &[b, nd * hsz]);
+            let (c0, c0v) = p.xs("c0", &[b, nd * hsz]);
+            let mut ins = vec![
+                ("x", In::V(x)),
+                ("initial_h", In::V(h0)),
+                ("initial_c", In::V(c0)),
+                ("direction", cstr(dir)),
+                ("output_sequence", cb(seq)),
+                ("recurrent_activation", cstr(rec)),
+            ];
+            if let Some(c) = clip {
+                ins.push(("clip", p.cs(c)));
+            }
+            let mut params = vec![];
+            for (di, suffix) in ["", "_back"].iter().take(nd).enumerate() {
+                let wi = p.rand(4 * hsz * isz, -0.7, 0.7);
+                let wh = p.rand(4 * hsz * hsz, -0.7, 0.7);
+                let bias = p.rand(4 * hsz, -0.5, 0.5);
+                let peep = p.rand(3 * hsz, -0.5, 0.5);
+                let names: [&'static str; 4] = if di == 0 {
+                    ["weight_ih", "weight_hh", "bias", "peephole"]
+                } else {
+                    [
+                        "weight_ih_back",
+                        "weight_hh_back",
+                        "bias_back",
+                        "peephole_back",
+                    ]
+                };
+                let _ = suffix;
+                ins.push((names[0], p.cf(&[4 * hsz, isz], &wi)));
+                ins.push((names[1], p.cf(&[4 * hsz, hsz], &wh)));
+                ins.push((names[2], p.cf(&[4 * hsz], &bias)));
+                ins.push((names[3], p.cf(&[3 * hsz], &peep)));
+                params.push((wi, wh, bias, peep));
+            }
+            let outs = p.ops("lstm", ins)?;
+            let clip_v = clip.map(|c| p.r(c));
+            let mut runs = vec![];
+            for (di, (wi, wh, bias, peep)) in params.iter().enumerate() {
+                let cell = |x: &[f64], h: &[f64], c: &[f64]| {
+                    let pre = |g: usize| -> Vec<f64> {
+                        let (a, r) = (mv(wi, g * hsz, hsz, x), mv(wh, g * hsz, hsz, h));
+                        (0..hsz).map(|k| a[k] + r[k] + bias[g * hsz + k]).collect()
+                    };
+                    let (pi, pf, po, pz) = (pre(0), pre(1), pre(2), pre(3));
+                    let (mut nh, mut nc) = (vec![0.0; hsz], vec![0.0; hsz]);
+                    for k in 0..hsz {
+                        let i = act_ref(rec, pi[k] + c[k] * peep[k]);
+                        let f = act_ref(rec, pf[k] + c[k] * peep[hsz + k]);
+                        let z = pz[k].tanh();
+                        let mut cc = f * c[k] + i * z;
+                        if let Some(t) = clip_v {
+                            cc = cc.max(-t).min(t);
+                        }
+                        let o = act_ref(rec, po[k] + cc * peep[2 * hsz + k]);
+                        nh[k] = o * cc.tanh();
+                        nc[k] = cc;
+                    }
+                    (nh, nc)
+                };
+                let rows = |v: &[f64]| -> Vec<Vec<f64>> {
+                    (0..b)
+                        .map(|bi| v[(bi * nd + di) * hsz..(bi * nd + di + 1) * hsz].to_vec())
+                        .collect()
+                };
+                let rev = dir == "reverse" || di == 1;
+                runs.push(run_cell(
+                    &xv,
+                    (s, b, isz),
+                    &rows(&h0v),
+                    &rows(&c0v),
+                    rev,
+                    &cell,
+                ));
+            }
+            want_rec(
+                p,
+                &outs,
+                &runs,
+                seq,
+                (s, b),
+                nd == 2,
+                true,
+                (isz + hsz) as f64,
+            )
+        }));
+    }
+    v
+}
+
+/// The input coordinate output index `i` of `out` samples in `resize_bilinear`'s sampling
+/// `mode`, as coremltools' docstring states it.
+fn grid_ref(mode: &str, i: usize, xin: usize, xout: usize) -> f64 {
+    let (i, xin, xout) = (i as f64, xin as f64, xout as f64);
+    let g = match mode {
+        "STRICT_ALIGN_CORNERS" if xout == 1.0 => 0.0,
+        "ALIGN_CORNERS" if xout == 1.0 => (xin - 1.0) / 2.0,
+        "STRICT_ALIGN_CORNERS" | "ALIGN_CORNERS" => i * (xin - 1.0) / (xout - 1.0),
+        "DEFAULT" => i * (xin - xin / xout) / (xout - 1.0).max(1.0),
+        "OFFSET_CORNERS" => {
+            let delta = (xin - 1.0).max(1.0) / xout;
+            0.5 * delta + i * ((xout - 1.0) * delta) / (xout - 1.0).max(1.0)
+        }
+        "UNALIGN_CORNERS" => i * xin / xout + 0.5 * xin / xout - 0.5,
+        m => panic!("mode {m}"),
+    };
+    g.max(0.0).min(xin - 1.0)
+}
+
+/// Bilinear resampling of the last two axes of `x` (shape `s`) to `oh × ow`.
+fn bilinear_ref(x: &[f64], s: &[usize], oh: usize, ow: usize, mode: &str) -> Vec<f64> {
+    let r = s.len();
+    let (h, w) = (s[r - 2], s[r - 1]);
+    let planes = numel(&s[..r - 2]);
+    let mut out = vec![];
+    for pl in 0..planes {
+        let at = |a: usize, b: usize| x[(pl * h + a) * w + b];
+        for i in 0..oh {
+            let gy = grid_ref(mode, i, h, oh);
+            let (y0, fy) = (gy.floor() as usize, gy - gy.floor());
+            let y1 = (y0 + 1).min(h - 1);
+            for j in 0..ow {
+                let gx = grid_ref(mode, j, w, ow);
+                let (x0, fx) = (gx.floor() as usize, gx - gx.floor());
+                let x1 = (x0 + 1).min(w - 1);
+                out.push(
+                    (1.0 - fy) * (1.0 - fx) * at(y0, x0)
+                        + (1.0 - fy) * fx * at(y0, x1)
+                        + fy * (1.0 - fx) * at(y1, x0)
+                        + fy * fx * at(y1, x1),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Nearest-neighbour resampling of the last two axes with input index `pick(i, in, out)`.
+fn nearest_ref(
+    x: &[f64],
+    s: &[usize],
+    oh: usize,
+    ow: usize,
+    pick: &dyn Fn(usize, usize, usize) -> usize,
+) -> Vec<f64> {
+    let r = s.len();
+    let (h, w) = (s[r - 2], s[r - 1]);
+    let mut out = vec![];
+    for pl in 0..numel(&s[..r - 2]) {
+        for i in 0..oh {
+            for j in 0..ow {
+                out.push(x[(pl * h + pick(i, h, oh)) * w + pick(j, w, ow)]);
+            }
+        }
+    }
+    out
+}
+
+fn resize_cases() -> Vec<Case> {
+    let mut v = vec![];
+    // coremltools' docstring lists the grid points of Xin = 2 ([0, 1]) for Xout = 5 and 6
+    // in each sampling mode (two decimals): resizing [0, 1] samples exactly them.
+    let documented: Vec<(&str, usize, Vec<f64>)> = vec![
+        ("UNALIGN_CORNERS", 5, vec![0., 0.1, 0.5, 0.9, 1.]),
+        ("STRICT_ALIGN_CORNERS", 5, vec![0., 0.25, 0.5, 0.75, 1.]),
+        ("ALIGN_CORNERS", 5, vec![0., 0.25, 0.5, 0.75, 1.]),
+        ("DEFAULT", 5, vec![0., 0.4, 0.8, 1., 1.]),
+        ("OFFSET_CORNERS", 5, vec![0.1, 0.3, 0.5, 0.7, 0.9]),
+        ("UNALIGN_CORNERS", 6, vec![0., 0., 0.33, 0.67, 1., 1.]),
+        ("STRICT_ALIGN_CORNERS", 6, vec![0., 0.2, 0.4, 0.6, 0.8, 1.]),
+        ("DEFAULT", 6, vec![0., 0.33, 0.67, 1., 1., 1.]),
+        (
+            "OFFSET_CORNERS",
+            6,
+            vec![0.08, 0.25, 0.42, 0.58, 0.75, 0.92],
+        ),
+    ];
+    for (mode, n, want) in documented {
+        v.push(case(
+            "resize_bilinear",
+            &format!("[0, 1] to {n} in {mode}: coremltools' documented grid"),
+            &[I15],
+            &[F32],
+            move |p| {
+                let x = p.input_of("x", F32, &[1, 1, 2], &[0.0, 1.0]);
+                let ins = vec![
+                    ("x", In::V(x)),
+                    ("target_size_height", ci0(1)),
+                    ("target_size_width", ci0(n as i32)),
+                    ("sampling_mode", cstr(mode)),
+                ];
+                let y = p.op("resize_bilinear", ins)?;
+                // Two decimals: atol 1e-5 · 500.
+                p.want(&y, &[1, 1, n], want.clone(), Cmp::Float(500.0))
+            },
+        ));
+    }
+    for mode in [
+        "STRICT_ALIGN_CORNERS",
+        "ALIGN_CORNERS",
+        "DEFAULT",
+        "OFFSET_CORNERS",
+        "UNALIGN_CORNERS",
+    ] {
+        v.push(case(
+            "resize_bilinear",
+            &format!("[2, 3, 4, 5] to 7 x 3, {mode}"),
+            &versions("resize_bilinear"),
+            FP,
+            move |p| {
+                let s = [2, 3, 4, 5];
+                let (x, xv) = p.xs("x", &s);
+                let ins = vec![
+                    ("x", In::V(x)),
+                    ("target_size_height", ci0(7)),
+                    ("target_size_width", ci0(3)),
+                    ("sampling_mode", cstr(mode)),
+                ];
+                let y = p.op("resize_bilinear", ins)?;
+                p.want(&y, &[2, 3, 7, 3], bilinear_ref(&xv, &s, 7, 3, mode), CLOSE)
+            },
+        ));
+    }
+    // upsample_bilinear: align_corners → STRICT_ALIGN_CORNERS, else the half-pixel
+    // (UNALIGN_CORNERS) grid; iOS16's half_pixel_centers = false without align → DEFAULT.
+    type Up = (
+        &'static str,
+        Vec<Opset>,
+        Option<bool>,
+        Option<bool>,
+        &'static str,
+    );
+    let ups: Vec<Up> = vec![
+        (
+            "align_corners default (true)",
+            versions("upsample_bilinear"),
+            None,
+            None,
+            "STRICT_ALIGN_CORNERS",
+        ),
+        (
+            "align_corners false",
+            versions("upsample_bilinear"),
+            Some(false),
+            None,
+            "UNALIGN_CORNERS",
+        ),
+        (
+            "align_corners false, half_pixel_centers false",
+            vec![I16],
+            Some(false),
+            Some(false),
+            "DEFAULT",
+        ),
+    ];
+    for (what, opsets, align, half, mode) in ups {
+        v.push(case("upsample_bilinear", what, &opsets, FP, move |p| {
+            let s = [1, 2, 3, 4];
+            let (x, xv) = p.xs("x", &s);
+            let mut ins = vec![
+                ("x", In::V(x)),
+                ("scale_factor_height", In::C(Value::f32_scalar(2.0))),
+                ("scale_factor_width", In::C(Value::f32_scalar(3.0))),
+            ];
+            if let Some(a) = align {
+                ins.push(("align_corners", cb(a)));
+            }
+            if let Some(h) = half {
+                ins.push(("half_pixel_centers", cb(h)));
+            }
+            let y = p.op("upsample_bilinear", ins)?;
+            p.want(
+                &y,
+                &[1, 2, 6, 12],
+                bilinear_ref(&xv, &s, 6, 12, mode),
+                CLOSE,
+            )
+        }));
+    }
+    v.push(case(
+        "upsample_nearest_neighbor",
+        "scale 2 x 1.5: input index floor(i / scale)",
+        &versions("upsample_nearest_neighbor"),
+        FP,
+        |p| {
+            let s = [2, 1, 3, 4];
+            let (x, xv) = p.xs("x", &s);
+            let ins = vec![
+                ("x", In::V(x)),
+                ("scale_factor_height", In::C(Value::f32_scalar(2.0))),
+                ("scale_factor_width", In::C(Value::f32_scalar(1.5))),
+            ];
+            let y = p.op("upsample_nearest_neighbor", ins)?;
+            // The scales are exactly out / in here (2 = 6 / 3, 1.5 = 6 / 4).
+            let w = nearest_ref(&xv, &s, 6, 6, &|i, h, o| {
+                ((i as f64 / (o as f64 / h as f64)).floor() as usize).min(h - 1)
+            });
+            p.want(&y, &[2, 1, 6, 6], w, Cmp::Exact)
+        },
+    ));
+    v.push(case(
+        "resize_nearest_neighbor",
+        "[1, 2, 5, 4] to 3 x 7: input index floor(i · in / out)",
+        &versions("resize_nearest_neighbor"),
+        FP,
+        |p| {
+            let s = [1, 2, 5, 4];
+            let (x, xv) = p.xs("x", &s);
+            let ins = vec![
+                ("x", In::V(x)),
+                ("target_size_height", ci0(3)),
+                ("target_size_width", ci0(7)),
+            ];
+            let y = p.op("resize_nearest_neighbor", ins)?;
+            let w = nearest_ref(&xv, &s, 3, 7, &|i, h, o| (i * h / o).min(h - 1));
+            p.want(&y, &[1, 2, 3, 7], w, Cmp::Exact)
+        },
+    ));
+    v.push(case(
+        "resize",
+        "LINEAR, the last 2 of shape [9, 6, 0] (0 keeps x's length), ALIGN_CORNERS",
+        &versions("resize"),
+        FP,
+        |p| {
+            let s = [2, 3, 4, 5];
+            let (x, xv) = p.xs("x", &s);
+            let ins = vec![
+                ("x", In::V(x)),
+                ("shape", ci(&[9, 6, 0])),
+                (
+                    "resized_dims",
+                    In::C(Value::Tensor(ITensor::new(
+                        DType::U32,
+                        vec![],
+                        milkit::ir::Bytes::from_vec(2u32.to_le_bytes().to_vec()),
+                    )?)),
+                ),
+                ("interpolation_mode", cstr("LINEAR")),
+                ("sampling_mode", cstr("ALIGN_CORNERS")),
+            ];
+            let y = p.op("resize", ins)?;
+            p.want(
+                &y,
+                &[2, 3, 6, 5],
+                bilinear_ref(&xv, &s, 6, 5, "ALIGN_CORNERS"),
+                CLOSE,
+            )
+        },
+    ));
+    v.push(case(
+        "resize",
+        "NEAREST_NEIGHBOR, DEFAULT, a computed shape, int32 x",
+        &versions("resize"),
+        &[I32],
+        |p| {
+            let s = [1, 2, 3];
+            let xv: Vec<f64> = (0..6).map(|i| (i * 7 % 11) as f64 - 5.0).collect();
+            let x = p.input_of("x", I32, &s, &xv);
+            let sh = p.input_of("shape", I32, &[2], &[4.0, 5.0]);
+            let ins = vec![
+                ("x", In::V(x)),
+                ("shape", In::V(sh)),
+                (
+                    "resized_dims",
+                    In::C(Value::Tensor(ITensor::new(
+                        DType::U32,
+                        vec![],
+                        milkit::ir::Bytes::from_vec(2u32.to_le_bytes().to_vec()),
+                    )?)),
+                ),
+                ("interpolation_mode", cstr("NEAREST_NEIGHBOR")),
+            ];
+            let y = p.op("resize", ins)?;
+            let w = nearest_ref(&xv, &s, 4, 5, &|i, h, o| (i * h / o).min(h - 1));
+            p.want(&y, &[1, 4, 5], w, Cmp::Exact)
+        },
+    ));
+    v.push(case(
+        "crop",
+        "[2, 3, 6, 7] cropped [1, 2] x [0, 3]",
+        &versions("crop"),
+        FP,
+        |p| {
+            let s = [2, 3, 6, 7];
+            let (x, xv) = p.xs("x", &s);
+            let ins = vec![
+                ("x", In::V(x)),
+                ("crop_height", ci(&[1, 2])),
+                ("crop_width", ci(&[0, 3])),
+            ];
+            let y = p.op("crop", ins)?;
+            let mut w = vec![];
+            for pl in 0..6 {
+                for i in 1..4 {
+                    for j in 0..4 {
+                        w.push(xv[(pl * 6 + i) * 7 + j]);
+                    }
+                }
+            }
+            p.want(&y, &[2, 3, 3, 4], w, Cmp::Exact)
+        },
+    ));
+    v
+}
+
+// ---------------------------------------------------------------------------------------
 // The tests.
 
 #[test]
@@ -3444,4 +5054,455 @@ fn an_op_the_interpreter_lacks_or_a_newer_opset_has_is_named_with_the_opset() {
             assert!(e.contains(n), "{e}");
         }
     }
+}
+
+/// Runs tests/coremltools_nn_ops.py (coremltools' own MIL builder) into a temp dir; None
+/// (skipped) without a coremltools python unless MILKIT_REQUIRE_FIXTURES=1.
+fn coremltools_made() -> Option<tempfile::TempDir> {
+    let py = common::python()?;
+    let dir = tempfile::tempdir().unwrap();
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/coremltools_nn_ops.py");
+    let out = std::process::Command::new(py)
+        .arg(script)
+        .arg(dir.path())
+        .output()
+        .expect("run tests/coremltools_nn_ops.py");
+    assert!(
+        out.status.success(),
+        "coremltools_nn_ops.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(dir)
+}
+
+fn npy(dir: &std::path::Path, name: &str) -> Vec<f64> {
+    values(&milkit::runtime::io::read_npy(&dir.join(format!("{name}.npy"))).unwrap()).unwrap()
+}
+
+/// Loads `name`.mlpackage, feeds `x` (f32, shape `xs`) and returns the outputs.
+fn run_made(
+    dir: &std::path::Path,
+    name: &str,
+    xs: &[usize],
+    seed: u64,
+) -> (Vec<f64>, Vec<(String, Tensor)>) {
+    let mut rng = Lcg(seed);
+    let xv: Vec<f64> = (0..numel(xs))
+        .map(|_| (rng.next() as f64) as f32 as f64)
+        .collect();
+    let t = Tensor::from_vec(xv.iter().map(|&v| v as f32).collect::<Vec<_>>(), xs, &cpu()).unwrap();
+    let mut s = Session::load(&dir.join(format!("{name}.mlpackage")))
+        .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let got = s
+        .predict(&[("x", t)])
+        .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    (xv, got)
+}
+
+#[test]
+fn coremltools_made_conv_transpose_and_conv_quantized_match_float64_references() {
+    let Some(dir) = coremltools_made() else {
+        return;
+    };
+    let d = dir.path();
+    for name in ["conv_transpose_ios15", "conv_transpose_ios17"] {
+        let (xv, got) = run_made(d, name, &[1, 4, 3, 4], 11);
+        let (wv, bv) = (npy(d, &format!("{name}.w")), npy(d, &format!("{name}.b")));
+        let (want, shape) = conv_transpose_ref(
+            &xv,
+            &[1, 4, 3, 4],
+            &wv,
+            &[4, 3, 3, 2],
+            Some(&bv),
+            2,
+            &[2, 1],
+            &[1, 2],
+            &[1, 0],
+            &[6, 4],
+        );
+        assert_eq!(got.len(), 1, "{name}");
+        compare(&got[0].1, &shape, &want, Cmp::Float(12.0))
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    }
+    let (xv, got) = run_made(d, "conv_quantized", &[1, 2, 4, 5], 12);
+    let (codes, sc) = (npy(d, "conv_quantized.w"), npy(d, "conv_quantized.s"));
+    let wv: Vec<f64> = codes
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| c * sc[i / 18] - 0.5)
+        .collect();
+    // W = codes · scale[channel] + quant_bias (−0.5); conv with "same" padding (1 each side).
+    let mut want = vec![0.0; 3 * 4 * 5];
+    for o in 0..3 {
+        for i in 0..4 {
+            for j in 0..5 {
+                let mut acc = 0.0;
+                for c in 0..2 {
+                    for a in 0..3 {
+                        for b in 0..3 {
+                            let (yy, xx) = (i as i64 + a as i64 - 1, j as i64 + b as i64 - 1);
+                            if (0..4).contains(&yy) && (0..5).contains(&xx) {
+                                acc += wv[((o * 2 + c) * 3 + a) * 3 + b]
+                                    * xv[(c * 4 + yy as usize) * 5 + xx as usize];
+                            }
+                        }
+                    }
+                }
+                want[(o * 4 + i) * 5 + j] = acc;
+            }
+        }
+    }
+    compare(&got[0].1, &[1, 3, 4, 5], &want, Cmp::Float(18.0 * 2.0)).unwrap();
+}
+
+#[test]
+fn coremltools_made_resize_family_matches_float64_references() {
+    let Some(dir) = coremltools_made() else {
+        return;
+    };
+    let s = [1, 2, 3, 4];
+    let (xv, got) = run_made(dir.path(), "resize_family", &s, 13);
+    let mut crop = vec![];
+    for pl in 0..2 {
+        for i in 1..3 {
+            crop.push(xv[(pl * 3 + i) * 4 + 1]);
+        }
+    }
+    let want: Vec<(&str, Vec<usize>, Vec<f64>, Cmp)> = vec![
+        (
+            "up_bi",
+            vec![1, 2, 6, 12],
+            bilinear_ref(&xv, &s, 6, 12, "UNALIGN_CORNERS"),
+            CLOSE,
+        ),
+        (
+            "up_nn",
+            vec![1, 2, 6, 8],
+            nearest_ref(&xv, &s, 6, 8, &|i, _, _| i / 2),
+            Cmp::Exact,
+        ),
+        (
+            "rs_bi",
+            vec![1, 2, 5, 7],
+            bilinear_ref(&xv, &s, 5, 7, "ALIGN_CORNERS"),
+            CLOSE,
+        ),
+        (
+            "rs_nn",
+            vec![1, 2, 2, 6],
+            nearest_ref(&xv, &s, 2, 6, &|i, h, o| i * h / o),
+            Cmp::Exact,
+        ),
+        ("crop", vec![1, 2, 2, 1], crop, Cmp::Exact),
+        (
+            "resize",
+            vec![1, 2, 6, 3],
+            bilinear_ref(&xv, &s, 6, 3, "UNALIGN_CORNERS"),
+            CLOSE,
+        ),
+    ];
+    assert_eq!(got.len(), want.len());
+    for ((n, t), (wn, shape, w, cmp)) in got.iter().zip(&want) {
+        assert_eq!(n, wn);
+        compare(t, shape, w, *cmp).unwrap_or_else(|e| panic!("{n}: {e:#}"));
+    }
+}
+
+/// Loads `name`.mlpackage and runs it on the given f32 inputs.
+fn run_made_on(
+    dir: &std::path::Path,
+    name: &str,
+    feeds: &[(&str, &[usize], &[f64])],
+) -> Vec<(String, Tensor)> {
+    let mut s = Session::load(&dir.join(format!("{name}.mlpackage")))
+        .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let ts: Vec<(&str, Tensor)> = feeds
+        .iter()
+        .map(|(n, sh, v)| {
+            let f: Vec<f32> = v.iter().map(|&e| e as f32).collect();
+            (*n, Tensor::from_vec(f, *sh, &cpu()).unwrap())
+        })
+        .collect();
+    s.predict(&ts).unwrap_or_else(|e| panic!("{name}: {e:#}"))
+}
+
+fn lcg_vals(seed: u64, n: usize) -> Vec<f64> {
+    let mut r = Lcg(seed);
+    (0..n).map(|_| r.next() as f64).collect()
+}
+
+#[test]
+fn coremltools_made_rnn_gru_lstm_and_nms_match_float64_references() {
+    let Some(dir) = coremltools_made() else {
+        return;
+    };
+    let d = dir.path();
+    let (s, b, isz, hsz) = (4, 2, 3, 5);
+    let xv = lcg_vals(21, s * b * isz);
+    let h0 = lcg_vals(22, b * hsz);
+    let hb = lcg_vals(23, b * 2 * hsz);
+    let cb = lcg_vals(24, b * 2 * hsz);
+    let got = run_made_on(
+        d,
+        "recurrent",
+        &[
+            ("x", &[s, b, isz], &xv),
+            ("h0", &[b, hsz], &h0),
+            ("hb", &[b, 2 * hsz], &hb),
+            ("cb", &[b, 2 * hsz], &cb),
+        ],
+    );
+    let w = |n: &str| npy(d, &format!("recurrent.{n}"));
+    let h0s = split_rows(&h0, hsz);
+    // rnn, reverse: outputs in processing order.
+    let (wi, wh, bias) = (w("rnn_wi"), w("rnn_wh"), w("rnn_b"));
+    let rnn = |x: &[f64], h: &[f64], _: &[f64]| {
+        let (a, c) = (mv(&wi, 0, hsz, x), mv(&wh, 0, hsz, h));
+        let h: Vec<f64> = (0..hsz).map(|k| (a[k] + c[k] + bias[k]).tanh()).collect();
+        (h, vec![0.0; hsz])
+    };
+    let run_rnn = run_cell(&xv, (s, b, isz), &h0s, &h0s, true, &rnn);
+    // gru [r, o, z], reset before R_o.
+    let (gwi, gwh, gb) = (w("gru_wi"), w("gru_wh"), w("gru_b"));
+    let gru = |x: &[f64], h: &[f64], _: &[f64]| {
+        let (gx, gh) = (mv(&gwi, 0, 3 * hsz, x), mv(&gwh, 0, 3 * hsz, h));
+        let r: Vec<f64> = (0..hsz).map(|k| sigmoid(gx[k] + gh[k] + gb[k])).collect();
+        let z: Vec<f64> = (0..hsz)
+            .map(|k| sigmoid(gx[2 * hsz + k] + gh[2 * hsz + k] + gb[2 * hsz + k]))
+            .collect();
+        let rh: Vec<f64> = (0..hsz).map(|k| r[k] * h[k]).collect();
+        let ho = mv(&gwh, hsz, hsz, &rh);
+        let h: Vec<f64> = (0..hsz)
+            .map(|k| {
+                let o = (gx[hsz + k] + ho[k] + gb[hsz + k]).tanh();
+                (1.0 - z[k]) * o + z[k] * h[k]
+            })
+            .collect();
+        (h, vec![0.0; hsz])
+    };
+    let run_gru = run_cell(&xv, (s, b, isz), &h0s, &h0s, false, &gru);
+    // lstm, bidirectional, peephole, clip 0.7.
+    let mut lstm_runs = vec![];
+    for (di, sfx) in ["", "b"].iter().enumerate() {
+        let (wi, wh, bias, peep) = (
+            w(&format!("lstm_wi{sfx}")),
+            w(&format!("lstm_wh{sfx}")),
+            w(&format!("lstm_b{sfx}")),
+            w(&format!("lstm_p{sfx}")),
+        );
+        let cell = |x: &[f64], h: &[f64], c: &[f64]| {
+            let (gx, gh) = (mv(&wi, 0, 4 * hsz, x), mv(&wh, 0, 4 * hsz, h));
+            let pre = |g: usize, k: usize| gx[g * hsz + k] + gh[g * hsz + k] + bias[g * hsz + k];
+            let (mut nh, mut nc) = (vec![0.0; hsz], vec![0.0; hsz]);
+            for k in 0..hsz {
+                let i = sigmoid(pre(0, k) + c[k] * peep[k]);
+                let f = sigmoid(pre(1, k) + c[k] * peep[hsz + k]);
+                let cc = (f * c[k] + i * pre(3, k).tanh()).clamp(-0.7, 0.7);
+                let o = sigmoid(pre(2, k) + cc * peep[2 * hsz + k]);
+                nh[k] = o * cc.tanh();
+                nc[k] = cc;
+            }
+            (nh, nc)
+        };
+        let rows = |v: &[f64]| -> Vec<Vec<f64>> {
+            (0..b)
+                .map(|bi| v[(bi * 2 + di) * hsz..(bi * 2 + di + 1) * hsz].to_vec())
+                .collect()
+        };
+        lstm_runs.push(run_cell(
+            &xv,
+            (s, b, isz),
+            &rows(&hb),
+            &rows(&cb),
+            di == 1,
+            &cell,
+        ));
+    }
+    // The expectations, through the conformance harness's layout helper.
+    let mut p = Prog::new(I17, F32, 0);
+    let vs: Vec<V> = (0..7)
+        .map(|i| p.input_of(&format!("o{i}"), F32, &[1], &[0.0]))
+        .collect();
+    want_rec(
+        &mut p,
+        &vs[0..2],
+        &[run_rnn],
+        true,
+        (s, b),
+        false,
+        false,
+        8.0,
+    )
+    .unwrap();
+    want_rec(
+        &mut p,
+        &vs[2..4],
+        &[run_gru],
+        true,
+        (s, b),
+        false,
+        false,
+        8.0,
+    )
+    .unwrap();
+    want_rec(&mut p, &vs[4..7], &lstm_runs, true, (s, b), true, true, 8.0).unwrap();
+    assert_eq!(got.len(), 7);
+    for ((n, t), (_, shape, want, cmp)) in got.iter().zip(&p.outs) {
+        compare(t, shape, want, *cmp).unwrap_or_else(|e| panic!("{n}: {e:#}"));
+    }
+
+    // non_maximum_suppression, iOS15, per class: centres in [-1, 1), sizes in [0.5, 1.5).
+    let raw = lcg_vals(25, 8 * 4);
+    let boxes: Vec<[f64; 4]> = raw
+        .chunks(4)
+        .map(|c| [c[0], c[1], c[2].abs() + 0.5, c[3].abs() + 0.5])
+        .map(|bx| bx.map(|e| e as f32 as f64))
+        .collect();
+    let scores: Vec<Vec<f64>> = lcg_vals(26, 8 * 2)
+        .chunks(2)
+        .map(|c| c.iter().map(|e| (e.abs() as f32) as f64).collect())
+        .collect();
+    let bflat: Vec<f64> = boxes.iter().flatten().copied().collect();
+    let sflat: Vec<f64> = scores.iter().flatten().copied().collect();
+    let got = run_made_on(
+        d,
+        "nms",
+        &[
+            ("boxes", &[1, 8, 4], &bflat),
+            ("scores", &[1, 8, 2], &sflat),
+        ],
+    );
+    let ids = nms_ref(&boxes, &scores, 0.2f32 as f64, 0.1f32 as f64, 5, true);
+    let mut ob = vec![0.0; 5 * 4];
+    let mut os = vec![0.0; 5 * 2];
+    let mut oi = vec![-1.0; 5];
+    for (slot, &i) in ids.iter().enumerate() {
+        ob[slot * 4..slot * 4 + 4].copy_from_slice(&boxes[i]);
+        os[slot * 2..slot * 2 + 2].copy_from_slice(&scores[i]);
+        oi[slot] = i as f64;
+    }
+    let want: [(&[usize], Vec<f64>); 4] = [
+        (&[1, 5, 4], ob),
+        (&[1, 5, 2], os),
+        (&[1, 5], oi),
+        (&[1], vec![ids.len() as f64]),
+    ];
+    assert_eq!(got.len(), 4);
+    for ((n, t), (shape, w)) in got.iter().zip(&want) {
+        compare(t, shape, w, Cmp::Exact).unwrap_or_else(|e| panic!("{n}: {e:#}"));
+    }
+    assert!(ids.len() >= 2, "the case keeps several boxes: {ids:?}");
+}
+
+#[test]
+fn coremltools_made_resample_affine_and_crop_resize_match_float64_references() {
+    let Some(dir) = coremltools_made() else {
+        return;
+    };
+    let d = dir.path();
+    let (b, c, h, w) = (2, 2, 4, 5);
+    let xv = lcg_vals(31, b * c * h * w);
+    // Coordinates in [-0.25, 1.25): some outside the image (border padding).
+    let cv: Vec<f64> = lcg_vals(32, b * 3 * 6 * 2)
+        .iter()
+        .map(|e| (e * 0.75 + 0.5) as f32 as f64)
+        .collect();
+    let got = run_made_on(
+        d,
+        "sampling",
+        &[("x", &[b, c, h, w], &xv), ("coords", &[b, 3, 6, 2], &cv)],
+    );
+    assert_eq!(got.len(), 3);
+    let plane = |bi: usize, ci: usize| &xv[(bi * c + ci) * h * w..(bi * c + ci + 1) * h * w];
+    let mut resample = vec![];
+    for bi in 0..b {
+        for ci in 0..c {
+            for q in 0..18 {
+                let at = (bi * 18 + q) * 2;
+                resample.push(sample_ref(
+                    plane(bi, ci),
+                    (h, w),
+                    (cv[at], cv[at + 1]),
+                    "normalized_zero_to_one",
+                    true,
+                    false,
+                    "border",
+                    0.0,
+                ));
+            }
+        }
+    }
+    let t = npy(d, "sampling.aff");
+    let mut affine = vec![];
+    for bi in 0..b {
+        for ci in 0..c {
+            for i in 0..3 {
+                for j in 0..6 {
+                    let (xn, yn) = (2.0 * j as f64 / 5.0 - 1.0, 2.0 * i as f64 / 2.0 - 1.0);
+                    let pt = (t[0] * xn + t[1] * yn + t[2], t[3] * xn + t[4] * yn + t[5]);
+                    affine.push(sample_ref(
+                        plane(bi, ci),
+                        (h, w),
+                        pt,
+                        "normalized_minus_one_to_one",
+                        true,
+                        false,
+                        "constant",
+                        0.0,
+                    ));
+                }
+            }
+        }
+    }
+    let boxes = npy(d, "sampling.boxes");
+    let mut crop = vec![];
+    for (k, img) in [1usize, 0].iter().enumerate() {
+        let bx = [
+            boxes[k * 4],
+            boxes[k * 4 + 1],
+            boxes[k * 4 + 2],
+            boxes[k * 4 + 3],
+        ];
+        for ci in 0..c {
+            crop.extend(crop_and_resize_ref(
+                plane(*img, ci),
+                (h, w),
+                bx,
+                (3, 4),
+                true,
+                0.5,
+            ));
+        }
+    }
+    let want: [(&[usize], Vec<f64>); 3] = [
+        (&[b, c, 3, 6], resample),
+        (&[b, c, 3, 6], affine),
+        (&[2, c, 3, 4], crop),
+    ];
+    for ((n, t), (shape, w)) in got.iter().zip(&want) {
+        compare(t, shape, w, CLOSE).unwrap_or_else(|e| panic!("{n}: {e:#}"));
+    }
+}
+
+#[test]
+fn crop_resize_refuses_a_sampling_mode_coremltools_leaves_undefined_naming_it() {
+    let mut p = Prog::new(I17, F32, 1);
+    let (x, _) = p.xs("x", &[1, 1, 3, 3]);
+    let bx = p.input_of("boxes", F32, &[1, 4], &[0.0, 0.0, 2.0, 2.0]);
+    let e = p
+        .op(
+            "crop_resize",
+            vec![
+                ("x", In::V(x)),
+                ("boxes", In::V(bx)),
+                ("sampling_mode", cstr("OFFSET_CORNERS")),
+            ],
+        )
+        .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("crop_resize") && e.contains("OFFSET_CORNERS"),
+        "{e}"
+    );
 }

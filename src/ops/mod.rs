@@ -8,16 +8,21 @@ mod attention;
 pub mod builder;
 mod compression;
 mod control;
+mod deconv;
 mod elementwise;
 pub mod eval;
 mod index;
 mod infer;
 mod list;
+mod nms;
 mod nn;
 mod pool;
 mod quant;
 pub mod random;
+mod recurrent;
 mod reduce;
+mod resample;
+mod resize;
 mod scatter;
 mod shape;
 mod sparse;
@@ -177,6 +182,11 @@ pub fn all() -> impl Iterator<Item = &'static OpDef> {
         .chain(control::DEFS)
         .chain(list::DEFS)
         .chain(random::DEFS)
+        .chain(deconv::DEFS)
+        .chain(resize::DEFS)
+        .chain(recurrent::DEFS)
+        .chain(nms::DEFS)
+        .chain(resample::DEFS)
 }
 
 /// The version of `op_type` that `opset` uses, if the op exists there.

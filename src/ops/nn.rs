@@ -374,6 +374,91 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
     out0(cx, y)
 }
 
+/// `conv_quantized` (iOS15, experimental): `conv` with a uint8 weight dequantized as
+/// `W = W_q · quant_scale + quant_bias` (`linear`; scale and bias scalars or one value per
+/// output channel). The `lut` type is refused: coremltools 9 gives it no table input.
+fn infer_conv_quantized(cx: &InferCx) -> Result<Vec<ValueType>> {
+    let w = cx.t("weight")?;
+    ensure!(
+        w.dtype == crate::ir::DType::U8,
+        "conv_quantized weight must be uint8, is {w}"
+    );
+    let qt = cx
+        .opt_str("quantization_type")?
+        .ok_or_else(|| anyhow!("conv_quantized needs `quantization_type`"))?;
+    ensure!(
+        qt == "linear",
+        "conv_quantized quantization_type `{qt}`: only `linear` is defined (coremltools 9's \
+         `lut` has no table input)"
+    );
+    let nbits = cx.opt_int("nbits")?.unwrap_or(8);
+    ensure!(
+        (1..=8).contains(&nbits),
+        "conv_quantized nbits {nbits} must be 1..8"
+    );
+    let cout = w.fixed_shape().map(|s| s[0]);
+    for p in ["quant_scale", "quant_bias"] {
+        let t = cx.t(p)?;
+        let n = t.fixed_shape().map(|s| s.iter().product::<usize>());
+        ensure!(
+            n == Some(1) || n == cout,
+            "conv_quantized `{p}` {t} must be a scalar or one value per output channel"
+        );
+    }
+    // `conv`'s checks read the weight's shape only.
+    infer_conv(cx)
+}
+
+fn eval_conv_quantized(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let x = cx.t("x")?;
+    let wq = cx.t("weight")?;
+    let dims = wq.dims().to_vec();
+    let nbits = cx.opt_int("nbits")?.unwrap_or(8);
+    let q = kernels::to_vec::<f32>(wq)?;
+    let limit = (1u32 << nbits) as f32;
+    ensure!(
+        q.iter().all(|&v| v < limit),
+        "conv_quantized `{}`: weight codes exceed {nbits} bits",
+        cx.op_name
+    );
+    let per = |n: &str| -> Result<Vec<f32>> { kernels::to_vec::<f32>(cx.t(n)?) };
+    let (scale, qbias) = (per("quant_scale")?, per("quant_bias")?);
+    let inner: usize = dims[1..].iter().product();
+    let pick = |v: &[f32], o: usize| if v.len() == 1 { v[0] } else { v[o] };
+    let w: Vec<f32> = q
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| c * pick(&scale, i / inner) + pick(&qbias, i / inner))
+        .collect();
+    let w = kernels::from_vec(w, &dims)?;
+    let nsp = x.rank().saturating_sub(2);
+    let strides = usizes(cx.opt_ints("strides")?.unwrap_or(vec![1; nsp]), "stride")?;
+    let dilations = usizes(
+        cx.opt_ints("dilations")?.unwrap_or(vec![1; nsp]),
+        "dilation",
+    )?;
+    let custom = cx.opt_ints("pad")?.unwrap_or(vec![0; 2 * nsp]);
+    let pads = conv_pads(
+        cx.opt_str("pad_type")?.unwrap_or("valid"),
+        &x.dims()[2..],
+        &dims[2..],
+        &strides,
+        &dilations,
+        &custom,
+    )?;
+    let p = kernels::ConvParams {
+        strides,
+        dilations,
+        pads,
+        groups: cx.opt_int("groups")?.unwrap_or(1).max(1) as usize,
+    };
+    let bias = cx.opt_f32("bias")?;
+    out0(
+        cx,
+        kernels::conv(&kernels::to_f32(x)?, &w, bias.as_ref(), &p)?,
+    )
+}
+
 fn eval_linear(cx: &EvalCx) -> Result<Vec<RValue>> {
     let y = match cx.packed("weight") {
         Some(p) => kernels::gemv::linear(cx.t("x")?, p)?,
@@ -493,6 +578,25 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_conv,
         eval_conv,
+    ),
+    def(
+        "conv_quantized",
+        &[
+            req("x"),
+            req("weight"),
+            opt_c("bias"),
+            req_c("quantization_type"),
+            opt_c("nbits"),
+            req_c("quant_scale"),
+            req_c("quant_bias"),
+            opt_c("strides"),
+            opt_c("pad_type"),
+            opt_c("pad"),
+            opt_c("dilations"),
+            opt_c("groups"),
+        ],
+        infer_conv_quantized,
+        eval_conv_quantized,
     ),
     def(
         "linear",
