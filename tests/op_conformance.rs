@@ -201,13 +201,11 @@ const COREML_OPS: &[(&str, &[Opset])] = &[
 ];
 
 /// Ops of [`COREML_OPS`] the interpreter does not run yet, and why.
-const MISSING: &[(&str, &str)] = &[
-    (
-        "classify",
-        "its second output is a dictionary (class label → probability), a value type \
+const MISSING: &[(&str, &str)] = &[(
+    "classify",
+    "its second output is a dictionary (class label → probability), a value type \
          milkit's IR and runtime do not have",
-    ),
-];
+)];
 
 // ---------------------------------------------------------------------------------------
 // The harness.
