@@ -775,3 +775,165 @@ fn exit_status_on_failure_is_two_and_nothing_is_written() {
     assert_eq!(o.status.code(), Some(2));
     assert!(!out.exists());
 }
+
+/// One tensor of a hand-written PyTorch checkpoint: name, storage class, storage key, storage
+/// element count, element offset and shape as the pickle declares them.
+struct PthTensor<'a> {
+    name: &'a str,
+    class: &'a str,
+    key: &'a str,
+    numel: u64,
+    offset: u64,
+    shape: &'a [u64],
+}
+
+/// The pickle (protocol 2) torch.save writes for a state dict: an OrderedDict of
+/// `torch._utils._rebuild_tensor_v2(storage, offset, shape, stride, False, OrderedDict())`,
+/// each storage a persistent id `("storage", torch.CLASS, key, "cpu", numel)`.
+fn state_dict_pickle(tensors: &[PthTensor]) -> Vec<u8> {
+    fn text(out: &mut Vec<u8>, s: &str) {
+        out.push(b'X');
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    fn int(out: &mut Vec<u8>, v: u64) {
+        if v <= i32::MAX as u64 {
+            out.push(b'J');
+            out.extend_from_slice(&(v as i32).to_le_bytes());
+        } else if v < 1 << 63 {
+            // LONG1: little-endian two's complement.
+            out.extend_from_slice(&[0x8a, 8]);
+            out.extend_from_slice(&v.to_le_bytes());
+        } else {
+            // 9 bytes, so that the top bit is clear (as Python writes it).
+            out.extend_from_slice(&[0x8a, 9]);
+            out.extend_from_slice(&v.to_le_bytes());
+            out.push(0);
+        }
+    }
+    fn ordered_dict(out: &mut Vec<u8>) {
+        out.extend_from_slice(b"ccollections\nOrderedDict\n)R");
+    }
+    let mut p = vec![0x80, 2];
+    ordered_dict(&mut p);
+    p.push(b'(');
+    for t in tensors {
+        text(&mut p, t.name);
+        p.extend_from_slice(b"ctorch._utils\n_rebuild_tensor_v2\n(");
+        p.push(b'(');
+        text(&mut p, "storage");
+        p.extend_from_slice(format!("ctorch\n{}\n", t.class).as_bytes());
+        text(&mut p, t.key);
+        text(&mut p, "cpu");
+        int(&mut p, t.numel);
+        p.extend_from_slice(b"tQ");
+        int(&mut p, t.offset);
+        p.push(b'(');
+        for &d in t.shape {
+            int(&mut p, d);
+        }
+        p.push(b't');
+        p.push(b'(');
+        let mut stride = 1u64;
+        let mut strides = Vec::new();
+        for &d in t.shape.iter().rev() {
+            // candle takes only 32-bit strides; past that the (then wrong) stride is capped.
+            strides.push(stride.min(i32::MAX as u64));
+            stride = stride.saturating_mul(d);
+        }
+        for s in strides.iter().rev() {
+            int(&mut p, *s);
+        }
+        p.push(b't');
+        p.push(0x89); // NEWFALSE
+        ordered_dict(&mut p);
+        p.extend_from_slice(b"tR");
+    }
+    p.extend_from_slice(b"u.");
+    p
+}
+
+/// A `pytorch_model.bin` zip: `archive/data.pkl` from `tensors`, and `storages` as
+/// `archive/data/KEY` entries, stored as torch.save stores them (uncompressed).
+fn raw_pth(path: &Path, tensors: &[PthTensor], storages: &[(&str, &[u8])]) {
+    use std::io::Write;
+    let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    let opts =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    z.start_file("archive/data.pkl", opts).unwrap();
+    z.write_all(&state_dict_pickle(tensors)).unwrap();
+    for (key, bytes) in storages {
+        z.start_file(format!("archive/data/{key}"), opts).unwrap();
+        z.write_all(bytes).unwrap();
+    }
+    z.start_file("archive/version", opts).unwrap();
+    z.write_all(b"3\n").unwrap();
+    z.finish().unwrap();
+}
+
+#[test]
+fn pytorch_checkpoints_whose_shapes_or_offsets_exceed_their_storage_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("pytorch_model.bin");
+    let tensor = |numel, offset, shape| PthTensor {
+        name: "model.encoder.conv1.bias",
+        class: "HalfStorage",
+        key: "0",
+        numel,
+        offset,
+        shape,
+    };
+    let open_err = |t: PthTensor| -> String {
+        raw_pth(&bin, &[t], &[("0", &[0u8; 8])]);
+        match milkit::whisper::weights::WhisperWeights::open_file(&bin) {
+            Ok(_) => panic!("a checkpoint with an impossible tensor was accepted"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    // The well-formed file (4 fp16 values in 8 bytes) opens and reads back.
+    raw_pth(
+        &bin,
+        &[tensor(4, 0, &[2, 2])],
+        &[("0", &[0, 60, 0, 188, 0, 0, 0, 64])],
+    );
+    let w = milkit::whisper::weights::WhisperWeights::open_file(&bin).unwrap();
+    let t = w.tensor_f16("model.encoder.conv1.bias").unwrap();
+    assert_eq!(t.shape, vec![2, 2]);
+    assert_eq!(t.to_f32_vec(), vec![1.0, -1.0, 0.0, 2.0]);
+    // A billion-element shape in an 8-byte storage: refused before candle allocates 2 GB.
+    let e = open_err(tensor(4, 0, &[1 << 15, 1 << 15]));
+    assert!(
+        e.contains("pytorch_model.bin")
+            && e.contains("model.encoder.conv1.bias")
+            && e.contains("archive/data/0")
+            && e.contains("holds 8 bytes"),
+        "{e}"
+    );
+    // An element count that overflows 64 bits (2^120; candle takes 32-bit dims only).
+    let e = open_err(tensor(4, 0, &[1 << 30, 1 << 30, 1 << 30, 1 << 30]));
+    assert!(
+        e.contains("model.encoder.conv1.bias") && e.contains("overflows"),
+        "{e}"
+    );
+    // An offset past the storage's end.
+    let e = open_err(tensor(4, 3, &[2]));
+    assert!(
+        e.contains("model.encoder.conv1.bias") && e.contains("byte offset 6"),
+        "{e}"
+    );
+    // A 9-byte integer, which overflows candle's pickle reader: an error, not a panic.
+    let e = open_err(tensor(u64::MAX, 0, &[2]));
+    assert!(
+        e.contains("pytorch_model.bin") && e.contains("malformed pickle"),
+        "{e}"
+    );
+    // A storage the archive does not have.
+    let e = open_err(PthTensor {
+        key: "7",
+        ..tensor(4, 0, &[2])
+    });
+    assert!(
+        e.contains("model.encoder.conv1.bias") && e.contains("archive/data/7"),
+        "{e}"
+    );
+}
