@@ -937,3 +937,85 @@ fn pytorch_checkpoints_whose_shapes_or_offsets_exceed_their_storage_are_refused(
         "{e}"
     );
 }
+
+/// `big = fill(shape, 1.0)` (fp16, shape fed at run time, so of unknown size at load), then
+/// `y = big + big`: a program whose memory only a run can count.
+fn run_time_fill_session(cap: u64) -> milkit::runtime::Session {
+    let mut b = Builder::new(Opset::Ios17);
+    let shape = b.input("shape", ValueType::tensor(DType::I32, &[2]));
+    let big = b
+        .op1(
+            "fill",
+            "big",
+            vec![
+                ("shape", In::V(shape)),
+                ("value", In::C(Value::f16_scalar(1.0))),
+            ],
+        )
+        .unwrap();
+    let y = b
+        .op1(
+            "add",
+            "y",
+            vec![("x", In::V(big.clone())), ("y", In::V(big))],
+        )
+        .unwrap();
+    let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
+    let mut program = Program::default();
+    program.functions.insert(
+        "main".into(),
+        Function {
+            inputs,
+            opset: Opset::Ios17,
+            block,
+        },
+    );
+    let m = Model {
+        spec_version: Opset::Ios17.spec_version(),
+        description: Description::default(),
+        program,
+    };
+    let opts = milkit::runtime::Options {
+        max_memory: Some(cap),
+        ..Default::default()
+    };
+    milkit::runtime::Session::from_model_with(m, &opts).unwrap()
+}
+
+#[test]
+fn values_whose_shape_is_known_only_at_run_time_count_against_the_memory_cap() {
+    let cpu = candle_core::Device::Cpu;
+    let shape = |n: i64| candle_core::Tensor::new(&[n, n], &cpu).unwrap();
+    // At load nothing is known (both values have shape [?, ?]): a 3 MiB cap loads.
+    let mut s = run_time_fill_session(3 << 20);
+    // 512 × 512 fp16: 0.5 MiB each for `big` and `y`, within the cap.
+    let out = s.predict(&[("shape", shape(512))]).unwrap();
+    assert_eq!(out[0].1.dims(), &[512, 512]);
+    let v: Vec<f32> = out[0]
+        .1
+        .to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert!(v.iter().all(|&a| a == 2.0));
+    // 1024 × 1024: `big` alone is 2 MiB and fits; `y` adds 2 MiB while `big` is live (4 MiB
+    // in all), over the cap: refused naming `y`, with the run-time sizes.
+    let e = format!("{:#}", s.predict(&[("shape", shape(1024))]).unwrap_err());
+    assert!(
+        e.contains("op `y` (add)")
+            && e.contains("run-time shape take 2.0 MiB")
+            && e.contains("the run needs 4.0 MiB")
+            && e.contains("over the memory cap of 3.0 MiB"),
+        "{e}"
+    );
+    // 2048 × 2048: `big` (8 MiB) is already over, and the error names it.
+    let e = format!("{:#}", s.predict(&[("shape", shape(2048))]).unwrap_err());
+    assert!(
+        e.contains("op `big` (fill)") && e.contains("8.0 MiB"),
+        "{e}"
+    );
+    // The session is still usable after a refused run.
+    assert!(s.predict(&[("shape", shape(256))]).is_ok());
+}

@@ -27,6 +27,60 @@ pub struct Plan {
     pub steps: Vec<Step>,
     pub outputs: Vec<(String, Src, ValueType)>,
     pub nslots: usize,
+    pub budget: Budget,
+}
+
+/// What a run checks values of run-time shape against: the cap, and what [`check_memory`]
+/// counted at load (constants and fixed-shape inputs; per step, the fixed-type values live
+/// at it). Values whose type has an unknown dimension count 0 at load; a run adds their
+/// real size as they are produced (see [`Budget::check_run`]).
+pub struct Budget {
+    pub cap: u64,
+    pub const_bytes: u64,
+    pub fixed_live: Vec<u64>,
+}
+
+impl Budget {
+    /// Checks, right after step `si` produced its values, that constants, the fixed-type
+    /// values live at it and `dynamic` bytes of live run-time-shaped values (`produced` of
+    /// them made by this step) fit the cap; the error names the op like the load check.
+    pub fn check_run(&self, st: &Step, si: usize, dynamic: u64, produced: u64) -> Result<()> {
+        let fixed = self.fixed_live.get(si).copied().unwrap_or(0);
+        let total = self
+            .const_bytes
+            .saturating_add(fixed)
+            .saturating_add(dynamic);
+        ensure!(
+            total <= self.cap,
+            "op `{}` ({}): its outputs of run-time shape take {}; with {} of constants and \
+             inputs and {} of other live values the run needs {}, over the memory cap of {} \
+             (--max-memory)",
+            st.name,
+            st.op_type,
+            show_bytes(produced),
+            show_bytes(self.const_bytes),
+            show_bytes(fixed.saturating_add(dynamic - produced)),
+            show_bytes(total),
+            show_bytes(self.cap)
+        );
+        Ok(())
+    }
+}
+
+/// Bytes a run-time value holds (a tensor's storage; string lengths; a state's tensor is
+/// the session's, counted by its fixed type).
+pub fn rvalue_bytes(v: &RValue) -> u64 {
+    match v {
+        RValue::T(t) => (t.elem_count() as u64).saturating_mul(t.dtype().size_in_bytes() as u64),
+        RValue::Str(s) => s.iter().map(|x| x.len() as u64).sum(),
+        RValue::State(_) => 0,
+    }
+}
+
+/// Whether a value of type `ty` is counted only at run time (a tensor with an unknown
+/// dimension, which [`value_bytes`] counts as 0).
+pub fn is_run_time_sized(ty: &ValueType) -> bool {
+    matches!(ty, ValueType::Tensor(t) if t.shape.iter().any(|d| matches!(d, crate::ir::Dim::Unknown)))
 }
 
 /// Builds the evaluation context of one step from the constants and the live slots.
@@ -250,7 +304,7 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
         super::blend_fusion::fuse_blends(&mut steps, &outs);
     }
     schedule_frees(&mut steps, &outputs, nslots);
-    check_memory(&steps, const_bytes, cap)?;
+    let fixed_live = check_memory(&steps, const_bytes, cap)?;
     super::pack::pack_weights(&mut consts, &steps, &outputs, &origins)?;
     drop_unused_consts(&mut consts, &steps, &outputs);
     widen_weights(&mut consts, &steps, &outputs)?;
@@ -261,6 +315,11 @@ pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
         steps,
         outputs,
         nslots,
+        budget: Budget {
+            cap,
+            const_bytes,
+            fixed_live,
+        },
     })
 }
 
@@ -296,9 +355,12 @@ pub fn show_bytes(n: u64) -> String {
 
 /// The peak of one run: constants (and inputs) plus the values live at once, walking the
 /// steps with their frees; over `cap` is an error naming the step where the peak is.
-pub fn check_memory(steps: &[Step], const_bytes: u64, cap: u64) -> Result<()> {
+/// Returns, per step, the bytes of fixed-type values live at it (the run-time check adds
+/// the values of run-time shape to them, [`Budget::check_run`]).
+pub fn check_memory(steps: &[Step], const_bytes: u64, cap: u64) -> Result<Vec<u64>> {
     let mut sizes: HashMap<usize, u64> = HashMap::new();
     let mut live: u64 = 0;
+    let mut at = Vec::with_capacity(steps.len());
     for st in steps {
         for (slot, ty) in st.outs.iter().zip(&st.out_types) {
             let b = value_bytes(ty);
@@ -317,11 +379,12 @@ pub fn check_memory(steps: &[Step], const_bytes: u64, cap: u64) -> Result<()> {
             show_bytes(live),
             show_bytes(cap)
         );
+        at.push(live);
         for slot in &st.free {
             live = live.saturating_sub(sizes.get(slot).copied().unwrap_or(0));
         }
     }
-    Ok(())
+    Ok(at)
 }
 
 /// Marks each slot to be freed after the step that last reads it (or, for values nobody
