@@ -777,3 +777,247 @@ fn exit_status_on_failure_is_two_and_nothing_is_written() {
     assert_eq!(o.status.code(), Some(2));
     assert!(!out.exists());
 }
+
+/// One tensor of a hand-written PyTorch checkpoint: name, storage class, storage key, storage
+/// element count, element offset and shape as the pickle declares them.
+struct PthTensor<'a> {
+    name: &'a str,
+    class: &'a str,
+    key: &'a str,
+    numel: u64,
+    offset: u64,
+    shape: &'a [u64],
+}
+
+/// The pickle (protocol 2) torch.save writes for a state dict: an OrderedDict of
+/// `torch._utils._rebuild_tensor_v2(storage, offset, shape, stride, False, OrderedDict())`,
+/// each storage a persistent id `("storage", torch.CLASS, key, "cpu", numel)`.
+fn state_dict_pickle(tensors: &[PthTensor]) -> Vec<u8> {
+    fn text(out: &mut Vec<u8>, s: &str) {
+        out.push(b'X');
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    fn int(out: &mut Vec<u8>, v: u64) {
+        if v <= i32::MAX as u64 {
+            out.push(b'J');
+            out.extend_from_slice(&(v as i32).to_le_bytes());
+        } else if v < 1 << 63 {
+            // LONG1: little-endian two's complement.
+            out.extend_from_slice(&[0x8a, 8]);
+            out.extend_from_slice(&v.to_le_bytes());
+        } else {
+            // 9 bytes, so that the top bit is clear (as Python writes it).
+            out.extend_from_slice(&[0x8a, 9]);
+            out.extend_from_slice(&v.to_le_bytes());
+            out.push(0);
+        }
+    }
+    fn ordered_dict(out: &mut Vec<u8>) {
+        out.extend_from_slice(b"ccollections\nOrderedDict\n)R");
+    }
+    let mut p = vec![0x80, 2];
+    ordered_dict(&mut p);
+    p.push(b'(');
+    for t in tensors {
+        text(&mut p, t.name);
+        p.extend_from_slice(b"ctorch._utils\n_rebuild_tensor_v2\n(");
+        p.push(b'(');
+        text(&mut p, "storage");
+        p.extend_from_slice(format!("ctorch\n{}\n", t.class).as_bytes());
+        text(&mut p, t.key);
+        text(&mut p, "cpu");
+        int(&mut p, t.numel);
+        p.extend_from_slice(b"tQ");
+        int(&mut p, t.offset);
+        p.push(b'(');
+        for &d in t.shape {
+            int(&mut p, d);
+        }
+        p.push(b't');
+        p.push(b'(');
+        let mut stride = 1u64;
+        let mut strides = Vec::new();
+        for &d in t.shape.iter().rev() {
+            // candle takes only 32-bit strides; past that the (then wrong) stride is capped.
+            strides.push(stride.min(i32::MAX as u64));
+            stride = stride.saturating_mul(d);
+        }
+        for s in strides.iter().rev() {
+            int(&mut p, *s);
+        }
+        p.push(b't');
+        p.push(0x89); // NEWFALSE
+        ordered_dict(&mut p);
+        p.extend_from_slice(b"tR");
+    }
+    p.extend_from_slice(b"u.");
+    p
+}
+
+/// A `pytorch_model.bin` zip: `archive/data.pkl` from `tensors`, and `storages` as
+/// `archive/data/KEY` entries, stored as torch.save stores them (uncompressed).
+fn raw_pth(path: &Path, tensors: &[PthTensor], storages: &[(&str, &[u8])]) {
+    use std::io::Write;
+    let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    let opts =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    z.start_file("archive/data.pkl", opts).unwrap();
+    z.write_all(&state_dict_pickle(tensors)).unwrap();
+    for (key, bytes) in storages {
+        z.start_file(format!("archive/data/{key}"), opts).unwrap();
+        z.write_all(bytes).unwrap();
+    }
+    z.start_file("archive/version", opts).unwrap();
+    z.write_all(b"3\n").unwrap();
+    z.finish().unwrap();
+}
+
+#[test]
+fn pytorch_checkpoints_whose_shapes_or_offsets_exceed_their_storage_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("pytorch_model.bin");
+    let tensor = |numel, offset, shape| PthTensor {
+        name: "model.encoder.conv1.bias",
+        class: "HalfStorage",
+        key: "0",
+        numel,
+        offset,
+        shape,
+    };
+    let open_err = |t: PthTensor| -> String {
+        raw_pth(&bin, &[t], &[("0", &[0u8; 8])]);
+        match milkit::whisper::weights::WhisperWeights::open_file(&bin) {
+            Ok(_) => panic!("a checkpoint with an impossible tensor was accepted"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    // The well-formed file (4 fp16 values in 8 bytes) opens and reads back.
+    raw_pth(
+        &bin,
+        &[tensor(4, 0, &[2, 2])],
+        &[("0", &[0, 60, 0, 188, 0, 0, 0, 64])],
+    );
+    let w = milkit::whisper::weights::WhisperWeights::open_file(&bin).unwrap();
+    let t = w.tensor_f16("model.encoder.conv1.bias").unwrap();
+    assert_eq!(t.shape, vec![2, 2]);
+    assert_eq!(t.to_f32_vec(), vec![1.0, -1.0, 0.0, 2.0]);
+    // A billion-element shape in an 8-byte storage: refused before candle allocates 2 GB.
+    let e = open_err(tensor(4, 0, &[1 << 15, 1 << 15]));
+    assert!(
+        e.contains("pytorch_model.bin")
+            && e.contains("model.encoder.conv1.bias")
+            && e.contains("archive/data/0")
+            && e.contains("holds 8 bytes"),
+        "{e}"
+    );
+    // An element count that overflows 64 bits (2^120; candle takes 32-bit dims only).
+    let e = open_err(tensor(4, 0, &[1 << 30, 1 << 30, 1 << 30, 1 << 30]));
+    assert!(
+        e.contains("model.encoder.conv1.bias") && e.contains("overflows"),
+        "{e}"
+    );
+    // An offset past the storage's end.
+    let e = open_err(tensor(4, 3, &[2]));
+    assert!(
+        e.contains("model.encoder.conv1.bias") && e.contains("byte offset 6"),
+        "{e}"
+    );
+    // A 9-byte integer, which overflows candle's pickle reader: an error, not a panic.
+    let e = open_err(tensor(u64::MAX, 0, &[2]));
+    assert!(
+        e.contains("pytorch_model.bin") && e.contains("malformed pickle"),
+        "{e}"
+    );
+    // A storage the archive does not have.
+    let e = open_err(PthTensor {
+        key: "7",
+        ..tensor(4, 0, &[2])
+    });
+    assert!(
+        e.contains("model.encoder.conv1.bias") && e.contains("archive/data/7"),
+        "{e}"
+    );
+}
+
+/// `big = fill(shape, 1.0)` (fp16, shape fed at run time, so of unknown size at load), then
+/// `y = big + big`: a program whose memory only a run can count.
+fn run_time_fill_session(cap: u64) -> milkit::runtime::Session {
+    let mut b = Builder::new(Opset::Ios17);
+    let shape = b.input("shape", ValueType::tensor(DType::I32, &[2]));
+    let big = b
+        .op1(
+            "fill",
+            "big",
+            vec![
+                ("shape", In::V(shape)),
+                ("value", In::C(Value::f16_scalar(1.0))),
+            ],
+        )
+        .unwrap();
+    let y = b
+        .op1(
+            "add",
+            "y",
+            vec![("x", In::V(big.clone())), ("y", In::V(big))],
+        )
+        .unwrap();
+    let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
+    let mut program = Program::default();
+    program.functions.insert(
+        "main".into(),
+        Function {
+            inputs,
+            opset: Opset::Ios17,
+            block,
+        },
+    );
+    let m = Model {
+        spec_version: Opset::Ios17.spec_version(),
+        description: Description::default(),
+        program,
+    };
+    let opts = milkit::runtime::Options {
+        max_memory: Some(cap),
+        ..Default::default()
+    };
+    milkit::runtime::Session::from_model_with(m, &opts).unwrap()
+}
+
+#[test]
+fn values_whose_shape_is_known_only_at_run_time_count_against_the_memory_cap() {
+    let cpu = candle_core::Device::Cpu;
+    let shape = |n: i64| candle_core::Tensor::new(&[n, n], &cpu).unwrap();
+    // At load nothing is known (both values have shape [?, ?]): a 3 MiB cap loads.
+    let mut s = run_time_fill_session(3 << 20);
+    // 512 × 512 fp16: 0.5 MiB each for `big` and `y`, within the cap.
+    let out = s.predict(&[("shape", shape(512))]).unwrap();
+    assert_eq!(out[0].1.dims(), &[512, 512]);
+    let v: Vec<f32> = out[0]
+        .1
+        .to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert!(v.iter().all(|&a| a == 2.0));
+    // 1024 × 1024: `big` alone is 2 MiB and fits; `y` adds 2 MiB while `big` is live (4 MiB
+    // in all), over the cap: refused naming `y`, with the run-time sizes.
+    let e = format!("{:#}", s.predict(&[("shape", shape(1024))]).unwrap_err());
+    assert!(
+        e.contains("op `y` (add)")
+            && e.contains("run-time shape take 2.0 MiB")
+            && e.contains("the run needs 4.0 MiB")
+            && e.contains("over the memory cap of 3.0 MiB"),
+        "{e}"
+    );
+    // 2048 × 2048: `big` (8 MiB) is already over, and the error names it.
+    let e = format!("{:#}", s.predict(&[("shape", shape(2048))]).unwrap_err());
+    assert!(
+        e.contains("op `big` (fill)") && e.contains("8.0 MiB"),
+        "{e}"
+    );
+    // The session is still usable after a refused run.
+    assert!(s.predict(&[("shape", shape(256))]).is_ok());
+}

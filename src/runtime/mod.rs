@@ -20,7 +20,10 @@ use crate::ops::eval::{storage_dtype, ExecEnv, StateCell};
 use crate::ops::RValue;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 pub use candle_core::{DType, Tensor};
-use plan::{compile, make_cx, op_label, run_eval, zero_state, Plan, Src, CAPTURED};
+use plan::{
+    compile, is_run_time_sized, make_cx, op_label, run_eval, rvalue_bytes, zero_state, Plan, Src,
+    CAPTURED,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +41,9 @@ pub struct Options {
     pub fuse_blends: bool,
     /// Refuse, at load, a program whose constants plus the values live at once during a run
     /// would take more than this many bytes (every value of fixed type counted at its
-    /// storage size; see [`plan::check_memory`]), instead of letting an allocation fail.
+    /// storage size; see [`plan::check_memory`]), instead of letting an allocation fail;
+    /// values whose shape is known only at run time are counted as they are produced, and
+    /// a run that goes over fails naming the op ([`plan::Budget::check_run`]).
     /// `None`: no cap. The default is [`default_max_memory`].
     pub max_memory: Option<u64>,
     /// The precision floating-point tensors are computed in (see [`precision`]).
@@ -494,13 +499,29 @@ fn run_steps(
     run: &RunLimits,
 ) -> Result<()> {
     let cp = memo.as_mut().map(|m| m.begin(plan, slots));
+    // Values of run-time shape (counted 0 at load): their real bytes per slot, and the sum
+    // of those live, checked against the cap as each is produced.
+    let mut dyn_bytes = vec![0u64; slots.len()];
+    let mut dyn_live = 0u64;
+    for i in plan.inputs.iter().filter(|i| is_run_time_sized(&i.ty)) {
+        if let Some(v) = &slots[i.slot] {
+            dyn_bytes[i.slot] = rvalue_bytes(v);
+            dyn_live = dyn_live.saturating_add(dyn_bytes[i.slot]);
+        }
+    }
+    let free = |st: &plan::Step, slots: &mut [Option<RValue>], dyn_bytes: &mut [u64]| {
+        let mut freed = 0u64;
+        for k in &st.free {
+            slots[*k] = None;
+            freed = freed.saturating_add(std::mem::take(&mut dyn_bytes[*k]));
+        }
+        freed
+    };
     for (si, st) in plan.steps.iter().enumerate() {
         if let (Some(m), Some(cp)) = (memo.as_ref(), cp.as_ref()) {
             if !cp.run[si] {
                 m.restore(plan, si, cp, slots);
-                for k in &st.free {
-                    slots[*k] = None;
-                }
+                dyn_live = dyn_live.saturating_sub(free(st, slots, &mut dyn_bytes));
                 continue;
             }
         }
@@ -515,15 +536,23 @@ fn run_steps(
             cx.env = Some(&env);
             run_eval(st.eval, &cx).with_context(|| op_label(&st.op_type, &st.name, plan.opset))?
         };
-        for (k, v) in st.outs.iter().zip(outs) {
+        let mut produced = 0u64;
+        for ((k, v), ty) in st.outs.iter().zip(outs).zip(&st.out_types) {
+            if is_run_time_sized(ty) {
+                let b = rvalue_bytes(&v);
+                produced = produced.saturating_add(b);
+                dyn_bytes[*k] = b;
+            }
             slots[*k] = Some(v);
+        }
+        if produced > 0 {
+            dyn_live = dyn_live.saturating_add(produced);
+            plan.budget.check_run(st, si, dyn_live, produced)?;
         }
         if let Some(m) = memo.as_mut() {
             m.store(plan, si, slots);
         }
-        for k in &st.free {
-            slots[*k] = None;
-        }
+        dyn_live = dyn_live.saturating_sub(free(st, slots, &mut dyn_bytes));
         if let Some(p) = profile.as_mut() {
             let e = p.entry(st.op_type.clone()).or_default();
             e.0 += 1;

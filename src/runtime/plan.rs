@@ -11,7 +11,31 @@ use candle_core::Tensor;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::OnceLock;
 
-pub use super::step::{slot_uses, splice_fused, Const, Plan, PlanInput, Src, Step, CAPTURED};
+pub use super::step::{
+    show_bytes, slot_uses, splice_fused, Budget, Const, Plan, PlanInput, Src, Step, CAPTURED,
+};
+
+/// Bytes a run-time value holds (a tensor's storage; string lengths; a state's tensor is
+/// the session's, counted by its fixed type).
+pub fn rvalue_bytes(v: &RValue) -> u64 {
+    match v {
+        RValue::T(t) => (t.elem_count() as u64).saturating_mul(t.dtype().size_in_bytes() as u64),
+        RValue::Str(s) => s.iter().map(|x| x.len() as u64).sum(),
+        RValue::State(_) => 0,
+        RValue::List(l) => l
+            .elems
+            .iter()
+            .flatten()
+            .map(|t| (t.elem_count() as u64).saturating_mul(t.dtype().size_in_bytes() as u64))
+            .sum(),
+    }
+}
+
+/// Whether a value of type `ty` is counted only at run time (a tensor with an unknown
+/// dimension, which [`value_bytes`] counts as 0).
+pub fn is_run_time_sized(ty: &ValueType) -> bool {
+    matches!(ty, ValueType::Tensor(t) if t.shape.iter().any(|d| matches!(d, crate::ir::Dim::Unknown)))
+}
 
 /// Builds the evaluation context of one step from the constants and the live slots.
 pub fn make_cx<'a>(
@@ -371,7 +395,7 @@ fn compile_body(
         super::blend_fusion::fuse_blends(&mut steps, &outs);
     }
     schedule_frees(&mut steps, &outputs, nslots);
-    check_memory(&steps, const_bytes, cap)?;
+    let fixed_live = check_memory(&steps, const_bytes, cap)?;
     if !nested {
         super::pack::pack_weights(&mut consts, &steps, &outputs, &origins)?;
     }
@@ -386,6 +410,11 @@ fn compile_body(
         steps,
         outputs,
         nslots,
+        budget: Budget {
+            cap,
+            const_bytes,
+            fixed_live,
+        },
     })
 }
 
@@ -415,21 +444,14 @@ pub fn value_bytes(ty: &ValueType) -> u64 {
     n
 }
 
-/// `1.5 GiB`, `512.0 MiB`, `12 bytes`.
-pub fn show_bytes(n: u64) -> String {
-    match n {
-        u64::MAX => "more than 16 EiB".into(),
-        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
-        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
-        n => format!("{n} bytes"),
-    }
-}
-
 /// The peak of one run: constants (and inputs) plus the values live at once, walking the
 /// steps with their frees; over `cap` is an error naming the step where the peak is.
-pub fn check_memory(steps: &[Step], const_bytes: u64, cap: u64) -> Result<()> {
+/// Returns, per step, the bytes of fixed-type values live at it (the run-time check adds
+/// the values of run-time shape to them, [`Budget::check_run`]).
+pub fn check_memory(steps: &[Step], const_bytes: u64, cap: u64) -> Result<Vec<u64>> {
     let mut sizes: HashMap<usize, u64> = HashMap::new();
     let mut live: u64 = 0;
+    let mut at = Vec::with_capacity(steps.len());
     for st in steps {
         for (slot, ty) in st.outs.iter().zip(&st.out_types) {
             let b = value_bytes(ty);
@@ -448,11 +470,12 @@ pub fn check_memory(steps: &[Step], const_bytes: u64, cap: u64) -> Result<()> {
             show_bytes(live),
             show_bytes(cap)
         );
+        at.push(live);
         for slot in &st.free {
             live = live.saturating_sub(sizes.get(slot).copied().unwrap_or(0));
         }
     }
-    Ok(())
+    Ok(at)
 }
 
 /// Marks each slot to be freed after the step that last reads it (or, for values nobody

@@ -8,6 +8,7 @@
 use crate::ir::{Opset, Value, ValueType};
 use crate::ops::eval::EvalFn;
 use crate::ops::RValue;
+use anyhow::{ensure, Result};
 use candle_core::Tensor;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
@@ -60,6 +61,54 @@ pub struct Plan {
     pub steps: Vec<Step>,
     pub outputs: Vec<(String, Src, ValueType)>,
     pub nslots: usize,
+    pub budget: Budget,
+}
+
+/// What a run checks values of run-time shape against: the cap, and what `plan::check_memory`
+/// counted at load (constants and fixed-shape inputs; per step, the fixed-type values live
+/// at it). Values whose type has an unknown dimension count 0 at load; a run adds their
+/// real size as they are produced (see [`Budget::check_run`]).
+pub struct Budget {
+    pub cap: u64,
+    pub const_bytes: u64,
+    pub fixed_live: Vec<u64>,
+}
+
+impl Budget {
+    /// Checks, right after step `si` produced its values, that constants, the fixed-type
+    /// values live at it and `dynamic` bytes of live run-time-shaped values (`produced` of
+    /// them made by this step) fit the cap; the error names the op like the load check.
+    pub fn check_run(&self, st: &Step, si: usize, dynamic: u64, produced: u64) -> Result<()> {
+        let fixed = self.fixed_live.get(si).copied().unwrap_or(0);
+        let total = self
+            .const_bytes
+            .saturating_add(fixed)
+            .saturating_add(dynamic);
+        ensure!(
+            total <= self.cap,
+            "op `{}` ({}): its outputs of run-time shape take {}; with {} of constants and \
+             inputs and {} of other live values the run needs {}, over the memory cap of {} \
+             (--max-memory)",
+            st.name,
+            st.op_type,
+            show_bytes(produced),
+            show_bytes(self.const_bytes),
+            show_bytes(fixed.saturating_add(dynamic - produced)),
+            show_bytes(total),
+            show_bytes(self.cap)
+        );
+        Ok(())
+    }
+}
+
+/// `1.5 GiB`, `512.0 MiB`, `12 bytes`.
+pub fn show_bytes(n: u64) -> String {
+    match n {
+        u64::MAX => "more than 16 EiB".into(),
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n => format!("{n} bytes"),
+    }
 }
 
 /// The parameter under which a step with nested blocks binds the outer-scope values its

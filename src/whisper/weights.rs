@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 mod formats;
-use formats::{convert, f64_to_f32, map_safetensors, read_pickled, release_pages};
+use formats::{check_pickled, convert, f64_to_f32, map_safetensors, read_pickled, release_pages};
 
 /// The two networks of a Whisper checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -256,12 +256,22 @@ impl WhisperWeights {
                 tensors,
             )
         } else {
-            let pth = candle_core::pickle::PthTensors::new(path, None).with_context(|| {
-                format!(
-                    "{}: not a readable PyTorch checkpoint (zip + pickle)",
-                    path.display()
-                )
-            })?;
+            // candle's pickle reader panics on some malformed pickles (a LONG1 of more than 8
+            // bytes overflows its shift): that is an error about the file, not a crash.
+            let pth = std::panic::catch_unwind(|| candle_core::pickle::PthTensors::new(path, None))
+                .map_err(|_| {
+                    anyhow!(
+                        "{}: malformed pickle in the PyTorch checkpoint (candle's reader gave up)",
+                        path.display()
+                    )
+                })?
+                .with_context(|| {
+                    format!(
+                        "{}: not a readable PyTorch checkpoint (zip + pickle)",
+                        path.display()
+                    )
+                })?;
+            check_pickled(path, pth.tensor_infos())?;
             let tensors = pth
                 .tensor_infos()
                 .iter()

@@ -141,3 +141,75 @@ pub(super) fn read_pickled(
     let v = t.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
     convert::<4>(bytemuck::cast_slice(&v), f32::from_le_bytes)
 }
+
+/// Deflate's largest expansion (a run of one byte compresses about 1032:1): an entry whose
+/// declared size exceeds its compressed size by more than this is lying about its length.
+const DEFLATE_MAX_RATIO: u64 = 1032;
+
+/// Checks every tensor a PyTorch zip checkpoint's pickle declares against the storage entry
+/// it points at, before anything is allocated for it: the element count must not overflow,
+/// and offset plus bytes must lie inside the entry, whose own declared size must be one the
+/// file can hold. Errors name the file and the tensor.
+pub(super) fn check_pickled(
+    path: &Path,
+    infos: &std::collections::HashMap<String, candle_core::pickle::TensorInfo>,
+) -> Result<()> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let file_len = file
+        .metadata()
+        .with_context(|| format!("cannot stat {}", path.display()))?
+        .len();
+    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file))
+        .with_context(|| format!("{}: not a readable zip archive", path.display()))?;
+    let mut names: Vec<&String> = infos.keys().collect();
+    names.sort();
+    for name in names {
+        let info = &infos[name];
+        let what = || format!("{}: tensor {name}", path.display());
+        let dims = info.layout.dims();
+        let elems = dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+            .with_context(|| format!("{}: shape {dims:?} overflows its element count", what()))?;
+        let bytes = elems
+            .checked_mul(info.dtype.size_in_bytes() as u64)
+            .with_context(|| format!("{}: shape {dims:?} overflows its byte count", what()))?;
+        let start = info.layout.start_offset() as u64;
+        let end = start.checked_add(bytes).with_context(|| {
+            format!(
+                "{}: storage offset {start} + {bytes} bytes overflows",
+                what()
+            )
+        })?;
+        let entry = zip.by_name(&info.path).with_context(|| {
+            format!(
+                "{}: its storage {} is not in the archive",
+                what(),
+                info.path
+            )
+        })?;
+        let (size, packed) = (entry.size(), entry.compressed_size());
+        let stored = entry.compression() == zip::CompressionMethod::Stored;
+        ensure!(
+            if stored {
+                size <= file_len
+            } else {
+                size <= packed.saturating_mul(DEFLATE_MAX_RATIO)
+            },
+            "{}: its storage {} declares {size} bytes, more than the {file_len}-byte file \
+             can hold",
+            what(),
+            info.path
+        );
+        ensure!(
+            end <= size,
+            "{}: shape {dims:?} ({:?}) at byte offset {start} needs bytes {start}..{end} of \
+             its storage {}, which holds {size} bytes",
+            what(),
+            info.dtype,
+            info.path
+        );
+    }
+    Ok(())
+}
