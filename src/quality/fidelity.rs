@@ -25,7 +25,8 @@ pub struct FidelityInput {
     pub language: Option<String>,
 }
 
-fn flat(t: &Tensor) -> Result<Vec<f32>> {
+/// A tensor's values as f32, flattened.
+pub(crate) fn flat(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(candle_core::DType::F32)?
         .flatten_all()?
         .to_vec1()?)

@@ -21,7 +21,7 @@
 //! the same report.
 
 use crate::quality::eval::{default_normalization, read_manifest, ManifestClip};
-use crate::quality::fidelity::psnr_and_cosine;
+use crate::quality::fidelity::{flat, psnr_and_cosine};
 use crate::report::{
     GateClip, GateEndToEnd, GatePackage, GatePlacement, GateProbe, GateReport, GateRung,
     GateThresholds, GateVerdict, PositionalStatus, RungStatus, TensorInfo, VerifyReport,
@@ -287,12 +287,6 @@ fn placement(name: &str, base: &VerifyReport, cand: &VerifyReport) -> Result<Gat
         candidate_ane_material_ops: cand_ane,
         moved_off_ane: moved,
     })
-}
-
-fn flat(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.to_dtype(candle_core::DType::F32)?
-        .flatten_all()?
-        .to_vec1()?)
 }
 
 /// Max and mean absolute error, cosine and SNR of `got` against `want`.

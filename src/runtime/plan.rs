@@ -15,19 +15,18 @@ pub use super::step::{
     show_bytes, slot_uses, splice_fused, Budget, Const, Plan, PlanInput, Src, Step, CAPTURED,
 };
 
+fn tensor_bytes(t: &Tensor) -> u64 {
+    (t.elem_count() as u64).saturating_mul(t.dtype().size_in_bytes() as u64)
+}
+
 /// Bytes a run-time value holds (a tensor's storage; string lengths; a state's tensor is
 /// the session's, counted by its fixed type).
 pub fn rvalue_bytes(v: &RValue) -> u64 {
     match v {
-        RValue::T(t) => (t.elem_count() as u64).saturating_mul(t.dtype().size_in_bytes() as u64),
+        RValue::T(t) => tensor_bytes(t),
         RValue::Str(s) => s.iter().map(|x| x.len() as u64).sum(),
         RValue::State(_) => 0,
-        RValue::List(l) => l
-            .elems
-            .iter()
-            .flatten()
-            .map(|t| (t.elem_count() as u64).saturating_mul(t.dtype().size_in_bytes() as u64))
-            .sum(),
+        RValue::List(l) => l.elems.iter().flatten().map(tensor_bytes).sum(),
     }
 }
 
