@@ -238,7 +238,9 @@ fn immediate_tensor(t: &Tensor) -> Result<mil::TensorValue> {
         DType::F64 => TV::Doubles(RepeatedDoubles {
             values: t.to_f64_vec()?,
         }),
-        DType::I32 | DType::I16 | DType::U16 | DType::U32 => TV::Ints(RepeatedInts {
+        // uint32 goes to `bytes` with the 8-bit and sub-byte types (coremltools'
+        // IMMEDIATE_VALUE_TYPES_IN_BYTES); 16-bit integers stay in `ints`, as it writes them.
+        DType::I32 | DType::I16 | DType::U16 => TV::Ints(RepeatedInts {
             values: t.to_i64_vec()?.into_iter().map(|x| x as i32).collect(),
         }),
         DType::I64 | DType::U64 => TV::LongInts(RepeatedLongInts {

@@ -75,6 +75,13 @@ fn load_op(
     };
     let ctx = || format!("op `{label}` ({})", p.r#type);
     let mut inputs = BTreeMap::new();
+    // The iOS16/iOS17 constexpr ops carry their parameters as attributes (coremltools'
+    // `translate_constexpr`); the IR holds them as constant inputs, as iOS18's are.
+    if p.r#type.starts_with("constexpr_") {
+        for (k, v) in std::mem::take(&mut attributes) {
+            inputs.insert(k, vec![Arg::Value(v)]);
+        }
+    }
     for (k, a) in &p.inputs {
         let binds = a
             .arguments

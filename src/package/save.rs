@@ -6,9 +6,11 @@ use super::blob::BlobWriter;
 use super::convert::{blob_dtype, value_to_proto, value_type_to_proto, BlobSink};
 use super::fsio::write_package_atomically;
 use super::manifest::Manifest;
-use crate::ir::{Arg, ArrayDType, Block, Feature, Model, Operation, Program, Tensor, Value, Var};
+use crate::ir::{
+    Arg, ArrayDType, Block, Feature, Model, Operation, Opset, Program, Tensor, Value, Var,
+};
 use crate::proto::{mil, specification as spec};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use prost::Message;
 use std::collections::BTreeMap;
 use std::io::{Seek, Write};
@@ -45,9 +47,59 @@ fn named(v: &Var) -> mil::NamedValueType {
     }
 }
 
-fn op_to_proto(op: &Operation, blobs: &mut dyn BlobSink) -> Result<mil::Operation> {
+/// Constant values of the block so far, by name (for constexpr parameters written as
+/// attributes).
+type Consts<'a> = BTreeMap<&'a str, &'a Value>;
+
+/// Whether `op` is a constexpr op of an opset that takes its parameters as attributes: the
+/// iOS16/iOS17 versions, as coremltools writes them (its `translate_constexpr`); iOS18's
+/// take inputs.
+fn params_as_attributes(op: &Operation, opset: Opset) -> bool {
+    op.op_type.starts_with("constexpr_") && opset < Opset::Ios18
+}
+
+fn op_to_proto(
+    op: &Operation,
+    opset: Opset,
+    consts: &Consts,
+    blobs: &mut dyn BlobSink,
+) -> Result<mil::Operation> {
+    let mut attributes = BTreeMap::new();
+    attributes.insert(
+        "name".to_string(),
+        value_to_proto(&Value::str(&op.name), blobs)?,
+    );
     let mut inputs = BTreeMap::new();
-    for (k, binds) in &op.inputs {
+    if params_as_attributes(op, opset) {
+        for (k, binds) in &op.inputs {
+            let v = match binds.as_slice() {
+                [Arg::Value(v)] => v,
+                [Arg::Var(n)] => consts.get(n.as_str()).copied().ok_or_else(|| {
+                    anyhow!(
+                        "op {}: {} in {} takes constant parameters; `{k}` reads `{n}`, \
+                         which is not a constant",
+                        op.name,
+                        op.op_type,
+                        opset.opset_name()
+                    )
+                })?,
+                _ => bail!(
+                    "op {}: parameter `{k}` has {} bindings",
+                    op.name,
+                    binds.len()
+                ),
+            };
+            attributes.insert(
+                k.clone(),
+                value_to_proto(v, blobs).with_context(|| format!("op {} `{k}`", op.name))?,
+            );
+        }
+    }
+    for (k, binds) in op
+        .inputs
+        .iter()
+        .filter(|_| !params_as_attributes(op, opset))
+    {
         let arguments = binds
             .iter()
             .map(|a| {
@@ -63,11 +115,6 @@ fn op_to_proto(op: &Operation, blobs: &mut dyn BlobSink) -> Result<mil::Operatio
             .collect::<Result<_>>()?;
         inputs.insert(k.clone(), mil::Argument { arguments });
     }
-    let mut attributes = BTreeMap::new();
-    attributes.insert(
-        "name".to_string(),
-        value_to_proto(&Value::str(&op.name), blobs)?,
-    );
     for (k, v) in &op.attributes {
         attributes.insert(
             k.clone(),
@@ -81,21 +128,27 @@ fn op_to_proto(op: &Operation, blobs: &mut dyn BlobSink) -> Result<mil::Operatio
         blocks: op
             .blocks
             .iter()
-            .map(|b| block_to_proto(b, blobs))
+            .map(|b| block_to_proto(b, opset, blobs))
             .collect::<Result<_>>()?,
         attributes,
     })
 }
 
-fn block_to_proto(b: &Block, blobs: &mut dyn BlobSink) -> Result<mil::Block> {
+fn block_to_proto(b: &Block, opset: Opset, blobs: &mut dyn BlobSink) -> Result<mil::Block> {
+    let mut consts = Consts::new();
+    let mut operations = Vec::with_capacity(b.operations.len());
+    for o in &b.operations {
+        operations.push(op_to_proto(o, opset, &consts, blobs)?);
+        if o.op_type == "const" {
+            if let (Some(out), Some(v)) = (o.outputs.first(), o.attributes.get("val")) {
+                consts.insert(out.name.as_str(), v);
+            }
+        }
+    }
     Ok(mil::Block {
         inputs: b.inputs.iter().map(named).collect(),
         outputs: b.outputs.clone(),
-        operations: b
-            .operations
-            .iter()
-            .map(|o| op_to_proto(o, blobs))
-            .collect::<Result<_>>()?,
+        operations,
         attributes: Default::default(),
     })
 }
@@ -106,7 +159,7 @@ pub fn program_to_proto(p: &Program, blobs: &mut dyn BlobSink) -> Result<mil::Pr
         let mut specs = BTreeMap::new();
         specs.insert(
             f.opset.opset_name().to_string(),
-            block_to_proto(&f.block, blobs)?,
+            block_to_proto(&f.block, f.opset, blobs)?,
         );
         functions.insert(
             name.clone(),
