@@ -94,6 +94,28 @@ fn infer_per_channel(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
     float_only(x, "x")?;
     ensure!(x.rank() >= 3, "`{}` needs x of rank ≥ 3", cx.op_type);
+    if cx.op_type == "prelu" {
+        ensure!(
+            (3..=5).contains(&x.rank()),
+            "`prelu`: x {x} must be rank 3, 4 or 5"
+        );
+        // coremltools' rule: on rank 3 and 5 the per-channel form is not supported, every
+        // alpha must be the same (within 1e-5).
+        if x.rank() != 4 {
+            if let Some(a) = cx
+                .opt_tensor_val("alpha")?
+                .map(|t| t.to_f64_vec())
+                .transpose()?
+            {
+                ensure!(
+                    a.iter().all(|v| (v - a[0]).abs() <= 1e-5),
+                    "`prelu`: on rank {} x, coremltools 9 supports only one alpha value for \
+                     every channel",
+                    x.rank()
+                );
+            }
+        }
+    }
     for p in ["alpha", "beta"] {
         if let Some(t) = cx.opt_t(p)? {
             ensure!(t.rank() == 1, "`{p}` must be a vector [C]");

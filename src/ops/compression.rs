@@ -101,6 +101,13 @@ fn infer_shift_scale(cx: &InferCx) -> Result<Vec<ValueType>> {
     if cx.has("offset") {
         let o = const_shape(cx, "offset")?;
         ensure!(o == sc, "offset {o:?} must have the shape of scale {sc:?}");
+        // coremltools: a float offset, or one of data's own dtype.
+        let od = cx.t("offset")?.dtype;
+        ensure!(
+            od.is_float() || od == data.dtype,
+            "offset dtype {od} must be a float or data's dtype {}",
+            data.dtype
+        );
     }
     Ok(vec![tensor(
         scale.dtype,

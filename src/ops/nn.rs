@@ -396,6 +396,15 @@ fn infer_conv_quantized(cx: &InferCx) -> Result<Vec<ValueType>> {
         (1..=8).contains(&nbits),
         "conv_quantized nbits {nbits} must be 1..8"
     );
+    // coremltools 9 types `bias` with the weight's type domain (uint8) and states nothing of
+    // how a uint8 bias would apply: a float bias is refused as it refuses it, a uint8 one as
+    // undefined.
+    if let Some(b) = cx.opt_t("bias")? {
+        bail!(
+            "conv_quantized `bias` {b}: coremltools 9 requires the weight's dtype (uint8) and \
+             defines no meaning for it; fold a bias into a following `add`"
+        );
+    }
     let cout = w.fixed_shape().map(|s| s[0]);
     for p in ["quant_scale", "quant_bias"] {
         let t = cx.t(p)?;

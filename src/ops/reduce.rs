@@ -1,12 +1,13 @@
 //! Reductions: `reduce_*` over axes and `reduce_argmax` / `reduce_argmin` — type inference
-//! and evaluation (rows reduced in f64 by `kernels::norm::reduce`).
+//! and evaluation (rows reduced in f64 by `kernels::norm::reduce`). iOS17's arg reductions
+//! add `output_dtype` (int32 or uint16).
 
-use super::def;
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
 use super::nn::{norm_axes, sorted_axes};
+use super::{def, ver};
 use super::{opt_c, req, InputSpec, OpDef};
-use crate::ir::{Dim, ValueType};
+use crate::ir::{Dim, Opset::Ios15 as I15, Opset::Ios17 as I17, ValueType};
 use crate::kernels::{self, Reduce};
 use anyhow::Result;
 
@@ -42,11 +43,26 @@ fn infer_argmax(cx: &InferCx) -> Result<Vec<ValueType>> {
     } else {
         s.remove(a);
     }
-    Ok(vec![tensor(crate::ir::DType::I32, s)])
+    Ok(vec![tensor(arg_dtype(cx.opt_str("output_dtype")?)?, s)])
+}
+
+/// iOS17's `output_dtype` (int32, the default, or uint16, as coremltools allows).
+fn arg_dtype(name: Option<&str>) -> Result<crate::ir::DType> {
+    match name.unwrap_or("int32") {
+        "int32" => Ok(crate::ir::DType::I32),
+        "uint16" => Ok(crate::ir::DType::U16),
+        other => anyhow::bail!("output_dtype `{other}`: only int32 and uint16 are defined"),
+    }
 }
 
 const REDUCE: &[InputSpec] = &[req("x"), opt_c("axes"), opt_c("keep_dims")];
 const ARGRED: &[InputSpec] = &[req("x"), opt_c("axis"), opt_c("keep_dims")];
+const ARGRED17: &[InputSpec] = &[
+    req("x"),
+    opt_c("axis"),
+    opt_c("keep_dims"),
+    opt_c("output_dtype"),
+];
 
 fn reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
@@ -88,7 +104,13 @@ fn arg_reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
     let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
-    one(kernels::reduce(x, &[a], keep, how)?)
+    let y = kernels::reduce(x, &[a], keep, how)?;
+    let to = cx.out_dtype(0)?;
+    one(if y.dtype() == to {
+        y
+    } else {
+        kernels::cast(&y, to)?
+    })
 }
 fn eval_reduce_argmax(cx: &EvalCx) -> Result<Vec<RValue>> {
     arg_reduce(cx, Reduce::ArgMax)
@@ -118,6 +140,36 @@ pub static DEFS: &[OpDef] = &[
         eval_reduce_sum_square,
     ),
     def("reduce_log_sum", REDUCE, infer_reduce, eval_reduce_log_sum),
-    def("reduce_argmax", ARGRED, infer_argmax, eval_reduce_argmax),
-    def("reduce_argmin", ARGRED, infer_argmax, eval_reduce_argmin),
+    ver(
+        "reduce_argmax",
+        I15,
+        Some(I17),
+        ARGRED,
+        infer_argmax,
+        eval_reduce_argmax,
+    ),
+    ver(
+        "reduce_argmax",
+        I17,
+        None,
+        ARGRED17,
+        infer_argmax,
+        eval_reduce_argmax,
+    ),
+    ver(
+        "reduce_argmin",
+        I15,
+        Some(I17),
+        ARGRED,
+        infer_argmax,
+        eval_reduce_argmin,
+    ),
+    ver(
+        "reduce_argmin",
+        I17,
+        None,
+        ARGRED17,
+        infer_argmax,
+        eval_reduce_argmin,
+    ),
 ];

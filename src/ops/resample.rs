@@ -321,12 +321,15 @@ fn infer_crop_resize(cx: &InferCx) -> Result<Vec<ValueType>> {
     Ok(vec![if cx.opset >= Opset::Ios17 {
         tensor(x.dtype, vec![n, c, th, tw])
     } else {
-        let b = if k == 5 {
-            Dim::Fixed(1)
-        } else {
-            x.shape[0].clone()
-        };
-        tensor(x.dtype, vec![n, b, c, th, tw])
+        // coremltools 9 types the output [N, B, C, h, w], B = x's batch, for either roi
+        // width; with a batch index (5 wide) it does not say what fills B > 1 rows.
+        ensure!(
+            k == 4 || x.shape[0] == Dim::Fixed(1),
+            "`crop_resize`: a roi of 5 (with a batch index) on x {x} of batch > 1: coremltools \
+             9 types the output [N, B, C, h, w] but does not define its B rows; use iOS17's \
+             `box_indices`"
+        );
+        tensor(x.dtype, vec![n, x.shape[0].clone(), c, th, tw])
     }])
 }
 
