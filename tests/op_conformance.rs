@@ -6,6 +6,8 @@
 //! movement, comparisons and integer outputs. [`COREML_OPS`] is coremltools 9's public
 //! iOS15–iOS18 op list (the opsets each defines a version in); a test keeps it, milkit's
 //! op definitions, the table and [`MISSING`] consistent, and prints the count per opset.
+//! Every case also runs from the package coremltools 9 makes of it with its own MIL builder
+//! and serializer (tests/coremltools_rebuild.py), against the same references.
 //! An op milkit lacks fails to load with an error naming the op and the opset.
 
 mod common;
@@ -374,17 +376,57 @@ fn cbools(shape: &[usize], v: &[bool]) -> In {
     In::C(Value::Tensor(ITensor::bools(shape, v)))
 }
 
-/// Builds, saves, loads and runs one case; checks every expected output.
-fn run_case(case: &Case, opset: Opset, dt: DType, seed: u64) -> Result<()> {
+/// One case built for one opset and compute dtype: the model, what to feed it and what it
+/// must return (output name, shape, reference values, comparison).
+struct Built {
+    model: Model,
+    feeds: Vec<(String, Tensor)>,
+    states: Vec<(String, Tensor)>,
+    outs: Vec<(String, Vec<usize>, Vec<f64>, Cmp)>,
+}
+
+/// Builds one case into a model whose outputs are `y0`, `y1`, …. With `core_ml_outputs`,
+/// only outputs Core ML can return (fp16, fp32, int32) are kept: a bool one, or an 8- or
+/// 16-bit integer one from iOS17 on, through a cast to int32; a sub-byte one (a sparse
+/// mask) is left out. coremltools refuses the others ("ML Program models only support fp32
+/// and int32 outputs"); milkit's own run checks them as they are.
+fn build_case(
+    case: &Case,
+    opset: Opset,
+    dt: DType,
+    seed: u64,
+    core_ml_outputs: bool,
+) -> Result<Built> {
     let mut p = Prog::new(opset, dt, seed);
     (case.f)(&mut p).context("building")?;
     let Prog {
-        b,
+        mut b,
         feeds,
         states,
-        outs,
+        mut outs,
         ..
     } = p;
+    if core_ml_outputs {
+        let mut kept = vec![];
+        for (v, shape, want, cmp) in outs {
+            let d = b.ty(&v)?.as_tensor().map(|t| t.dtype);
+            let castable = d == Some(Bool)
+                || (opset >= I17
+                    && matches!(d, Some(DType::U8 | DType::I8 | DType::U16 | DType::I16)));
+            if matches!(d, Some(F16 | F32 | I32)) {
+                kept.push((v, shape, want, cmp));
+            } else if castable {
+                let c = b.op1(
+                    "cast",
+                    "cast",
+                    vec![("x", In::V(v)), ("dtype", cstr("int32"))],
+                )?;
+                kept.push((c, shape, want, cmp));
+            }
+        }
+        ensure!(!kept.is_empty(), "no output Core ML can return");
+        outs = kept;
+    }
     let names: Vec<String> = (0..outs.len()).map(|i| format!("y{i}")).collect();
     let out_types: Vec<TensorType> = outs
         .iter()
@@ -431,25 +473,56 @@ fn run_case(case: &Case, opset: Opset, dt: DType, seed: u64) -> Result<()> {
             block,
         },
     );
-    let m = Model {
+    let model = Model {
         spec_version: opset.spec_version(),
         description: desc,
         program,
     };
-    let dir = tempfile::tempdir()?;
-    let pkg = dir.path().join("case.mlpackage");
-    milkit::package::save_package(&m, &pkg, false, &mut |_| {}).context("saving")?;
-    let mut s = Session::load(&pkg).context("loading")?;
-    for (n, t) in states {
-        s.set_state(&n, t)?;
+    let outs = outs
+        .into_iter()
+        .zip(names)
+        .map(|((_, shape, want, cmp), n)| (n, shape, want, cmp))
+        .collect();
+    Ok(Built {
+        model,
+        feeds,
+        states,
+        outs,
+    })
+}
+
+/// Loads the package at `pkg`, sets the case's states, feeds it and checks every output
+/// (found by name) against its reference.
+fn check_package(pkg: &std::path::Path, built: &Built) -> Result<()> {
+    let mut s = Session::load(pkg).context("loading")?;
+    for (n, t) in &built.states {
+        s.set_state(n, t.clone())?;
     }
-    let feeds: Vec<(&str, Tensor)> = feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let feeds: Vec<(&str, Tensor)> = built
+        .feeds
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.clone()))
+        .collect();
     let got = s.predict(&feeds).context("running")?;
-    ensure!(got.len() == outs.len(), "{} outputs", got.len());
-    for ((name, t), (_, shape, want, cmp)) in got.iter().zip(&outs) {
+    ensure!(got.len() == built.outs.len(), "{} outputs", got.len());
+    for (name, shape, want, cmp) in &built.outs {
+        let t = got
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .with_context(|| format!("no output {name}"))?;
         compare(t, shape, want, *cmp).with_context(|| format!("output {name}"))?;
     }
     Ok(())
+}
+
+/// Builds, saves, loads and runs one case; checks every expected output.
+fn run_case(case: &Case, opset: Opset, dt: DType, seed: u64) -> Result<()> {
+    let built = build_case(case, opset, dt, seed, false)?;
+    let dir = tempfile::tempdir()?;
+    let pkg = dir.path().join("case.mlpackage");
+    milkit::package::save_package(&built.model, &pkg, false, &mut |_| {}).context("saving")?;
+    check_package(&pkg, &built)
 }
 
 fn values(t: &Tensor) -> Result<Vec<f64>> {
@@ -964,11 +1037,11 @@ fn cases() -> Vec<Case> {
     // Per-channel activations.
     v.push(case(
         "prelu",
-        "alpha per channel",
+        "alpha per channel, rank 4",
         &versions("prelu"),
         FP,
         |p| {
-            let s = [2, 3, 4];
+            let s = [2, 3, 2, 2];
             let (x, xv) = p.xs("x", &s);
             let a = [0.1, -0.5, 2.0];
             let ins = vec![("x", In::V(x)), ("alpha", p.cf(&[3], &a))];
@@ -1132,6 +1205,24 @@ fn cases() -> Vec<Case> {
         }),
         arg_reduction("reduce_argmax", true),
         arg_reduction("reduce_argmin", false),
+        case(
+            "reduce_argmax",
+            "iOS17 output_dtype uint16",
+            &[I17],
+            FP,
+            |p| {
+                let xv = vec![0.5, -1.0, 2.0, 2.0, 0.25, -3.0];
+                let dt = p.dt;
+                let x = p.input_of("x", dt, &[2, 3], &xv);
+                let y = p.op(
+                    "reduce_argmax",
+                    vec![("x", In::V(x)), ("output_dtype", cstr("uint16"))],
+                )?;
+                ensure!(p.b.ty(&y)?.as_tensor().map(|t| t.dtype) == Some(DType::U16));
+                // First maximum of each row.
+                p.want(&y, &[2], vec![2.0, 0.0], Cmp::Exact)
+            },
+        ),
     ]);
     v.push(case(
         "cumsum",
@@ -2560,18 +2651,12 @@ fn compression_cases() -> Vec<Case> {
             let data: Vec<i8> = vec![-8, -3, 0, 7, 5, -1, 2, -6];
             let codes: Vec<u8> = data.iter().map(|&d| (d as u8) & 15).collect();
             let sc = [0.5, 0.25, 1.0, 2.0];
-            let off = [1u8, 0, 255, 2];
+            // The offset is of data's dtype (coremltools allows that or a float).
+            let off = [1u8, 0, 15, 2];
             let ins = vec![
                 ("data", In::Inline(sub_byte(DType::I4, &[2, 4], &codes)?)),
                 ("scale", In::Inline(p.fval(&[2, 2], &sc))),
-                (
-                    "offset",
-                    In::Inline(Value::Tensor(ITensor::new(
-                        DType::I8,
-                        vec![2, 2],
-                        milkit::ir::Bytes::from_vec(off.to_vec()),
-                    )?)),
-                ),
+                ("offset", In::Inline(sub_byte(DType::I4, &[2, 2], &off)?)),
             ];
             let w = p.op("constexpr_blockwise_shift_scale", ins)?;
             let offv = [1.0, 0.0, -1.0, 2.0];
@@ -3167,7 +3252,9 @@ fn list_cases() -> Vec<Case> {
         case("list_read", "an index from the data", &[I15], FP, |p| {
             let (x, xv) = p.xs("x", &[4]);
             let (y, yv) = p.xs("y", &[4]);
-            let i = p.input_of("i", I32, &[], &[1.0]);
+            // Core ML has no rank-0 inputs: a [1] input squeezed to the scalar index.
+            let i = p.input_of("i", I32, &[1], &[1.0]);
+            let i = p.op("squeeze", vec![("x", In::V(i))])?;
             let l = make_list(p, 2, false, &[4])?;
             let l = write(p, l, 0, &x)?;
             let l = write(p, l, 1, &y)?;
@@ -3503,7 +3590,7 @@ fn conv_resample_cases() -> Vec<Case> {
     ));
     v.push(case(
         "conv_quantized",
-        "2-D linear uint8 weight, per-channel scale, scalar bias, same pad",
+        "2-D linear uint8 weight, per-channel scale, scalar quant_bias, same pad",
         &versions("conv_quantized"),
         FP,
         |p| {
@@ -3511,7 +3598,7 @@ fn conv_resample_cases() -> Vec<Case> {
             let codes: Vec<u8> = (0..3 * 2 * 3 * 3).map(|i| (i * 37 % 256) as u8).collect();
             let scale = [0.01, -0.02, 0.005];
             let qbias = -0.5;
-            let bv = p.rand(3, -1.0, 1.0);
+            let bv = [0.0; 3];
             let ins = vec![
                 ("x", In::V(x)),
                 (
@@ -3522,7 +3609,6 @@ fn conv_resample_cases() -> Vec<Case> {
                         milkit::ir::Bytes::from_vec(codes.clone()),
                     )?)),
                 ),
-                ("bias", p.cf(&[3], &bv)),
                 ("quantization_type", cstr("linear")),
                 ("nbits", ci0(8)),
                 ("quant_scale", p.cf(&[3], &scale)),
@@ -3692,7 +3778,9 @@ fn crop_resize_cases() -> Vec<Case> {
     ];
     for (what, opset, bm, sm, norm, scale, pad, indexed, (th, tw)) in crs {
         v.push(case("crop_resize", what, &[opset], FP, move |p| {
-            let (b, c, h, w, n) = (2usize, 2usize, 5usize, 6usize, 3usize);
+            // A roi of 5 picks its image by index; coremltools leaves B > 1 rows undefined.
+            let b = if indexed && opset < I17 { 1 } else { 2 };
+            let (c, h, w, n) = (2usize, 5usize, 6usize, 3usize);
             let (x, xv) = p.xs("x", &[b, c, h, w]);
             // Boxes spanning the image and a little beyond it.
             let hi = if norm { 1.2 } else { 6.5 };
@@ -4990,6 +5078,122 @@ fn every_case_matches_its_float64_reference_at_every_opset_and_dtype() {
     );
 }
 
+fn target_of(o: Opset) -> u32 {
+    match o {
+        I15 => 15,
+        I16 => 16,
+        I17 => 17,
+        I18 => 18,
+    }
+}
+
+/// The same table, each run through a package coremltools' own MIL builder made: the
+/// milkit-built package is parsed by coremltools 9 (`milproto.load`, which calls
+/// `mb.<op>(**inputs)` for every op and re-types it) and written back out by `ct.convert`
+/// with no graph pass (tests/coremltools_rebuild.py), so the package milkit then runs holds
+/// the case's ops in coremltools' serialization: its constants and blobs, attributes and
+/// description. Outputs are checked against the same float64 references; every op of
+/// [`COREML_OPS`] but [`MISSING`] must pass on at least one such package.
+#[test]
+fn every_case_also_runs_from_a_package_coremltools_builder_made() {
+    let Some(py) = common::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cases = cases();
+    let mut built = vec![];
+    let mut jobs = vec![];
+    let mut failures = vec![];
+    for (i, c) in cases.iter().enumerate() {
+        for &o in &c.opsets {
+            for &dt in &c.dts {
+                let label = format!("{} ({}) {} {dt}", c.op, c.what, o.opset_name());
+                let k = built.len();
+                let src = dir.path().join(format!("{k}.mlpackage"));
+                let dst = dir.path().join(format!("{k}.ct.mlpackage"));
+                let b = build_case(c, o, dt, 1000 + i as u64, true).and_then(|b| {
+                    milkit::package::save_package(&b.model, &src, false, &mut |_| {})?;
+                    Ok(b)
+                });
+                match b {
+                    Ok(b) => {
+                        jobs.push(serde_json::json!({
+                            "src": src, "dst": dst, "target": target_of(o)
+                        }));
+                        built.push((label, c.op.clone(), dst, b));
+                    }
+                    Err(e) => failures.push(format!("{label}: building: {e:#}")),
+                }
+            }
+        }
+    }
+    let jobs_path = dir.path().join("jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/coremltools_rebuild.py");
+    let out = std::process::Command::new(py)
+        .arg(script)
+        .arg(&jobs_path)
+        .output()
+        .expect("run tests/coremltools_rebuild.py");
+    assert!(
+        out.status.success(),
+        "coremltools_rebuild.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut rebuilt = std::collections::BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(r) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let dst = r["dst"].as_str().unwrap_or_default().to_string();
+        let err = (r["ok"] != true).then(|| r["error"].as_str().unwrap_or("?").to_string());
+        rebuilt.insert(dst, err);
+    }
+    let mut covered = BTreeSet::new();
+    for (label, op, dst, b) in &built {
+        match rebuilt.get(dst.to_str().unwrap()) {
+            None => failures.push(format!("{label}: coremltools wrote no result")),
+            Some(Some(e)) => failures.push(format!("{label}: coremltools refused it: {e}")),
+            Some(None) => {
+                // The op under test is in coremltools' package, not folded away.
+                let has = milkit::package::load_package(dst).map(|m| {
+                    m.program
+                        .functions
+                        .values()
+                        .any(|f| f.block.walk().iter().any(|x| &x.op_type == op))
+                });
+                if let Err(e) = has {
+                    failures.push(format!("{label}: loading coremltools' package: {e:#}"));
+                } else if has.is_ok_and(|h| !h) {
+                    failures.push(format!("{label}: no {op} op in coremltools' package"));
+                } else if let Err(e) = check_package(dst, b) {
+                    failures.push(format!("{label}: {e:#}"));
+                } else {
+                    covered.insert(op.clone());
+                }
+            }
+        }
+    }
+    let uncovered: Vec<&str> = COREML_OPS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| !covered.contains(*n) && !MISSING.iter().any(|(m, _)| m == n))
+        .collect();
+    eprintln!(
+        "{} case runs from coremltools-made packages; {} ops covered",
+        built.len(),
+        covered.len()
+    );
+    assert!(
+        failures.is_empty() && uncovered.is_empty(),
+        "{} of {} failed:\n{}\nops on no coremltools-made package: {uncovered:?}",
+        failures.len(),
+        built.len(),
+        failures.join("\n")
+    );
+}
+
 /// A function holding one op by hand (the Builder refuses ops it does not know).
 fn raw_package(dir: &std::path::Path, opset: Opset, op_type: &str) -> std::path::PathBuf {
     let x = milkit::ir::Var {
@@ -5503,4 +5707,75 @@ fn crop_resize_refuses_a_sampling_mode_coremltools_leaves_undefined_naming_it() 
         e.contains("crop_resize") && e.contains("OFFSET_CORNERS"),
         "{e}"
     );
+}
+
+/// Inputs coremltools 9's type inference refuses are refused by milkit's too, each error
+/// naming the op and the rule (found by running every case through coremltools' builder).
+#[test]
+fn inputs_coremltools_refuses_are_refused_naming_the_op_and_the_rule() {
+    let err = |opset: Opset, op: &str, f: &dyn Fn(&mut Prog) -> Vec<(&'static str, In)>| {
+        let mut p = Prog::new(opset, F32, 1);
+        let ins = f(&mut p);
+        format!("{:#}", p.op(op, ins).unwrap_err())
+    };
+    // prelu on rank 3 with per-channel alpha.
+    let e = err(I15, "prelu", &|p| {
+        let (x, _) = p.xs("x", &[1, 3, 4]);
+        vec![("x", In::V(x)), ("alpha", p.cf(&[3], &[0.1, 0.2, 0.3]))]
+    });
+    assert!(e.contains("prelu") && e.contains("rank 3"), "{e}");
+    // conv_quantized with a bias (typed uint8 by coremltools, with no stated meaning).
+    let e = err(I15, "conv_quantized", &|p| {
+        let (x, _) = p.xs("x", &[1, 1, 3, 3]);
+        let w = ITensor::new(
+            DType::U8,
+            vec![1, 1, 1, 1],
+            milkit::ir::Bytes::from_vec(vec![3]),
+        );
+        vec![
+            ("x", In::V(x)),
+            ("weight", In::C(Value::Tensor(w.unwrap()))),
+            ("bias", p.cf(&[1], &[0.5])),
+            ("quantization_type", cstr("linear")),
+            ("quant_scale", p.cs(0.1)),
+            ("quant_bias", p.cs(0.0)),
+        ]
+    });
+    assert!(e.contains("conv_quantized") && e.contains("bias"), "{e}");
+    // constexpr_blockwise_shift_scale with an int8 offset on int4 data.
+    let e = err(I18, "constexpr_blockwise_shift_scale", &|p| {
+        let off = ITensor::new(DType::I8, vec![1, 1], milkit::ir::Bytes::from_vec(vec![1]));
+        vec![
+            (
+                "data",
+                In::Inline(sub_byte(DType::I4, &[1, 2], &[1, 2]).unwrap()),
+            ),
+            ("scale", In::Inline(p.fval(&[1, 1], &[0.5]))),
+            ("offset", In::Inline(Value::Tensor(off.unwrap()))),
+        ]
+    });
+    assert!(e.contains("offset") && e.contains("int8"), "{e}");
+    // crop_resize (iOS15) with a batch-index roi on a batch of 2.
+    let e = err(I15, "crop_resize", &|p| {
+        let (x, _) = p.xs("x", &[2, 1, 3, 3]);
+        let r = p.input_of("roi", F32, &[1, 1, 5, 1, 1], &[1.0, 0.0, 0.0, 2.0, 2.0]);
+        vec![
+            ("x", In::V(x)),
+            ("roi", In::V(r)),
+            ("sampling_mode", cstr("ALIGN_CORNERS")),
+        ]
+    });
+    assert!(e.contains("crop_resize") && e.contains("batch"), "{e}");
+    // reduce_argmax (iOS17) with an output dtype coremltools does not allow; iOS15 has no
+    // output_dtype at all.
+    let e = err(I17, "reduce_argmax", &|p| {
+        let (x, _) = p.xs("x", &[2, 3]);
+        vec![("x", In::V(x)), ("output_dtype", cstr("int8"))]
+    });
+    assert!(e.contains("output_dtype") && e.contains("int8"), "{e}");
+    let e = err(I15, "reduce_argmax", &|p| {
+        let (x, _) = p.xs("x", &[2, 3]);
+        vec![("x", In::V(x)), ("output_dtype", cstr("int32"))]
+    });
+    assert!(e.contains("output_dtype"), "{e}");
 }
