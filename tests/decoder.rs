@@ -1,17 +1,14 @@
 //! Whisper text decoder export: the ABI (names, dtypes, shapes) of every variant, the
 //! conformance validator's verdict, a separately compressible vocabulary head, and numerics —
-//! an f32 reference step against PyTorch's logits, and the built graphs (run by a small f32
-//! evaluator) against that reference.
+//! an f32 reference step against PyTorch's logits, and the built graphs (run by milkit's
+//! runtime with fp16 widened to f32) against that reference.
 
 mod common;
-#[path = "decoder/interp.rs"]
-mod interp;
 #[path = "decoder/reference.rs"]
 mod reference;
 #[path = "decoder/support.rs"]
 mod support;
 
-use interp::{Interp, T};
 use milkit::ir::{ArrayDType, Opset};
 use milkit::package::load_package;
 use milkit::whisper::decoder::{
@@ -239,12 +236,12 @@ fn synthetic_cross_kv_models() {
     // equals the reference decoder.
     let r = RefDecoder::load(&d, &w).unwrap();
     let (rows, enc) = synthetic_encoder(&d);
-    let out = Interp::new(&ckv)
-        .run(
-            &[("encoder_output_embeds", enc)].into(),
-            &mut HashMap::new(),
-        )
-        .unwrap();
+    let out = run_f32(
+        &ckv,
+        &[("encoder_output_embeds", enc)].into(),
+        &mut HashMap::new(),
+    )
+    .unwrap();
     let want = r.cross_kv(&rows);
     let wk = bc1s_layers(
         &want.iter().map(|kv| kv.0.clone()).collect::<Vec<_>>(),
@@ -527,7 +524,7 @@ fn prefill_lookup_tables() {
             ("language", T::new(&[1], vec![lang as f32])),
         ]
         .into();
-        let out = Interp::new(&m).run(&ins, &mut HashMap::new()).unwrap();
+        let out = run_f32(&m, &ins, &mut HashMap::new()).unwrap();
         let (pk, pv) = (
             psnr(&want_k.data, &out["key_cache_prefill"].data),
             psnr(&want_v.data, &out["value_cache_prefill"].data),

@@ -1,12 +1,14 @@
 //! Test support for tests/decoder.rs: dimensions and options, ABI helpers, save/reload,
 //! the validator run for stateful packages, and WhisperKit's host loop driving a decoder graph
-//! step by step (run by the test evaluator) next to the f32 reference.
+//! step by step (run by milkit's runtime with fp16 widened to f32, `--compute fp32`) next to
+//! the f32 reference.
 
 use super::common;
-use super::interp::{Interp, T};
 use super::reference::{self, psnr, RefDecoder};
+use anyhow::{anyhow, Result};
 use milkit::ir::{ArrayDType, Model};
 use milkit::package::{load_package, save_package};
+use milkit::runtime::{precision::Compute, Options, Session, Tensor};
 use milkit::whisper::decoder::{
     alignment_heads_from_json, CrossKv, DecoderDims, DecoderOptions, KvCache, MASK_HIDDEN,
 };
@@ -221,8 +223,7 @@ impl Host {
             ins.insert("key_cache", self.key.clone());
             ins.insert("value_cache", self.value.clone());
         }
-        let out = Interp::new(m)
-            .run(&ins, &mut self.states)
+        let out = run_f32(m, &ins, &mut self.states)
             .unwrap_or_else(|e| panic!("evaluate step {t}: {e:#}"));
         if !stateful {
             for (cache, upd) in [
@@ -236,6 +237,93 @@ impl Host {
         }
         out
     }
+}
+
+/// A host-side f32 tensor (integers ride along as f32, exact below 2^24).
+#[derive(Clone, Debug)]
+pub struct T {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl T {
+    pub fn new(shape: &[usize], data: Vec<f32>) -> T {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "shape/data mismatch"
+        );
+        T {
+            shape: shape.to_vec(),
+            data,
+        }
+    }
+
+    fn to_tensor(&self, dtype: milkit::ir::DType) -> Result<Tensor> {
+        let dev = candle_core::Device::Cpu;
+        Ok(if dtype.is_float() {
+            Tensor::from_vec(self.data.clone(), self.shape.as_slice(), &dev)?
+        } else {
+            let v: Vec<i32> = self.data.iter().map(|&x| x as i32).collect();
+            Tensor::from_vec(v, self.shape.as_slice(), &dev)?
+        })
+    }
+
+    fn from_tensor(t: &Tensor) -> Result<T> {
+        let data = t
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        Ok(T::new(t.dims(), data))
+    }
+}
+
+/// Runs `m` once with milkit's runtime, every fp16 tensor widened to f32 (`--compute fp32`)
+/// so that the graph, not fp16 rounding, is compared with the f32 reference. `states` holds
+/// the state tensors by name: read before the call, written back after it.
+pub fn run_f32(
+    m: &Model,
+    inputs: &HashMap<&str, T>,
+    states: &mut HashMap<String, T>,
+) -> Result<HashMap<String, T>> {
+    let opts = Options {
+        compute: Compute::Fp32,
+        ..Options::default()
+    };
+    let mut s = Session::from_model_with(m.clone(), &opts)?;
+    let mut feeds = vec![];
+    for (name, ty) in s.inputs(None)? {
+        if matches!(ty, milkit::ir::ValueType::State(_)) {
+            continue;
+        }
+        let tt = ty
+            .as_tensor()
+            .ok_or_else(|| anyhow!("input {name} is not a tensor"))?;
+        let t = inputs
+            .get(name.as_str())
+            .ok_or_else(|| anyhow!("missing input {name}"))?;
+        feeds.push((name, t.to_tensor(tt.dtype)?));
+    }
+    let state_names: Vec<String> = s.state_names().iter().map(|n| n.to_string()).collect();
+    for n in &state_names {
+        if let Some(t) = states.get(n) {
+            let d = s
+                .state(n)
+                .map(|z| z.dtype())
+                .unwrap_or(candle_core::DType::F32);
+            s.set_state(n, t.to_tensor(milkit::ir::DType::F32)?.to_dtype(d)?)?;
+        }
+    }
+    let feeds: Vec<(&str, Tensor)> = feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let out = s.predict(&feeds)?;
+    for n in &state_names {
+        if let Some(t) = s.state(n) {
+            states.insert(n.clone(), T::from_tensor(&t)?);
+        }
+    }
+    out.iter()
+        .map(|(n, t)| Ok((n.clone(), T::from_tensor(t)?)))
+        .collect()
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
