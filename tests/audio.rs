@@ -3,8 +3,11 @@
 use milkit::whisper::audio::{self, load_wav, log_mel, log_mel_windows, resample, MelFilters};
 use milkit::whisper::generate::{argmax, DecodingRules, PassOptions, Rng, Task};
 use milkit::whisper::tokenizer::Tokenizer;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
+
+mod common;
+use common::fixtures;
 
 const CLIPS: [&str; 4] = [
     "jfk",
@@ -12,25 +15,6 @@ const CLIPS: [&str; 4] = [
     "ljspeech_LJ001-0001",
     "ljspeech_LJ001-0006",
 ];
-
-/// The shared fixtures directory: $MILKIT_FIXTURES, else <crate>/../shared. None (skip) when
-/// absent, unless MILKIT_REQUIRE_FIXTURES=1, which makes absence a failure.
-fn fixtures() -> Option<PathBuf> {
-    let dir = std::env::var_os("MILKIT_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    if dir.is_dir() {
-        return Some(dir);
-    }
-    if std::env::var("MILKIT_REQUIRE_FIXTURES").as_deref() == Ok("1") {
-        panic!(
-            "fixtures not found at {} and MILKIT_REQUIRE_FIXTURES=1",
-            dir.display()
-        );
-    }
-    eprintln!("skipping: fixtures not found at {}", dir.display());
-    None
-}
 
 /// Read one tensor of a safetensors file as (f32 values, shape); i32/i64 tensors are
 /// converted to f32 for convenience.

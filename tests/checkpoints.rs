@@ -6,8 +6,9 @@
 //! tokenizer) rewritten from tiny.en by the tests themselves.
 
 mod common;
-mod runtime_common;
 
+use common::programs::{f32s, host};
+use common::rng::Rng;
 use milkit::ir::{ArrayDType, Model, Opset};
 use milkit::passes::compress::{Method, Selection};
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
@@ -19,7 +20,6 @@ use milkit::whisper::decoder_export::{export_decoder, DecoderExport};
 use milkit::whisper::head_pad::{pad_head_rows, PaddedHead, HEAD_PADDING_KEY};
 use milkit::whisper::synth::{synthesize_with, SynthDType, SynthOptions};
 use milkit::whisper::tokenizer::Tokenizer;
-use runtime_common::{f32s, host, Lcg};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -69,7 +69,7 @@ fn compress(m: &mut Model, method: Method) {
 /// caches and encoder output; the logits as f32 and their shape.
 fn step(m: &Model) -> (Vec<f32>, Vec<usize>) {
     let mut s = Session::from_model(m.clone()).unwrap();
-    let mut rng = Lcg(11);
+    let mut rng = Rng(11);
     let mut ins: Vec<(String, Tensor)> = vec![];
     for (name, ty) in s.inputs(None).unwrap() {
         let shape = ty.as_tensor().unwrap().fixed_shape().unwrap();

@@ -11,67 +11,13 @@ use milkit::passes::kmeans::{kmeans_1d, kmeans_1d_f16};
 use milkit::passes::lut::{self, LutConfig, LutGranularity, LutMode};
 use milkit::passes::quant::{self, QuantConfig, QuantDtype, QuantGranularity, QuantValues};
 use milkit::passes::subbyte;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
+
+mod common;
+use common::rng::Rng;
+use common::{fixtures, python, run_python};
 
 // ---------------------------------------------------------------- helpers
-
-fn require() -> bool {
-    std::env::var("MILKIT_REQUIRE_FIXTURES").is_ok_and(|v| v == "1")
-}
-
-fn fixtures() -> Option<PathBuf> {
-    let p = std::env::var_os("MILKIT_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    if p.is_dir() {
-        return Some(p);
-    }
-    assert!(!require(), "fixtures not found at {}", p.display());
-    eprintln!("SKIP: fixtures not found at {}", p.display());
-    None
-}
-
-/// A Python that can import coremltools, or None (skip) unless fixtures are required.
-fn python() -> Option<PathBuf> {
-    let candidates: Vec<PathBuf> = match std::env::var_os("MILKIT_PYTHON") {
-        Some(p) => vec![PathBuf::from(p)],
-        None => vec![
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"),
-            PathBuf::from("/work/venv/bin/python"),
-        ],
-    };
-    for c in &candidates {
-        let ok = Command::new(c)
-            .args(["-c", "import coremltools, numpy"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return Some(c.clone());
-        }
-    }
-    assert!(
-        !require(),
-        "no python with coremltools among {candidates:?}"
-    );
-    eprintln!("SKIP: no python with coremltools among {candidates:?}");
-    None
-}
-
-/// Runs `script` (Python source) with `dir` as its argument; panics with its stderr on failure.
-fn run_python(py: &Path, script: &str, dir: &Path) {
-    let out = Command::new(py)
-        .arg("-c")
-        .arg(script)
-        .arg(dir)
-        .output()
-        .expect("spawn python");
-    assert!(
-        out.status.success(),
-        "python failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Writes a little-endian C-order .npy file.
 fn write_npy(path: &Path, descr: &str, shape: &[usize], bytes: &[u8]) {
@@ -115,33 +61,15 @@ fn read_bytes(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Deterministic generator (splitmix64) with uniform and normal draws.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.uniform().max(1e-300), self.uniform());
-        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
-    }
-    /// Weight-like fp16 values: N(0, sigma) with a few 8x outliers.
-    fn weights(&mut self, n: usize, sigma: f64) -> Vec<f16> {
-        (0..n)
-            .map(|_| {
-                let x = self.normal() * sigma;
-                let x = if self.uniform() < 0.01 { x * 8.0 } else { x };
-                f16::from_f64(x)
-            })
-            .collect()
-    }
+/// Weight-like fp16 values: N(0, sigma) with a few 8x outliers.
+fn weights(rng: &mut Rng, n: usize, sigma: f64) -> Vec<f16> {
+    (0..n)
+        .map(|_| {
+            let x = rng.normal() * sigma;
+            let x = if rng.uniform() < 0.01 { x * 8.0 } else { x };
+            f16::from_f64(x)
+        })
+        .collect()
 }
 
 fn sse(values: &[f64], weights: &[f64], assign: &[usize], k: usize) -> f64 {
@@ -198,7 +126,7 @@ fn kmeans_matches_brute_force_on_small_inputs() {
         let vals: Vec<f32> = (0..n)
             .map(|_| {
                 if trial % 2 == 0 {
-                    (rng.next() % 7) as f32 * 0.5 - 1.0
+                    (rng.next_u64() % 7) as f32 * 0.5 - 1.0
                 } else {
                     rng.normal() as f32
                 }
@@ -254,7 +182,7 @@ fn equal_weights_give_the_unweighted_result_exactly() {
         (3000, 16, 0.37),
         (5000, 8, 1.7e-4),
     ] {
-        let h = rng.weights(n, 0.02);
+        let h = weights(&mut rng, n, 0.02);
         let f: Vec<f32> = h.iter().map(|x| x.to_f32()).collect();
         let w = vec![c; n];
         let a = kmeans_1d(&f, None, k).unwrap();
@@ -273,7 +201,7 @@ fn equal_weights_give_the_unweighted_result_exactly() {
     }
     // Through palettize: a constant per-column importance changes nothing.
     let shape = [64usize, 96];
-    let h = rng.weights(shape[0] * shape[1], 0.03);
+    let h = weights(&mut rng, shape[0] * shape[1], 0.03);
     let cfg = LutConfig {
         mode: LutMode::Kmeans,
         nbits: 4,
@@ -333,16 +261,16 @@ fn kmeans_matches_reference_dp_on_random_data() {
     for trial in 0..160 {
         // Tiny groups (k above the distinct count), heavy ties, and larger continuous groups.
         let n = match trial % 4 {
-            0 => 1 + (rng.next() % 6) as usize,
-            1 => 20 + (rng.next() % 200) as usize,
-            _ => 100 + (rng.next() % 500) as usize,
+            0 => 1 + (rng.next_u64() % 6) as usize,
+            1 => 20 + (rng.next_u64() % 200) as usize,
+            _ => 100 + (rng.next_u64() % 500) as usize,
         };
         let k = [2usize, 3, 4, 8, 16][trial % 5];
         let tied = trial % 3 == 0;
         let h: Vec<f16> = (0..n)
             .map(|_| {
                 if tied {
-                    f16::from_f64((rng.next() % 13) as f64 * 0.01 - 0.06)
+                    f16::from_f64((rng.next_u64() % 13) as f64 * 0.01 - 0.06)
                 } else {
                     f16::from_f64(
                         rng.normal() * 0.02 * if rng.uniform() < 0.05 { 6.0 } else { 1.0 },
@@ -423,14 +351,14 @@ fn lloyd(values: &[f64], mut centres: Vec<f64>) -> f64 {
 fn kmeans_never_worse_than_lloyd() {
     let mut rng = Rng(3);
     for &(n, k) in &[(500usize, 4usize), (2000, 8), (2000, 16)] {
-        let h = rng.weights(n, 0.02);
+        let h = weights(&mut rng, n, 0.02);
         let v: Vec<f64> = h.iter().map(|x| x.to_f64()).collect();
         let km = kmeans_1d_f16(&h, None, k).unwrap();
         let assign: Vec<usize> = km.assign.iter().map(|&a| a as usize).collect();
         let ours = sse(&v, &vec![1.0; n], &assign, k);
         for _start in 0..5 {
             let init: Vec<f64> = (0..k)
-                .map(|_| v[(rng.next() % n as u64) as usize])
+                .map(|_| v[(rng.next_u64() % n as u64) as usize])
                 .collect();
             let theirs = lloyd(&v, init);
             assert!(
@@ -511,7 +439,7 @@ fn quantize_and_decode_match_coremltools_bit_for_bit() {
     let shapes: [&[usize]; 2] = [&[32, 64], &[16, 32, 3]];
     for (si, shape) in shapes.iter().enumerate() {
         let numel: usize = shape.iter().product();
-        let mut w = rng.weights(numel, 0.03);
+        let mut w = weights(&mut rng, numel, 0.03);
         if si == 0 {
             // An all-positive channel exercises the asymmetric zero-point clamp.
             for x in &mut w[..64] {
@@ -575,7 +503,7 @@ fn quantize_and_decode_match_coremltools_bit_for_bit() {
         serde_json::to_string(&cases).unwrap(),
     )
     .unwrap();
-    run_python(&py, QUANT_PY, dir.path());
+    run_python(&py, QUANT_PY, &[dir.path().as_os_str()]);
     for (name, cfg, q) in &mine {
         let p = |s: &str| dir.path().join(format!("{name}{s}"));
         let (data_bytes, off_bytes) = match (&q.data, &q.offset) {
@@ -657,7 +585,7 @@ fn palettize_and_decode_match_coremltools() {
     let shapes: [&[usize]; 2] = [&[32, 48], &[16, 24, 3]];
     for shape in shapes {
         let numel: usize = shape.iter().product();
-        let w = rng.weights(numel, 0.02);
+        let w = weights(&mut rng, numel, 0.02);
         for mode in [LutMode::Uniform, LutMode::Kmeans] {
             for nbits in lut::LUT_NBITS {
                 for gran in [
@@ -703,7 +631,7 @@ fn palettize_and_decode_match_coremltools() {
         serde_json::to_string(&cases).unwrap(),
     )
     .unwrap();
-    run_python(&py, LUT_PY, dir.path());
+    run_python(&py, LUT_PY, &[dir.path().as_os_str()]);
     for (name, cfg, shape, w, pal) in &mine {
         let p = |s: &str| dir.path().join(format!("{name}{s}"));
         let dec = pal.decode().unwrap();
@@ -771,13 +699,13 @@ fn subbyte_packing_matches_coremltools() {
     let n = 1001; // odd, so every width ends in a partial byte
     let mut codes = Vec::new();
     for nb in subbyte::SUBBYTE_NBITS {
-        let c: Vec<u8> = (0..n).map(|_| (rng.next() % (1 << nb)) as u8).collect();
+        let c: Vec<u8> = (0..n).map(|_| (rng.next_u64() % (1 << nb)) as u8).collect();
         let packed = subbyte::pack_bits(&c, nb).unwrap();
         assert_eq!(packed.len(), (n * nb as usize).div_ceil(8));
         assert_eq!(subbyte::unpack_bits(&packed, nb, n).unwrap(), c);
         codes.push((nb, c, packed));
     }
-    let i4: Vec<i8> = (0..n).map(|_| (rng.next() % 16) as i8 - 8).collect();
+    let i4: Vec<i8> = (0..n).map(|_| (rng.next_u64() % 16) as i8 - 8).collect();
     let i4_packed = subbyte::pack_int4(&i4).unwrap();
     assert_eq!(subbyte::unpack_int4(&i4_packed, n).unwrap(), i4);
 
@@ -791,7 +719,7 @@ fn subbyte_packing_matches_coremltools() {
         bytemuck::cast_slice::<i8, u8>(&i4),
     )
     .unwrap();
-    run_python(&py, PACK_PY, dir.path());
+    run_python(&py, PACK_PY, &[dir.path().as_os_str()]);
     for (nb, _, packed) in &codes {
         assert_eq!(
             packed,

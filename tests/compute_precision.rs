@@ -6,15 +6,14 @@
 //! fp16 package can.
 
 mod common;
-mod runtime_common;
 
+use common::programs::{f32s, psnr};
 use half::f16;
 use milkit::ir::{ArrayDType, DType, Description, Feature, Function, Model, Opset, Program};
 use milkit::ir::{Tensor as IrTensor, Value, ValueType};
 use milkit::ops::{Builder, In};
 use milkit::runtime::precision::{promote_fp16, Compute};
 use milkit::runtime::{io, Options, Session, Tensor};
-use runtime_common::{f32s, psnr};
 
 /// y = cast(x, fp16) · w + b, then cast to fp16 again: x fp32 [4] in, y fp16 [4] out.
 fn program() -> Model {

@@ -5,7 +5,6 @@
 //! WhisperKit folder, and the refusals.
 
 mod common;
-mod runtime_common;
 
 use common::milkit;
 use milkit::ir::{Arg, ArrayDType, Model, Value};
@@ -428,17 +427,17 @@ fn mel_package_matches_hugging_face_features() {
     let mut audio = milkit::whisper::audio::load_wav(fx.join("audio/jfk.wav")).unwrap();
     audio.resize(480000, 0.0);
     let refs = fx.join("reference/tiny.en-jfk.safetensors");
-    let want = runtime_common::f32s(
+    let want = common::programs::f32s(
         &milkit::runtime::io::read_safetensors(&refs, "input_features").unwrap(),
     );
     let mut s = milkit::runtime::Session::load(&p).unwrap();
-    let x = runtime_common::host(&audio, &[480000])
+    let x = common::programs::host(&audio, &[480000])
         .to_dtype(candle_core::DType::F16)
         .unwrap();
     let out = s.predict(&[("audio", x)]).unwrap();
-    let got = runtime_common::f32s(&out[0].1);
+    let got = common::programs::f32s(&out[0].1);
     assert_eq!(got.len(), want.len());
-    let psnr = runtime_common::psnr(&want, &got);
+    let psnr = common::programs::psnr(&want, &got);
     let max_err = want
         .iter()
         .zip(&got)

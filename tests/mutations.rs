@@ -16,25 +16,8 @@ use milkit::ops::{Builder, In};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
-/// A 64-bit LCG (Knuth's constants): reproducible from its seed, no dependency.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 11
-    }
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-}
+mod common;
+use common::rng::Rng;
 
 const INTERESTING: [u64; 8] = [
     0,
@@ -48,7 +31,7 @@ const INTERESTING: [u64; 8] = [
 ];
 
 /// One mutant of `seed` and what was done (for the report).
-fn mutate(seed: &[u8], r: &mut Lcg, text: bool) -> (Vec<u8>, String) {
+fn mutate(seed: &[u8], r: &mut Rng, text: bool) -> (Vec<u8>, String) {
     let mut b = seed.to_vec();
     let mut what = Vec::new();
     for _ in 0..1 + r.below(3) {
@@ -62,7 +45,7 @@ fn mutate(seed: &[u8], r: &mut Lcg, text: bool) -> (Vec<u8>, String) {
                 what.push(format!("flip bit {bit} at {at}"));
             }
             1 if len > 0 => {
-                let v = r.next() as u8;
+                let v = r.next_u64() as u8;
                 b[at] = v;
                 what.push(format!("byte {v} at {at}"));
             }
@@ -136,7 +119,7 @@ fn replay(name: &str, seed: &[u8], text: bool, target: &dyn Fn(&[u8])) {
     std::panic::set_hook(Box::new(|_| {}));
     let mut panics = Vec::new();
     for i in 0..iterations() {
-        let mut r = Lcg(0x5eed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut r = Rng(0x5eed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let (m, what) = mutate(seed, &mut r, text);
         if let Err(p) = catch_unwind(AssertUnwindSafe(|| target(&m))) {
             let msg = p

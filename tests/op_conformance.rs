@@ -11,9 +11,9 @@
 //! An op milkit lacks fails to load with an error naming the op and the opset.
 
 mod common;
-mod runtime_common;
 
 use anyhow::{ensure, Context, Result};
+use common::rng::Rng;
 use half::f16;
 use milkit::ir::{
     ArrayDType, Block, DType, Description, Feature, Function, Model, Opset, Program,
@@ -21,7 +21,6 @@ use milkit::ir::{
 };
 use milkit::ops::{Builder, In, V};
 use milkit::runtime::{Session, Tensor};
-use runtime_common::Lcg;
 use std::collections::BTreeSet;
 
 use DType::{Bool, F16, F32, I32};
@@ -229,7 +228,7 @@ struct Prog {
     opset: Opset,
     /// The compute dtype of the case (float inputs and constants are of it).
     dt: DType,
-    rng: Lcg,
+    rng: Rng,
     feeds: Vec<(String, Tensor)>,
     states: Vec<(String, Tensor)>,
     outs: Vec<(V, Vec<usize>, Vec<f64>, Cmp)>,
@@ -245,7 +244,7 @@ impl Prog {
             b: Builder::new(opset),
             opset,
             dt,
-            rng: Lcg(seed),
+            rng: Rng(seed),
             feeds: vec![],
             states: vec![],
             outs: vec![],
@@ -5289,7 +5288,7 @@ fn run_made(
     xs: &[usize],
     seed: u64,
 ) -> (Vec<f64>, Vec<(String, Tensor)>) {
-    let mut rng = Lcg(seed);
+    let mut rng = Rng(seed);
     let xv: Vec<f64> = (0..numel(xs))
         .map(|_| (rng.next() as f64) as f32 as f64)
         .collect();
@@ -5430,7 +5429,7 @@ fn run_made_on(
 }
 
 fn lcg_vals(seed: u64, n: usize) -> Vec<f64> {
-    let mut r = Lcg(seed);
+    let mut r = Rng(seed);
     (0..n).map(|_| r.next() as f64).collect()
 }
 

@@ -5,10 +5,11 @@
 //! methods without grouped tables, and yields packages the coremltools validator accepts.
 
 mod common;
-mod runtime_common;
 
 use candle_core::{Device, Tensor};
 use common::milkit;
+use common::programs::{f16_tensor, f32s, host, model, psnr, tin};
+use common::rng::Rng;
 use milkit::ir::{DType, Model, Opset, Value};
 use milkit::ops::{Builder, In};
 use milkit::passes::calibrate::Calibration;
@@ -20,7 +21,6 @@ use milkit::runtime::Session;
 use milkit::whisper::encoder::EncoderAbi;
 use milkit::whisper::export::export_encoder;
 use milkit::whisper::synth::{synthesize_with, SynthDType, SynthOptions};
-use runtime_common::{f16_tensor, f32s, host, model, psnr, tin, Lcg};
 use std::path::Path;
 
 fn lut4(pcs: bool) -> Method {
@@ -79,7 +79,7 @@ fn assert_same_function(a: &[f32], b: &[f32], tol: f64, what: &str) {
 /// conv(x; W₁ [64, 32], b₁) → gelu → conv(W₂ [32, 64]): every fifth hidden channel's row has
 /// eight times the magnitude of the others, so each group of 16 rows mixes both kinds.
 fn mlp_with_outlier_rows() -> Model {
-    let mut r = Lcg(11);
+    let mut r = Rng(11);
     let (d, h) = (32usize, 64usize);
     let w1: Vec<f32> = (0..h * d)
         .map(|i| r.next() * if (i / d) % 5 == 0 { 8.0 } else { 1.0 })
@@ -158,7 +158,7 @@ fn reordering_keeps_the_function_and_lowers_the_error_of_outlier_rows() {
     let keys: Vec<f64> = w1.chunks(32).map(|row| row_key(row, false)).collect();
     assert!(keys.windows(2).all(|k| k[0] <= k[1]));
     // The same function: rows of W₁, b₁ and columns of W₂ moved together.
-    let mut rng = Lcg(5);
+    let mut rng = Rng(5);
     let x = host(&rng.vec(32 * 8), &[1, 32, 1, 8]);
     assert_same_function(&run(&m, "x", &x), &run(&re, "x", &x), 2e-3, "mlp");
     // The same bytes, a lower table error for the reordered producer.
@@ -262,7 +262,7 @@ fn whisper_mlps_are_found_and_the_encoder_is_unchanged() {
             ("layers_1_fc1_weight", "layers_1_fc2_weight", 128),
         ]
     );
-    let mut rng = Lcg(9);
+    let mut rng = Rng(9);
     let x = host(&rng.vec(80 * 3000), &[1, 80, 1, 3000]);
     let input = "melspectrogram_features";
     assert_same_function(

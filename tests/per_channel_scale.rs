@@ -5,9 +5,10 @@
 //! is refused below iOS18.
 
 mod common;
-mod runtime_common;
 
 use common::milkit;
+use common::programs::{f32s, host, ints, model, tin};
+use common::rng::Rng;
 use half::f16;
 use milkit::ir::{Arg, DType, Model, Opset, Tensor as ITensor, Value};
 use milkit::ops::{Builder, In};
@@ -15,7 +16,6 @@ use milkit::passes::compress::{compress, Method, Selection};
 use milkit::passes::lut::{palettize, LutConfig, LutGranularity, LutMode};
 use milkit::passes::quant::relative_rms_error;
 use milkit::runtime::Session;
-use runtime_common::{f32s, host, ints, model, tin, Lcg};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -34,7 +34,7 @@ fn lut4(mode: LutMode, pcs: bool) -> LutConfig {
 fn uneven_rows() -> (Vec<f16>, Vec<usize>) {
     let shape = vec![32usize, 24, 3];
     let rest = 24 * 3;
-    let mut r = Lcg(7);
+    let mut r = Rng(7);
     let mut w = Vec::with_capacity(32 * rest);
     for row in 0..32 {
         let mag = 2f32.powf((row % 16) as f32 / 2.0 - 4.0);
@@ -160,7 +160,7 @@ fn runtime_runs_the_chain_like_its_dense_decode() {
     // The reference: the same conv on the decoded weight as a plain fp16 constant.
     let dense = palettize(&w, &shape, &cfg, None).unwrap().decode().unwrap();
     let reference = conv_model(&dense, Opset::Ios18);
-    let mut r = Lcg(11);
+    let mut r = Rng(11);
     let xs: Vec<f32> = r
         .vec(24 * 20)
         .into_iter()
@@ -204,7 +204,7 @@ fn runtime_linear_with_the_chain_equals_its_dense_decode() {
         .unwrap()
         .decode()
         .unwrap();
-    let mut r = Lcg(12);
+    let mut r = Rng(12);
     let x = host(&r.vec(5 * 72), &[5, 72])
         .to_dtype(candle_core::DType::F16)
         .unwrap();

@@ -3,12 +3,11 @@
 //! error reporting, and op coverage.
 
 mod common;
-mod runtime_common;
 
+use common::programs::*;
 use milkit::ir::{ArrayDType, DType, Description, Feature, Opset, TensorType, Value, ValueType};
 use milkit::ops::{Builder, In};
 use milkit::runtime::{io, Session, Tensor};
-use runtime_common::*;
 use std::time::Instant;
 
 // ---------- (a) real packages ----------

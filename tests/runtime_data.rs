@@ -2,12 +2,13 @@
 //! blockwise and affine quantization) against scalar loops, and slicing / gather / pad /
 //! shape ops against index loops.
 
-mod runtime_common;
+mod common;
 
+use common::programs::*;
+use common::rng::Rng;
 use half::f16;
 use milkit::ir::{DType, Opset, Tensor as ITensor, Value};
 use milkit::ops::{Builder, In};
-use runtime_common::*;
 
 fn u_tensor(
     dtype: DType,
@@ -22,7 +23,7 @@ fn u_tensor(
 #[test]
 fn ios18_lut_and_blockwise_decode_match_scalar_loops() {
     use milkit::package::blob::{pack_i4, BlobDType};
-    let mut r = Lcg(7);
+    let mut r = Rng(7);
     let codes: Vec<u8> = (0..24)
         .map(|_| ((r.next() + 1.0) * 8.0) as u8 % 16)
         .collect();
@@ -150,7 +151,7 @@ fn ios18_lut_and_blockwise_decode_match_scalar_loops() {
 #[test]
 fn ios16_lut_and_affine_decode_match_scalar_loops() {
     use milkit::package::blob::BlobDType;
-    let mut r = Lcg(8);
+    let mut r = Rng(8);
     let codes: Vec<u8> = (0..15)
         .map(|_| ((r.next() + 1.0) * 2.0) as u8 % 4)
         .collect();

@@ -5,15 +5,14 @@
 //! one.
 
 mod common;
-mod runtime_common;
 
+use common::programs::*;
 use milkit::ir::Opset;
 use milkit::runtime::{io, Session, Tensor};
 use milkit::whisper::decoder::{
     alignment_heads_from_json, build_decoder, min_head_chunks, CrossKv, DecoderDims,
     DecoderOptions, KvCache, MASK_HIDDEN,
 };
-use runtime_common::*;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;

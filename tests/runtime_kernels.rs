@@ -6,23 +6,6 @@ use half::f16;
 use milkit::kernels::gemv::Isa;
 use milkit::kernels::PackedWeight;
 
-/// xorshift64*: deterministic test data without a dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn code(&mut self) -> u8 {
-        (self.next() >> 60) as u8
-    }
-}
-
 /// `y[j, r] = Σ_c w(r, c) x[j, c]` in f64, plus the scale `Σ |w x|` the error is judged by.
 fn reference(
     n: usize,
@@ -73,8 +56,8 @@ fn f16_and_f32_gemv_match_reference() {
     // (6, 13): rows past the last group of four and columns past the last SIMD lane.
     for &(n, k) in SIZES.iter().chain(&[(6, 13)]) {
         for m in [1, 3] {
-            let w: Vec<f16> = (0..n * k).map(|_| f16::from_f32(rng.f())).collect();
-            let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+            let w: Vec<f16> = (0..n * k).map(|_| f16::from_f32(rng.next())).collect();
+            let x: Vec<f32> = (0..m * k).map(|_| rng.next()).collect();
             let want = reference(n, k, m, &x, |r, c| w[r * k + c].to_f64());
             let p = PackedWeight::from_f16(&[n, k], w.clone()).unwrap();
             check_isas(&format!("f16 {n}x{k} m{m}"), &p, &x, m, &want);
@@ -94,13 +77,13 @@ fn lut4_gemv_reads_packed_codes_and_group_palettes() {
         // One palette per group of 8 rows when 8 divides n, else a single palette.
         let groups = if n % 8 == 0 { n / 8 } else { 1 };
         let rpg = n / groups;
-        let lut: Vec<f32> = (0..groups * 16).map(|_| rng.f()).collect();
+        let lut: Vec<f32> = (0..groups * 16).map(|_| rng.next()).collect();
         let codes: Vec<u8> = (0..n * k).map(|_| rng.code()).collect();
         let p = PackedWeight::lut4(&[n, k], &codes, lut.clone()).unwrap();
         assert_eq!(p.bytes(), n * k / 2 + groups * 64, "LUT4 bytes");
         let dense = |r: usize, c: usize| lut[(r / rpg) * 16 + codes[r * k + c] as usize] as f64;
         for m in [1, 2] {
-            let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+            let x: Vec<f32> = (0..m * k).map(|_| rng.next()).collect();
             let want = reference(n, k, m, &x, dense);
             check_isas(&format!("lut4 {n}x{k} m{m}"), &p, &x, m, &want);
         }
@@ -119,7 +102,7 @@ fn int4_gemv_per_channel_and_per_block() {
                 continue;
             }
             let nb = n * (k / block);
-            let scale: Vec<f32> = (0..nb).map(|_| rng.f() * 0.1).collect();
+            let scale: Vec<f32> = (0..nb).map(|_| rng.next() * 0.1).collect();
             let zero: Vec<f32> = (0..nb).map(|_| (rng.code() % 16) as f32).collect();
             let codes: Vec<u8> = (0..n * k).map(|_| rng.code()).collect();
             let p =
@@ -129,7 +112,7 @@ fn int4_gemv_per_channel_and_per_block() {
                 scale[b] as f64 * (codes[r * k + c] as f64 - zero[b] as f64)
             };
             for m in [1, 3] {
-                let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+                let x: Vec<f32> = (0..m * k).map(|_| rng.next()).collect();
                 let want = reference(n, k, m, &x, dense);
                 let what = format!("int4 {n}x{k} block {block} m{m}");
                 check_isas(&what, &p, &x, m, &want);
@@ -152,13 +135,13 @@ fn shuffle_lookup_paths_match_reference() {
     for &(n, k) in &[(16usize, 64usize), (24, 200), (3000, 384)] {
         let groups = n / 8;
         let lut: Vec<f32> = (0..groups * 16)
-            .map(|_| f16::from_f32(rng.f()).to_f32())
+            .map(|_| f16::from_f32(rng.next()).to_f32())
             .collect();
         let codes: Vec<u8> = (0..n * k).map(|_| rng.code()).collect();
         let p = PackedWeight::lut4(&[n, k], &codes, lut.clone()).unwrap();
         let dense = |r: usize, c: usize| lut[(r / 8) * 16 + codes[r * k + c] as usize] as f64;
         for m in [1, 2] {
-            let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+            let x: Vec<f32> = (0..m * k).map(|_| rng.next()).collect();
             let want = reference(n, k, m, &x, dense);
             check_isas(&format!("fp16-palette lut4 {n}x{k} m{m}"), &p, &x, m, &want);
         }
@@ -167,14 +150,14 @@ fn shuffle_lookup_paths_match_reference() {
                 continue;
             }
             let nb = n * (k / block);
-            let scale: Vec<f32> = (0..nb).map(|_| rng.f() * 0.1).collect();
+            let scale: Vec<f32> = (0..nb).map(|_| rng.next() * 0.1).collect();
             let zero = vec![8.0; nb];
             let p = PackedWeight::int4(&[n, k], &codes, scale.clone(), zero, block).unwrap();
             let dense = |r: usize, c: usize| {
                 scale[r * (k / block) + c / block] as f64 * (codes[r * k + c] as f64 - 8.0)
             };
             for m in [1, 3] {
-                let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+                let x: Vec<f32> = (0..m * k).map(|_| rng.next()).collect();
                 let want = reference(n, k, m, &x, dense);
                 let what = format!("int4 {n}x{k} block {block} m{m}");
                 check_isas(&what, &p, &x, m, &want);
@@ -205,13 +188,14 @@ fn packing_rejects_bad_shapes() {
 
 // ---- The interpreter with packed weights and memoization ----
 
-mod runtime_common;
+mod common;
 
+use common::programs::*;
+use common::rng::Rng;
 use milkit::ir::{DType, Opset, Tensor as ITensor, Value};
 use milkit::ops::{Builder, In};
 use milkit::package::blob::{pack_i4, pack_sub_byte, BlobDType};
 use milkit::runtime::Session;
-use runtime_common::*;
 
 fn q16(v: f32) -> f32 {
     f16::from_f32(v).to_f32()
@@ -227,7 +211,7 @@ fn close16(got: &[f32], want: &[f64], what: &str) {
 /// and an encoder-sized one (decoded per call, GEMM), against loops over the codes.
 #[test]
 fn compressed_weights_run_packed_for_decode_and_dense_for_gemm() {
-    let mut r = Lcg(21);
+    let mut r = Rng(21);
     let (n, k) = (16, 32);
     let codes: Vec<u8> = (0..n * k)
         .map(|_| ((r.next() + 1.0) * 8.0) as u8 % 16)
@@ -342,7 +326,7 @@ fn compressed_weights_run_packed_for_decode_and_dense_for_gemm() {
 /// session without it, across a changed `enc`.
 #[test]
 fn memoized_session_matches_plain_across_changed_inputs() {
-    let mut r = Lcg(5);
+    let mut r = Rng(5);
     let (t, d, h) = (64, 32, 16);
     let w: Vec<f32> = r.vec(h * d).into_iter().map(q16).collect();
     let build = || {
@@ -408,9 +392,9 @@ fn fp16_binary_ops_round_once_under_broadcasting() {
     ];
     for &(sa, sb) in shapes {
         let (na, nb) = (sa.iter().product::<usize>(), sb.iter().product::<usize>());
-        let a: Vec<f16> = (0..na).map(|_| f16::from_f32(rng.f() * 4.0)).collect();
+        let a: Vec<f16> = (0..na).map(|_| f16::from_f32(rng.next() * 4.0)).collect();
         let b: Vec<f16> = (0..nb)
-            .map(|_| f16::from_f32(rng.f().abs() * 4.0 + 0.5))
+            .map(|_| f16::from_f32(rng.next().abs() * 4.0 + 0.5))
             .collect();
         let ta = candle_core::Tensor::from_vec(a.clone(), sa, &candle_core::Device::Cpu).unwrap();
         let tb = candle_core::Tensor::from_vec(b.clone(), sb, &candle_core::Device::Cpu).unwrap();
@@ -455,7 +439,7 @@ fn fp16_binary_ops_round_once_under_broadcasting() {
 /// rounding in the kernel's epilogue) and on the general path (20 columns), against f64.
 #[test]
 fn packed_conv_adds_its_bias_on_every_path() {
-    let mut r = Lcg(33);
+    let mut r = Rng(33);
     let (n, k) = (24, 40);
     let w: Vec<f32> = r.vec(n * k).into_iter().map(|v| q16(v * 0.3)).collect();
     let bias: Vec<f32> = r.vec(n).into_iter().map(q16).collect();

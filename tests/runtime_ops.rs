@@ -2,17 +2,18 @@
 //! `Session`, against naive loops written here in f64 (matmul, linear, convolution,
 //! softmax / layer norm / GELU, einsum, fused attention).
 
-mod runtime_common;
+mod common;
 
+use common::programs::*;
+use common::rng::Rng;
 use half::f16;
 use milkit::ir::{DType, Opset, Tensor as ITensor, Value};
 use milkit::ops::{Builder, In};
 use milkit::runtime::Session;
-use runtime_common::*;
 
 #[test]
 fn matmul_with_transposes_and_batch_broadcast_matches_naive() {
-    let mut r = Lcg(1);
+    let mut r = Rng(1);
     let (xa, ya) = (r.vec(2 * 3 * 5 * 4), r.vec(3 * 6 * 5));
     let mut b = Builder::new(Opset::Ios15);
     let x = b.input("x", tin(DType::F32, &[2, 3, 5, 4])); // transposed: [.., 4, 5]
@@ -58,7 +59,7 @@ fn matmul_with_transposes_and_batch_broadcast_matches_naive() {
 
 #[test]
 fn fp16_linear_rounds_an_fp32_accumulation_once() {
-    let mut r = Lcg(2);
+    let mut r = Rng(2);
     let (k, n) = (300, 7);
     let (xa, wa, ba) = (r.vec(2 * k), r.vec(n * k), r.vec(n));
     let h = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
@@ -143,7 +144,7 @@ fn conv_naive(
 
 #[test]
 fn conv2d_groups_strides_dilations_custom_pad_match_naive() {
-    let mut r = Lcg(3);
+    let mut r = Rng(3);
     let (xs, ws) = ([2, 4, 7, 9], [6, 2, 3, 2]);
     let (xa, wa, ba) = (
         r.vec(xs.iter().product()),
@@ -178,7 +179,7 @@ fn conv2d_groups_strides_dilations_custom_pad_match_naive() {
 
 #[test]
 fn conv1d_same_padding_stride2_and_pointwise_match_naive() {
-    let mut r = Lcg(4);
+    let mut r = Rng(4);
     let (xa, wa, w1) = (r.vec(3 * 11), r.vec(5 * 3 * 3), r.vec(4 * 5));
     let mut b = Builder::new(Opset::Ios15);
     let x = b.input("x", tin(DType::F32, &[1, 3, 11]));
@@ -264,7 +265,7 @@ fn layer_norm_over_axis_1(
 
 #[test]
 fn softmax_layer_norm_and_gelu_match_formulas() {
-    let mut r = Lcg(5);
+    let mut r = Rng(5);
     let xa: Vec<f32> = r.vec(2 * 4 * 3).iter().map(|v| v * 5.0).collect();
     let (ga, ba) = (r.vec(4), r.vec(4));
     let mut b = Builder::new(Opset::Ios15);
@@ -358,7 +359,7 @@ fn softmax_layer_norm_and_gelu_match_formulas() {
 
 #[test]
 fn einsum_attention_forms_match_naive() {
-    let mut r = Lcg(6);
+    let mut r = Rng(6);
     // "bchq,bkhc->bkhq" with b=1, c=4, h=2, q=3, k=5.
     let (a1, b1) = (r.vec(4 * 2 * 3), r.vec(5 * 2 * 4));
     // "nchw,nwhu->nchu" with n=2, c=3, h=2, w=4, u=5.
@@ -432,7 +433,7 @@ fn einsum_attention_forms_match_naive() {
 fn fused_attention_matches_op_by_op_and_naive() {
     use milkit::runtime::{fusion::FUSED, Options};
     let (h, m, n, k, d) = (2, 40, 37, 8, 3);
-    let mut r = Lcg(9);
+    let mut r = Rng(9);
     let (qa, ka, va) = (r.vec(h * m * k), r.vec(h * n * k), r.vec(h * n * d));
     let ma: Vec<f32> = (0..m * n)
         .map(|i| {
@@ -575,7 +576,7 @@ fn fused_attention_matches_op_by_op_and_naive() {
 fn fused_decode_attention_hands_out_probabilities() {
     use milkit::runtime::{fusion::FUSED, Options};
     let (h, n, k, d) = (3, 50, 8, 8);
-    let mut r = Lcg(21);
+    let mut r = Rng(21);
     let (qa, ka, va) = (r.vec(h * k), r.vec(h * k * n), r.vec(h * d * n));
     let build = || {
         let mut b = Builder::new(Opset::Ios16);
@@ -652,7 +653,7 @@ fn fused_decode_attention_hands_out_probabilities() {
 /// without a permutation) against the formulas.
 #[test]
 fn norms_over_channels_of_bc1s_tensors_match_formulas() {
-    let mut r = Lcg(8);
+    let mut r = Rng(8);
     let c_n = 6;
     let xa: Vec<f32> = r.vec(2 * c_n).iter().map(|v| v * 3.0).collect();
     let (ga, ba) = (r.vec(c_n), r.vec(c_n));

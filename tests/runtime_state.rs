@@ -5,13 +5,14 @@
 //! behind the caller's back. The slice goes out as a view of the state only where no later
 //! in-place write can reach it before its last reader (`state_fusion::allow_views`).
 
-mod runtime_common;
+mod common;
 
 use candle_core::DType as CDType;
+use common::programs::*;
+use common::rng::Rng;
 use milkit::ir::{DType, Value, ValueType};
 use milkit::ops::{Builder, In};
 use milkit::runtime::{state_fusion, Options, Session, Tensor};
-use runtime_common::*;
 
 const D: usize = 8;
 const LAYERS: usize = 2;
@@ -213,7 +214,7 @@ fn fused_state_updates_match_op_by_op() {
 fn fused_matches_plain(readers: Readers) {
     let (mut fused, mut plain) = (session_with(readers, true), session_with(readers, false));
     fused.enable_profiling(true);
-    let mut r = Lcg(9);
+    let mut r = Rng(9);
     for pos in [0, 1, 2, 5, 3, 1] {
         let x = r.vec(D);
         assert_eq!(
@@ -252,7 +253,7 @@ fn slices_are_views_only_where_no_later_write_reaches_them() {
 #[test]
 fn outputs_survive_later_calls() {
     let mut s = session(true);
-    let mut r = Lcg(6);
+    let mut r = Rng(6);
     let first = s
         .predict(&[
             ("x", host(&r.vec(D), &[1, D, 1, 1])),
@@ -275,7 +276,7 @@ fn outputs_survive_later_calls() {
 #[test]
 fn in_place_updates_leave_handed_out_tensors_alone() {
     let mut s = session(true);
-    let mut r = Lcg(4);
+    let mut r = Rng(4);
     step(&mut s, &r.vec(D), 0);
     let held = s.state("cache").unwrap();
     let before = bits(&held);
@@ -312,7 +313,7 @@ fn concurrent_calls_from_pool_tasks_finish() {
         .num_threads(2)
         .build()
         .unwrap();
-    let xs: Vec<Vec<f32>> = (0..40).map(|i| Lcg(100 + i).vec(D)).collect();
+    let xs: Vec<Vec<f32>> = (0..40).map(|i| Rng(100 + i).vec(D)).collect();
     let alone: Vec<Vec<Vec<u16>>> = {
         let mut s = session(true);
         xs.iter()

@@ -2,9 +2,11 @@
 //! 0 / 1 / 2): expectations, unreadable packages, opset findings, receipts against the
 //! checked-in schemas, and the packages coremltools wrote. Placement: `verify_placement.rs`.
 
-mod verify_support;
+mod common;
 
 use clap::Parser;
+use common::encoders::*;
+use common::fixtures;
 use milkit::ir::{ArrayDType, Opset, ValueType};
 use milkit::ir::{Feature, Model, Value};
 use milkit::ops::{Builder, In};
@@ -16,7 +18,6 @@ use milkit::verify::coreml::find_xcrun;
 use milkit::verify::{verify_model, VerifyOptions};
 use milkit::whisper::encoder::EncoderAbi;
 use std::path::Path;
-use verify_support::*;
 
 #[derive(Parser)]
 struct VerifyCli {

@@ -2,8 +2,9 @@
 //! head, fp32, dynamic shapes, states, int32 arithmetic and compressed weights; plus the byte
 //! accounting of compressed weights.
 
-mod verify_support;
+mod common;
 
+use common::encoders::*;
 use half::f16;
 use milkit::ir::{
     ArrayDType, Bytes, DType, Dim, Feature, Opset, Tensor, TensorType, Value, ValueType,
@@ -12,7 +13,6 @@ use milkit::ops::{Builder, In};
 use milkit::report::ComputeUnit;
 use milkit::verify::placement;
 use milkit::whisper::encoder::EncoderAbi;
-use verify_support::*;
 
 fn fired(row: &milkit::report::PlacementRow, rule: &str) -> bool {
     row.rules.iter().any(|r| r == rule)

@@ -11,30 +11,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 mod common;
+use common::fixtures;
 #[path = "weights/errors.rs"]
 mod errors;
 #[path = "weights/torch_file.rs"]
 mod torch_file;
 use torch_file::{state_dict_pickle, write_zip, Pickled};
-
-/// MILKIT_FIXTURES, or ../shared next to the crate; None (skip) when absent unless
-/// MILKIT_REQUIRE_FIXTURES=1.
-fn fixtures() -> Option<PathBuf> {
-    let dir = std::env::var_os("MILKIT_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    if dir.is_dir() {
-        return Some(dir);
-    }
-    if std::env::var("MILKIT_REQUIRE_FIXTURES").as_deref() == Ok("1") {
-        panic!(
-            "fixtures not found at {} (MILKIT_REQUIRE_FIXTURES=1)",
-            dir.display()
-        );
-    }
-    eprintln!("skipping: fixtures not found at {}", dir.display());
-    None
-}
 
 /// A tiny-shaped but much smaller model, for the error cases.
 use common::micro_config as micro;

@@ -1,6 +1,12 @@
-//! Shared test helpers: fixture lookup (MILKIT_FIXTURES, MILKIT_REQUIRE_FIXTURES), the
-//! conformance validator, and small utilities.
+//! The one test support module: fixture lookup (MILKIT_FIXTURES, MILKIT_WHISPER_BASE,
+//! MILKIT_REQUIRE_FIXTURES), the coremltools python and the conformance validator, the CLI,
+//! the test RNG ([`rng::Rng`]); [`programs`] builds and runs small Builder programs,
+//! [`encoders`] synthetic encoders and packages for the verify tests.
 #![allow(dead_code)]
+
+pub mod encoders;
+pub mod programs;
+pub mod rng;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -54,18 +60,27 @@ pub fn require() -> bool {
         .unwrap_or(false)
 }
 
-/// A python with coremltools 9: MILKIT_PYTHON, else .venv/bin/python, else /work/venv.
+/// A python that imports coremltools 9 and numpy: MILKIT_PYTHON, else .venv/bin/python,
+/// else /work/venv (checked once per test binary).
 pub fn python() -> Option<PathBuf> {
-    let mut cands = vec![];
-    if let Some(p) = std::env::var_os("MILKIT_PYTHON") {
-        cands.push(PathBuf::from(p));
-    }
-    cands.push(Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
-    cands.push(PathBuf::from("/work/venv/bin/python"));
-    for c in cands {
-        if c.exists() {
-            return Some(c);
+    static FOUND: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    let found = FOUND.get_or_init(|| {
+        let mut cands = vec![];
+        if let Some(p) = std::env::var_os("MILKIT_PYTHON") {
+            cands.push(PathBuf::from(p));
         }
+        cands.push(Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+        cands.push(PathBuf::from("/work/venv/bin/python"));
+        cands.into_iter().find(|c| {
+            c.exists()
+                && Command::new(c)
+                    .args(["-c", "import coremltools, numpy"])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+        })
+    });
+    if let Some(p) = found {
+        return Some(p.clone());
     }
     if require() {
         panic!("no python with coremltools (set MILKIT_PYTHON) and MILKIT_REQUIRE_FIXTURES=1");
@@ -94,6 +109,23 @@ pub fn validate(pkg: &Path) -> Option<serde_json::Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     Some(serde_json::from_str(&stdout).expect("validator JSON"))
+}
+
+/// Runs `script` (Python source) with `args`; panics with its stderr on failure, returns
+/// its stdout.
+pub fn run_python(python: &Path, script: &str, args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("cannot run python");
+    assert!(
+        out.status.success(),
+        "python failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 pub fn milkit() -> Command {

@@ -1,6 +1,5 @@
-//! Helpers shared by the interpreter tests: deterministic data, building a program with
-//! `ops::Builder` and running it in a `Session`, comparisons.
-#![allow(dead_code)]
+//! Programs for the interpreter tests: building one with `ops::Builder` and running it in a
+//! `Session`, host tensors, comparisons.
 
 use half::f16;
 use milkit::ir::{
@@ -8,21 +7,6 @@ use milkit::ir::{
 };
 use milkit::ops::{Builder, In, V};
 use milkit::runtime::{Session, Tensor};
-
-/// Deterministic pseudo-random numbers in [-1, 1).
-pub struct Lcg(pub u64);
-impl Lcg {
-    pub fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
 
 pub fn f32s(t: &Tensor) -> Vec<f32> {
     t.to_dtype(candle_core::DType::F32)

@@ -1,6 +1,5 @@
-//! Helpers shared by the verify test files: fixture lookup, a synthetic-weight BC1S encoder,
-//! small Builder programs and package saving.
-#![allow(dead_code)]
+//! Encoders and packages for the verify tests: a synthetic-weight BC1S encoder, small
+//! Builder programs and package saving.
 
 use half::f16;
 use milkit::ir::{
@@ -13,28 +12,6 @@ use milkit::report::PlacementReport;
 use milkit::whisper::encoder::{build_encoder, EncoderAbi, EncoderDims};
 use milkit::whisper::graph::WeightSource;
 use std::path::{Path, PathBuf};
-
-/// The shared fixtures directory (MILKIT_FIXTURES, default ../shared); None after a skip
-/// message when absent, a panic when absent and MILKIT_REQUIRE_FIXTURES=1.
-pub fn fixtures() -> Option<PathBuf> {
-    let dir = std::env::var_os("MILKIT_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    if dir.join("coremltools").is_dir() {
-        return Some(dir);
-    }
-    if std::env::var("MILKIT_REQUIRE_FIXTURES").is_ok_and(|v| v == "1") {
-        panic!(
-            "fixtures not found at {} and MILKIT_REQUIRE_FIXTURES=1",
-            dir.display()
-        );
-    }
-    eprintln!(
-        "SKIP: fixtures not found at {} (set MILKIT_FIXTURES)",
-        dir.display()
-    );
-    None
-}
 
 /// Deterministic synthetic weights for the encoder graph: shapes from the tensor name.
 pub struct Synth {
