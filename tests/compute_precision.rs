@@ -9,7 +9,7 @@ mod common;
 
 use common::programs::{f32s, psnr};
 use half::f16;
-use milkit::ir::{ArrayDType, DType, Description, Feature, Function, Model, Opset, Program};
+use milkit::ir::{ArrayDType, DType, Description, Feature, Model, Opset};
 use milkit::ir::{Tensor as IrTensor, Value, ValueType};
 use milkit::ops::{Builder, In};
 use milkit::runtime::precision::{promote_fp16, Compute};
@@ -50,24 +50,16 @@ fn program() -> Model {
         )
         .unwrap();
     let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset: Opset::Ios17,
-            block,
-        },
-    );
-    Model {
-        spec_version: Opset::Ios17.spec_version(),
-        description: Description {
+    Model::single(
+        Opset::Ios17,
+        inputs,
+        block,
+        Description {
             inputs: vec![Feature::new("x", ArrayDType::F32, &[4])],
             outputs: vec![Feature::new("y", ArrayDType::F16, &[4])],
             ..Default::default()
         },
-        program,
-    }
+    )
 }
 
 const X: [f32; 4] = [1.0001, 2049.0, 0.1, -3.3];

@@ -6,9 +6,7 @@
 
 mod common;
 
-use milkit::ir::{
-    ArrayDType, Description, Feature, Function, Model, Opset, Program, TensorType, Value, ValueType,
-};
+use milkit::ir::{ArrayDType, Description, Feature, Model, Opset, TensorType, Value, ValueType};
 use milkit::ops::{Builder, In, V};
 use milkit::runtime::{Options, Session, Tensor};
 use std::path::Path;
@@ -121,20 +119,7 @@ fn model(b: Builder, outs: &[(V, &str)], opset: Opset) -> Model {
         desc.outputs
             .push(Feature::new(n, array(t), &t.fixed_shape().unwrap()));
     }
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset,
-            block,
-        },
-    );
-    Model {
-        spec_version: opset.spec_version(),
-        description: desc,
-        program,
-    }
+    Model::single(opset, inputs, block, desc)
 }
 
 /// `while k < bound: k += step; acc = acc + x` over an fp32 [3] input `x`, from (0, x).

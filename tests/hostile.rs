@@ -7,9 +7,7 @@
 
 mod common;
 
-use milkit::ir::{
-    ArrayDType, DType, Description, Feature, Function, Model, Opset, Program, Value, ValueType,
-};
+use milkit::ir::{ArrayDType, DType, Description, Feature, Model, Opset, Value, ValueType};
 use milkit::ops::{Builder, In};
 use milkit::whisper::synth::{synthesize_with, SynthDType, SynthOptions};
 use prost::Message;
@@ -194,24 +192,16 @@ fn save(
     ins: Vec<Feature>,
     outs: Vec<Feature>,
 ) -> PathBuf {
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset: Opset::Ios17,
-            block,
-        },
-    );
-    let m = Model {
-        spec_version: Opset::Ios17.spec_version(),
-        description: Description {
+    let m = Model::single(
+        Opset::Ios17,
+        inputs,
+        block,
+        Description {
             inputs: ins,
             outputs: outs,
             ..Default::default()
         },
-        program,
-    };
+    );
     milkit::package::save_package(&m, &path, false, &mut |_| {}).unwrap();
     path
 }
@@ -963,20 +953,7 @@ fn run_time_fill_session(cap: u64) -> milkit::runtime::Session {
         )
         .unwrap();
     let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset: Opset::Ios17,
-            block,
-        },
-    );
-    let m = Model {
-        spec_version: Opset::Ios17.spec_version(),
-        description: Description::default(),
-        program,
-    };
+    let m = Model::single(Opset::Ios17, inputs, block, Description::default());
     let opts = milkit::runtime::Options {
         max_memory: Some(cap),
         ..Default::default()

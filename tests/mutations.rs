@@ -9,9 +9,7 @@
 //! the test binary). Not a coverage-guided fuzzer (none runs on stable Rust here without
 //! building AFL++): a cheap, reproducible guard that runs in seconds with the other tests.
 
-use milkit::ir::{
-    ArrayDType, DType, Description, Feature, Function, Model, Opset, Program, Value, ValueType,
-};
+use milkit::ir::{ArrayDType, DType, Description, Feature, Model, Opset, Value, ValueType};
 use milkit::ops::{Builder, In};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -165,24 +163,16 @@ fn small_package(path: &Path) {
         )
         .unwrap();
     let (inputs, block) = b.finish(&[(z, "z")]).unwrap();
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset: Opset::Ios17,
-            block,
-        },
-    );
-    let m = Model {
-        spec_version: Opset::Ios17.spec_version(),
-        description: Description {
+    let m = Model::single(
+        Opset::Ios17,
+        inputs,
+        block,
+        Description {
             inputs: vec![Feature::new("x", ArrayDType::F16, &[2, 16])],
             outputs: vec![Feature::new("z", ArrayDType::F16, &[2])],
             ..Default::default()
         },
-        program,
-    };
+    );
     milkit::package::save_package(&m, path, false, &mut |_| {}).unwrap();
 }
 

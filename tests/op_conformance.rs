@@ -463,20 +463,7 @@ fn build_case(
         f.shape = shape.clone();
         desc.outputs.push(f);
     }
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset,
-            block,
-        },
-    );
-    let model = Model {
-        spec_version: opset.spec_version(),
-        description: desc,
-        program,
-    };
+    let model = Model::single(opset, inputs, block, desc);
     let outs = outs
         .into_iter()
         .zip(names)

@@ -48,20 +48,7 @@ fn session(seed: u64, f: impl Fn(&mut Builder) -> Vec<V>) -> Session {
         .zip(names.iter().map(|s| s.as_str()))
         .collect();
     let (inputs, block) = b.finish(&pairs).unwrap();
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset: Opset::Ios15,
-            block,
-        },
-    );
-    let m = Model {
-        spec_version: Opset::Ios15.spec_version(),
-        description: desc,
-        program,
-    };
+    let m = Model::single(Opset::Ios15, inputs, block, desc);
     let dir = tempfile::tempdir().unwrap();
     let pkg = dir.path().join("r.mlpackage");
     milkit::package::save_package(&m, &pkg, false, &mut |_| {}).unwrap();

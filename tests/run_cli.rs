@@ -40,18 +40,11 @@ fn package(dir: &Path) -> PathBuf {
         )
         .unwrap();
     let (inputs, block) = b.finish(&[(y, "y"), (s, "s")]).unwrap();
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset: Opset::Ios17,
-            block,
-        },
-    );
-    let m = Model {
-        spec_version: Opset::Ios17.spec_version(),
-        description: Description {
+    let m = Model::single(
+        Opset::Ios17,
+        inputs,
+        block,
+        Description {
             inputs: vec![
                 Feature::new("x", ArrayDType::F16, &[2, 3]),
                 Feature::new("mask", ArrayDType::F16, &[2, 3]),
@@ -62,8 +55,7 @@ fn package(dir: &Path) -> PathBuf {
             ],
             ..Default::default()
         },
-        program,
-    };
+    );
     let p = dir.join("small.mlpackage");
     milkit::package::save_package(&m, &p, false, &mut |_| {}).unwrap();
     p

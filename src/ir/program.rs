@@ -172,3 +172,24 @@ pub struct Model {
     pub description: Description,
     pub program: Program,
 }
+
+impl Model {
+    /// A model of one function, `main`, at `opset`, with the specification version that
+    /// opset needs.
+    pub fn single(opset: Opset, inputs: Vec<Var>, block: Block, description: Description) -> Model {
+        let mut program = Program::default();
+        program.functions.insert(
+            "main".into(),
+            Function {
+                inputs,
+                opset,
+                block,
+            },
+        );
+        Model {
+            spec_version: opset.spec_version(),
+            description,
+            program,
+        }
+    }
+}

@@ -112,7 +112,7 @@ pub fn stream_bandwidth_gbps(bytes: u64, passes: usize) -> f64 {
 mod tests {
     use super::*;
     use crate::ir::Opset;
-    use crate::ir::{DType, Description, Function, Program, Tensor, ValueType};
+    use crate::ir::{DType, Description, Tensor, ValueType};
     use crate::ops::{Builder, In};
 
     /// embed [100, 64] gathered, head [100, 64] in a linear: one row + the whole head.
@@ -147,20 +147,7 @@ mod tests {
             )
             .unwrap();
         let (inputs, block) = b.finish(&[(y, "logits")]).unwrap();
-        let mut program = Program::default();
-        program.functions.insert(
-            "main".into(),
-            Function {
-                inputs,
-                opset: Opset::Ios17,
-                block,
-            },
-        );
-        let m = Model {
-            spec_version: 8,
-            description: Description::default(),
-            program,
-        };
+        let m = Model::single(Opset::Ios17, inputs, block, Description::default());
         assert_eq!(weight_bytes_per_call(&m).unwrap(), 64 * 2 + 6400 * 2);
     }
 

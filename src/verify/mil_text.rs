@@ -168,7 +168,7 @@ pub fn print_mil(model: &Model) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Function, Opset, Program, ValueType};
+    use crate::ir::{Opset, ValueType};
     use crate::ops::{Builder, In};
 
     #[test]
@@ -191,20 +191,7 @@ mod tests {
             )
             .unwrap();
         let (inputs, block) = b.finish(&[(y, "out")]).unwrap();
-        let mut program = Program::default();
-        program.functions.insert(
-            "main".into(),
-            Function {
-                inputs,
-                opset: Opset::Ios18,
-                block,
-            },
-        );
-        let m = Model {
-            spec_version: 9,
-            description: Default::default(),
-            program,
-        };
+        let m = Model::single(Opset::Ios18, inputs, block, Default::default());
         let text = print_mil(&m);
         assert!(
             text.contains("func main<CoreML8>(%x: tensor<fp16, [1, 4, 1, 10]>) {"),

@@ -505,7 +505,7 @@ pub fn totals(rows: &[PlacementRow]) -> Vec<UnitTotal> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Function, Opset, Program, Tensor, ValueType};
+    use crate::ir::{Opset, Tensor, ValueType};
     use crate::ops::{Builder, In};
 
     /// x [1, cin, 1, len] fp16 → 1x1 conv with `cout` channels.
@@ -523,20 +523,7 @@ mod tests {
             .op1("conv", "c", vec![("x", (&x).into()), ("weight", In::V(w))])
             .unwrap();
         let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
-        let mut program = Program::default();
-        program.functions.insert(
-            "main".into(),
-            Function {
-                inputs,
-                opset: Opset::Ios18,
-                block,
-            },
-        );
-        Model {
-            spec_version: 9,
-            description: Default::default(),
-            program,
-        }
+        Model::single(Opset::Ios18, inputs, block, Default::default())
     }
 
     fn fired(m: &Model, id: &str) -> bool {

@@ -4,7 +4,7 @@
 //! model with milkit's metadata. A leaf of `whisper`'s decoder files, so that they need not
 //! import each other both ways.
 
-use crate::ir::{Description, Function, Model, Opset, Program};
+use crate::ir::{Description, Model, Opset};
 use anyhow::{bail, ensure, Result};
 
 /// The decoder's dimensions (Hugging Face `WhisperConfig` names in the comments).
@@ -150,15 +150,6 @@ pub(crate) fn finish_model(
     opset: Opset,
     mut description: Description,
 ) -> Model {
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset,
-            block,
-        },
-    );
     description
         .user_defined
         .insert("milkit.component".into(), component.into());
@@ -168,9 +159,5 @@ pub(crate) fn finish_model(
     description
         .user_defined
         .insert("milkit.version".into(), env!("CARGO_PKG_VERSION").into());
-    Model {
-        spec_version: opset.spec_version(),
-        description,
-        program,
-    }
+    Model::single(opset, inputs, block, description)
 }

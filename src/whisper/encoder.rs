@@ -6,10 +6,7 @@ use super::graph::{
     add, attention, conv1x1, gelu, int, ints, layer_norm_c, query_scale, reshape, scaled, weight,
     WeightSource,
 };
-use crate::ir::{
-    ArrayDType, DType, Description, Feature, Function, Model, Opset, Program, Tensor, Value,
-    ValueType,
-};
+use crate::ir::{ArrayDType, DType, Description, Feature, Model, Opset, Tensor, Value, ValueType};
 use crate::ops::{Builder, In};
 use anyhow::{bail, Result};
 use half::f16;
@@ -278,15 +275,6 @@ pub fn build_encoder(
         EncoderAbi::WhisperKit => h,
     };
     let (inputs, block) = b.finish(&[(out, fout.name.as_str())])?;
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset,
-            block,
-        },
-    );
     let mut description = Description {
         inputs: vec![fin],
         outputs: vec![fout],
@@ -306,9 +294,5 @@ pub fn build_encoder(
         .user_defined
         .insert("milkit.version".into(), env!("CARGO_PKG_VERSION").into());
     let _ = DType::F16;
-    Ok(Model {
-        spec_version: opset.spec_version(),
-        description,
-        program,
-    })
+    Ok(Model::single(opset, inputs, block, description))
 }

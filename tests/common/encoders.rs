@@ -3,8 +3,7 @@
 
 use half::f16;
 use milkit::ir::{
-    ArrayDType, Bytes, DType, Description, Feature, Function, Model, Opset, Program, Tensor, Value,
-    ValueType,
+    ArrayDType, Bytes, DType, Description, Feature, Model, Opset, Tensor, Value, ValueType,
 };
 use milkit::ops::{Builder, In, V};
 use milkit::package::save_package;
@@ -81,24 +80,16 @@ pub fn tiny_encoder(abi: EncoderAbi) -> Model {
 pub fn model(b: Builder, out: V, fin: Vec<Feature>, fout: Feature) -> Model {
     let opset = b.opset();
     let (inputs, block) = b.finish(&[(out, fout.name.as_str())]).unwrap();
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset,
-            block,
-        },
-    );
-    Model {
-        spec_version: opset.spec_version(),
-        description: Description {
+    Model::single(
+        opset,
+        inputs,
+        block,
+        Description {
             inputs: fin,
             outputs: vec![fout],
             ..Default::default()
         },
-        program,
-    }
+    )
 }
 
 pub fn f16_tensor(shape: &[usize]) -> Value {

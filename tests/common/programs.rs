@@ -2,9 +2,7 @@
 //! `Session`, host tensors, comparisons.
 
 use half::f16;
-use milkit::ir::{
-    DType, Description, Function, Model, Program, Tensor as ITensor, Value, ValueType,
-};
+use milkit::ir::{DType, Description, Model, Tensor as ITensor, Value, ValueType};
 use milkit::ops::{Builder, In, V};
 use milkit::runtime::{Session, Tensor};
 
@@ -36,20 +34,7 @@ pub fn ints(v: &[i32]) -> In {
 pub fn model(b: Builder, outs: &[(V, &str)]) -> Model {
     let opset = b.opset();
     let (inputs, block) = b.finish(outs).unwrap();
-    let mut program = Program::default();
-    program.functions.insert(
-        "main".into(),
-        Function {
-            inputs,
-            opset,
-            block,
-        },
-    );
-    Model {
-        spec_version: opset.spec_version(),
-        description: Description::default(),
-        program,
-    }
+    Model::single(opset, inputs, block, Description::default())
 }
 
 /// Builds, runs once, returns the outputs in order.
