@@ -12,22 +12,6 @@ use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
 use milkit::whisper::bundle::Compression;
 use std::path::PathBuf;
 
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum PalettizeMode {
-    /// Optimal 1-D k-means per group (exact dynamic programming).
-    Kmeans,
-    /// Evenly spaced entries over each group's [min, max].
-    Uniform,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum QuantizeDtype {
-    Int4,
-    Uint4,
-    Int8,
-    Uint8,
-}
-
 #[allow(clippy::enum_variant_names)] // the names are the CLI vocabulary (per-tensor, per-block, ...)
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum Granularity {
@@ -46,13 +30,13 @@ pub enum Granularity {
 pub struct CompressFlags {
     /// LUT palettization: k-means or uniform tables of 2^nbits fp16 entries.
     #[arg(long, value_enum, conflicts_with = "quantize")]
-    pub palettize: Option<PalettizeMode>,
+    pub palettize: Option<LutMode>,
     /// Bits per palettized index: 1, 2, 3, 4, 6 or 8.
     #[arg(long, default_value_t = 4)]
     pub nbits: u32,
     /// Linear quantization to int4/uint4/int8/uint8 with fp16 scales.
     #[arg(long, value_enum)]
-    pub quantize: Option<QuantizeDtype>,
+    pub quantize: Option<QuantDtype>,
     /// Granularity; default per-grouped-channel for palettization, per-channel for quantization.
     #[arg(long, value_enum)]
     pub granularity: Option<Granularity>,
@@ -122,7 +106,7 @@ pub struct CompressFlags {
 impl CompressFlags {
     /// The requested method, if any compression was asked for.
     pub fn method(&self) -> Result<Option<Method>> {
-        if let Some(m) = self.palettize {
+        if let Some(mode) = self.palettize {
             let granularity = match self.granularity.unwrap_or(Granularity::PerGroupedChannel) {
                 Granularity::PerTensor => LutGranularity::PerTensor,
                 Granularity::PerGroupedChannel => LutGranularity::PerGroupedChannel(self.group_size),
@@ -131,11 +115,6 @@ impl CompressFlags {
             if ![1, 2, 3, 4, 6, 8].contains(&self.nbits) {
                 bail!("--nbits {} is not one of 1, 2, 3, 4, 6, 8", self.nbits);
             }
-            let mode = if m == PalettizeMode::Kmeans {
-                LutMode::Kmeans
-            } else {
-                LutMode::Uniform
-            };
             return Ok(Some(Method::Palettize(LutConfig {
                 mode,
                 nbits: self.nbits,
@@ -149,18 +128,12 @@ impl CompressFlags {
         if self.outlier_grouping {
             bail!("--outlier-grouping orders the channels that share a table, so it applies to --palettize with per-grouped-channel tables only");
         }
-        if let Some(d) = self.quantize {
+        if let Some(dtype) = self.quantize {
             let granularity = match self.granularity.unwrap_or(Granularity::PerChannel) {
                 Granularity::PerTensor => QuantGranularity::PerTensor,
                 Granularity::PerChannel => QuantGranularity::PerChannel,
                 Granularity::PerBlock => QuantGranularity::PerBlock(self.block_size),
                 g => bail!("--granularity {g:?} is for --palettize; quantization takes per-tensor, per-channel or per-block"),
-            };
-            let dtype = match d {
-                QuantizeDtype::Int4 => QuantDtype::Int4,
-                QuantizeDtype::Uint4 => QuantDtype::Uint4,
-                QuantizeDtype::Int8 => QuantDtype::Int8,
-                QuantizeDtype::Uint8 => QuantDtype::Uint8,
             };
             return Ok(Some(Method::Quantize(QuantConfig {
                 dtype,

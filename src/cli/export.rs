@@ -1,7 +1,7 @@
 //! `milkit export`: checkpoint → .mlpackage.
 
 pub use super::export_args::ExportArgs;
-use super::export_args::{parse_target, report_folder, AbiArg, ComponentArg, CrossKvArg};
+use super::export_args::{parse_target, report_folder, ComponentArg};
 use super::progress;
 use anyhow::{bail, Result};
 use milkit::ir::Opset;
@@ -9,7 +9,6 @@ use milkit::package::save_package;
 use milkit::whisper::bundle::{build_part, write_whisperkit_folder, BundleOptions, Part, PartSpec};
 use milkit::whisper::decoder::CrossKv;
 use milkit::whisper::decoder_export::DecoderExport;
-use milkit::whisper::encoder::EncoderAbi;
 use std::path::Path;
 use std::time::Instant;
 
@@ -34,10 +33,7 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
     }
     let spec = PartSpec {
         part: part_of(a.component),
-        abi: match a.abi {
-            AbiArg::Whispercpp => EncoderAbi::WhisperCpp,
-            AbiArg::Whisperkit => EncoderAbi::WhisperKit,
-        },
+        abi: a.abi,
         opset,
         decoder: decoder_export(a),
         compression: a.compress.compression()?,
@@ -88,10 +84,7 @@ fn part_of(c: ComponentArg) -> Part {
 fn decoder_export(a: &ExportArgs) -> DecoderExport {
     DecoderExport {
         stateful: a.stateful,
-        cross_kv: match a.cross_kv {
-            CrossKvArg::InGraph => CrossKv::InGraph,
-            CrossKvArg::Precomputed => CrossKv::Precomputed,
-        },
+        cross_kv: a.cross_kv,
         head_chunks: a.head_chunks,
         per_head_alignment: a.per_head_alignment,
     }
@@ -100,7 +93,7 @@ fn decoder_export(a: &ExportArgs) -> DecoderExport {
 /// Decoder flags on a component without a decoder, and --stateful below iOS18, are errors.
 fn check_decoder_flags(a: &ExportArgs, opset: Opset) -> Result<()> {
     let decoder = matches!(a.component, ComponentArg::Decoder | ComponentArg::All);
-    if !decoder && (a.stateful || a.head_chunks != 1 || a.cross_kv != CrossKvArg::InGraph) {
+    if !decoder && (a.stateful || a.head_chunks != 1 || a.cross_kv != CrossKv::InGraph) {
         bail!("--stateful, --cross-kv and --head-chunks shape the text decoder; use them with --component decoder or all");
     }
     if a.head_chunks == 0 {

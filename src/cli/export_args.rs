@@ -7,6 +7,8 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use milkit::ir::Opset;
 use milkit::whisper::bundle::BundleReport;
+use milkit::whisper::decoder_spec::CrossKv;
+use milkit::whisper::encoder::EncoderAbi;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -33,24 +35,6 @@ pub enum ComponentArg {
     All,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum CrossKvArg {
-    /// The decoder projects `encoder_output_embeds` itself, every step (WhisperKit's form).
-    InGraph,
-    /// The decoder takes `encoder_attn_key_cache`/`encoder_attn_value_cache` inputs, made
-    /// once per window by the CrossKV model.
-    Precomputed,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum AbiArg {
-    /// whisper.cpp's Core ML encoder: `logmel_data` fp32 [1, n_mels, 3000] → `output` fp32 [1, 1500, d].
-    Whispercpp,
-    /// WhisperKit's AudioEncoder: `melspectrogram_features` fp16 [1, n_mels, 1, 3000] →
-    /// `encoder_output_embeds` fp16 [1, d, 1, 1500].
-    Whisperkit,
-}
-
 #[derive(Args)]
 pub struct ExportArgs {
     /// A conversion recipe (models/*.toml): exports every component it lists, compressed as
@@ -69,7 +53,7 @@ pub struct ExportArgs {
     pub component: ComponentArg,
     /// I/O interface of the package.
     #[arg(long, value_enum, default_value = "whisperkit")]
-    pub abi: AbiArg,
+    pub abi: EncoderAbi,
     /// Deployment target: ios15..ios18 (or macos12..macos15). Decides the opset and the
     /// specification version (iOS18 = spec 9).
     #[arg(long, default_value = "ios18")]
@@ -79,7 +63,7 @@ pub struct ExportArgs {
     pub stateful: bool,
     /// Decoder: where cross-attention keys/values come from.
     #[arg(long, value_enum, default_value = "in-graph")]
-    pub cross_kv: CrossKvArg,
+    pub cross_kv: CrossKv,
     /// Decoder: split the vocabulary projection into N row chunks (N matmuls). The Neural
     /// Engine (and whisper.cpp) want at most 16,384 rows per chunk, i.e. N ≥ ceil(vocab /
     /// 16384) (`min_head_chunks`): 4 for every Whisper vocabulary (51,864-51,866 rows).

@@ -29,8 +29,8 @@ use anyhow::{bail, ensure, Result};
 use half::f16;
 use rayon::prelude::*;
 
-/// How table entries are chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How table entries are chosen (`--palettize`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LutMode {
     /// Least (optionally importance-weighted) squared error: exact k-means.
     Kmeans,

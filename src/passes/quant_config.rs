@@ -3,8 +3,8 @@
 //! choice ([`QuantConfig`]). A leaf of `passes`, shared by `quant` (shape rules, decode,
 //! error) and `quant_kernel` (the element loop).
 
-/// Integer storage type of quantized weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Integer storage type of quantized weights (`--quantize`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum QuantDtype {
     Int4,
     Uint4,

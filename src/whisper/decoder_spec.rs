@@ -37,8 +37,8 @@ pub enum KvCache {
     State,
 }
 
-/// Where the cross-attention keys/values come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where the cross-attention keys/values come from (`export --cross-kv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum CrossKv {
     /// Projected from `encoder_output_embeds` inside the decoder, every step.
     InGraph,

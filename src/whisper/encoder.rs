@@ -11,14 +11,16 @@ use crate::ops::{Builder, In};
 use anyhow::{bail, Result};
 use half::f16;
 
-/// Which runtime's encoder interface to emit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which runtime's encoder interface to emit (`export --abi`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum EncoderAbi {
     /// whisper.cpp's Core ML encoder: `logmel_data` fp32 [1, n_mels, 3000] →
     /// `output` fp32 [1, 1500, d_model].
+    #[value(name = "whispercpp")]
     WhisperCpp,
     /// WhisperKit's AudioEncoder: `melspectrogram_features` fp16 [1, n_mels, 1, 3000] →
     /// `encoder_output_embeds` fp16 [1, d_model, 1, 1500].
+    #[value(name = "whisperkit")]
     WhisperKit,
 }
 
