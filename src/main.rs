@@ -45,8 +45,7 @@ enum Command {
     /// Transcribe WAV files with a models folder (AudioEncoder/TextDecoder packages + json):
     /// one line of text per file.
     Transcribe(cli::transcribe::TranscribeArgs),
-    /// Time a transcription stage by stage against the decoder's memory floor
-    /// (`bench AUDIO --models DIR`), or an export (`--suite export`).
+    /// Timing tables: `bench audio|export|compress|decode` (docs/speed.md).
     Bench(cli::bench::BenchArgs),
 }
 

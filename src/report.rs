@@ -622,7 +622,7 @@ pub struct GateReport {
     pub end_to_end: Option<GateEndToEnd>,
 }
 
-/// `milkit bench --suite decode --model HF_DIR --json`: decoder ms per token against the
+/// `milkit bench decode --model HF_DIR --json`: decoder ms per token against the
 /// weight-stream floor, per weight form and kernel level.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -723,7 +723,7 @@ pub struct SkippedOp {
     pub reason: String,
 }
 
-/// `milkit bench AUDIO --models DIR --json`: one transcription, timed by stage, next to the
+/// `milkit bench audio AUDIO --models DIR --json`: one transcription, timed by stage, next to the
 /// decoder's weight-stream floor measured in the same run.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -213,32 +213,64 @@ fn run_errors_name_the_input_and_the_file() {
     assert!(!out.exists(), "nothing written on failure");
 }
 
-/// Every bench option is a named flag (a merge once turned two of them into positionals).
+/// `bench` is four subcommands, each with its own named flags; only `bench audio` takes a
+/// positional (the WAV file).
 #[test]
-fn bench_flags_parse_as_flags() {
-    let help = Command::new(env!("CARGO_BIN_EXE_milkit"))
-        .args(["bench", "--help"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&help.stdout);
-    for flag in ["--only <ONLY>", "--only-turbo", "--profile", "--runs"] {
-        assert!(text.contains(flag), "bench --help lacks {flag}:\n{text}");
+fn bench_subcommands_each_take_their_own_flags() {
+    let help = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_milkit"))
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let text = help(&["bench", "--help"]);
+    for sub in ["audio", "export", "compress", "decode"] {
+        assert!(
+            text.contains(&format!("  {sub} ")),
+            "bench --help lacks {sub}:\n{text}"
+        );
     }
-    assert!(
-        text.contains("Usage: milkit bench [OPTIONS] [AUDIO]\n"),
-        "only AUDIO is positional:\n{text}"
-    );
+    for (sub, flags, usage) in [
+        (
+            "audio",
+            &["--models", "--profile", "--runs"][..],
+            "Usage: milkit bench audio [OPTIONS] --models <MODELS> <AUDIO>\n",
+        ),
+        (
+            "export",
+            &["--preset", "--runs"][..],
+            "Usage: milkit bench export [OPTIONS]\n",
+        ),
+        (
+            "compress",
+            &["--only <ONLY>", "--only-turbo", "--python"][..],
+            "Usage: milkit bench compress [OPTIONS]\n",
+        ),
+        (
+            "decode",
+            &["--only <ONLY>", "--isa", "--runs"][..],
+            "Usage: milkit bench decode [OPTIONS]\n",
+        ),
+    ] {
+        let text = help(&["bench", sub, "--help"]);
+        for flag in flags {
+            assert!(
+                text.contains(flag),
+                "bench {sub} --help lacks {flag}:\n{text}"
+            );
+        }
+        assert!(text.contains(usage), "bench {sub}:\n{text}");
+    }
 }
 
-/// `bench --suite decode --only fp16 --runs 3 --json` on tiny.en: one row, the fp16 decoder,
+/// `bench decode --only fp16 --runs 3 --json` on tiny.en: one row, the fp16 decoder,
 /// its bytes per token (weights + cross K/V), and a ratio that is its time over its floor.
 #[test]
 fn decode_bench_reports_one_variant_against_its_floor() {
     let Some(fx) = common::fixtures() else { return };
     let out = Command::new(env!("CARGO_BIN_EXE_milkit"))
-        .args([
-            "bench", "--suite", "decode", "--only", "fp16", "--runs", "3", "--json",
-        ])
+        .args(["bench", "decode", "--only", "fp16", "--runs", "3", "--json"])
         .arg("--model")
         .arg(fx.join("models/whisper-tiny.en"))
         .output()
@@ -287,7 +319,7 @@ fn decode_bench_reports_one_variant_against_its_floor() {
     assert!((f("ratio") - f("ms_per_token") / floor).abs() < 1e-9 * f("ratio"));
     assert!(f("ms_per_token") > 0.0 && f("ratio") > 0.0, "{r}");
     let bad = Command::new(env!("CARGO_BIN_EXE_milkit"))
-        .args(["bench", "--suite", "decode", "--isa", "sse9", "--model"])
+        .args(["bench", "decode", "--isa", "sse9", "--model"])
         .arg(fx.join("models/whisper-tiny.en"))
         .output()
         .unwrap();
@@ -298,7 +330,7 @@ fn decode_bench_reports_one_variant_against_its_floor() {
         String::from_utf8_lossy(&bad.stderr)
     );
     let none = Command::new(env!("CARGO_BIN_EXE_milkit"))
-        .args(["bench", "--suite", "decode", "--only", "fp8", "--model"])
+        .args(["bench", "decode", "--only", "fp8", "--model"])
         .arg(fx.join("models/whisper-tiny.en"))
         .output()
         .unwrap();

@@ -2,7 +2,7 @@
 //! WhisperKit-style folder (built here with the library until `export --component all`
 //! lands) transcribe the reference clips to exactly the Hugging Face greedy text; the stateful
 //! decoder agrees; audio over 30 s is decoded window by window without timestamps; bad audio is an error that
-//! names the file; `milkit bench --json` follows its schema and its byte count matches an
+//! names the file; `milkit bench audio --json` follows its schema and its byte count matches an
 //! independent count from the checkpoint.
 
 mod common;
@@ -266,7 +266,7 @@ fn bench_json_follows_schema_and_counts_decoder_bytes() {
     let Some(fx) = common::fixtures() else { return };
     let (io, _) = folders(&fx);
     let o = common::milkit()
-        .arg("bench")
+        .args(["bench", "audio"])
         .arg(fx.join("audio/jfk.wav"))
         .arg("--models")
         .arg(io)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Times coremltools' weight compression of one .mlpackage for `milkit bench --suite compress`.
+"""Times coremltools' weight compression of one .mlpackage for `milkit bench compress`.
 
 Usage: ct_compress_bench.py PACKAGE [--methods lut4-kmeans-g16,int4-block32]
 

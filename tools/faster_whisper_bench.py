@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""faster-whisper on the same clip, for `milkit bench --compare-faster-whisper PYTHON`.
+"""faster-whisper on the same clip, for `milkit bench audio --compare-faster-whisper PYTHON`.
 
     python faster_whisper_bench.py [--model HF_WHISPER_DIR] CLIP.wav [--cache DIR]
 
 --model defaults to $MILKIT_FIXTURES/models/whisper-tiny.en (MILKIT_FIXTURES defaults to
-../shared beside the repository), which is what `milkit bench AUDIO --compare-faster-whisper`
+../shared beside the repository), which is what `milkit bench audio AUDIO --compare-faster-whisper`
 relies on.
 
 Needs `pip install faster-whisper safetensors numpy` (no torch). faster-whisper runs

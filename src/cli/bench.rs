@@ -1,112 +1,146 @@
-//! `milkit bench`: timing tables (never timed tests). `milkit bench AUDIO --models DIR` times a
-//! transcription (see `bench_audio`); `--suite export` an encoder export.
+//! `milkit bench audio|export|compress|decode`: timing tables (never timed tests): a
+//! transcription by stage (`bench_audio`), an encoder export, compression
+//! (`bench_compress`), decoding per token (`bench_decode`).
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::process::Command;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Suite {
-    /// Export of the encoder of a synthetic checkpoint (default large-v3-turbo): wall time and
-    /// peak RSS of the `milkit export` process.
-    Export,
-    /// LUT4 k-means g16 and int4 per-block-32 compression (src/cli/bench_compress.rs).
-    Compress,
-    /// Decoder ms per token against the weight-stream floor (needs --model HF_DIR).
-    Decode,
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: Bench,
+}
+
+/// What to time.
+#[derive(Subcommand)]
+pub enum Bench {
+    /// One transcription timed by stage against the decoder's weight-stream floor.
+    Audio(AudioBench),
+    /// An encoder export of a synthetic checkpoint: wall time and peak RSS.
+    Export(ExportBench),
+    /// LUT4 k-means g16 and int4 per-block-32 compression, next to coremltools'.
+    Compress(CompressBench),
+    /// Decoder ms per token against the bytes ÷ bandwidth floor.
+    Decode(DecodeBench),
 }
 
 #[derive(Args)]
-pub struct BenchArgs {
-    /// A WAV file to transcribe and time (needs --models); without it, --suite runs.
-    pub audio: Option<PathBuf>,
-    /// Models folder for the audio benchmark (as for `milkit transcribe`).
+pub struct AudioBench {
+    /// The WAV file to transcribe.
+    pub audio: PathBuf,
+    /// Models folder (as for `milkit transcribe`).
     #[arg(long)]
-    pub models: Option<PathBuf>,
-    /// Also run tools/faster_whisper_bench.py with this python on the same audio and show
-    /// its total time next to milkit's (skipped with a note when the script is missing).
-    #[arg(long, value_name = "PYTHON")]
-    pub compare_faster_whisper: Option<PathBuf>,
-    /// What to measure when no audio is given.
-    #[arg(long, value_enum, default_value = "export")]
-    pub suite: Suite,
-    /// Preset of the synthetic checkpoint (export suite).
-    #[arg(long, default_value = "large-v3-turbo")]
-    pub preset: String,
-    /// Use this checkpoint instead of synthesizing one (compress suite: the real checkpoint
-    /// compared with coremltools; default ../shared/models/whisper-tiny.en): a directory or
-    /// a Hub id ORG/NAME[@REVISION] (downloaded into the Hugging Face cache; docs/hub.md).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Repetitions (export: the median; audio: the best, after one warm-up run; decode:
-    /// timed passes per variant, each paired with its own bandwidth measurement; the pass
-    /// with the median ratio to its floor is shown).
+    pub models: PathBuf,
+    /// Timed runs after one warm-up; the best is shown.
     #[arg(long, default_value_t = 1)]
     pub runs: usize,
-    /// Python with coremltools 9 to compare against (compress suite).
+    /// Also time faster-whisper (tools/faster_whisper_bench.py) with this python.
+    #[arg(long, value_name = "PYTHON")]
+    pub compare_faster_whisper: Option<PathBuf>,
+    /// Also print the time per op type of every package (stderr).
     #[arg(long)]
-    pub python: Option<PathBuf>,
+    pub profile: bool,
+    /// Print JSON (schemas/bench-audio.schema.json) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct ExportBench {
+    /// Preset of the synthetic checkpoint.
+    #[arg(long, default_value = "large-v3-turbo")]
+    pub preset: String,
+    /// Export this checkpoint (a directory or a Hub id) instead of synthesizing one.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Runs; the median is shown.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Audio benchmark: also time every op type of every package during one more
-    /// transcription and print where the time goes (stderr).
+}
+
+#[derive(Args)]
+pub struct CompressBench {
+    /// The real checkpoint compared with coremltools (default ../shared/models/whisper-tiny.en).
     #[arg(long)]
-    pub profile: bool,
-    /// Compress suite: only the methods whose bench name contains this (`int4`, `lut4`);
-    /// decode suite: only the variants whose name contains it (`fp16`, `LUT4`, `int4`).
+    pub model: Option<PathBuf>,
+    /// Python with coremltools 9 to compare against.
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// Only the methods whose name contains this (`int4`, `lut4`).
     #[arg(long)]
     pub only: Option<String>,
-    /// Compress suite: skip the tiny.en encoder (and coremltools), run only the turbo synth.
+    /// Only the large-v3-turbo synth encoder (no tiny.en, no coremltools).
     #[arg(long)]
     pub only_turbo: bool,
-    /// Decode suite: the kernel levels to time, comma-separated (`avx512`, `avx2`,
-    /// `portable`; levels this CPU lacks are left out with a note); each variant's passes
-    /// alternate between them, each paired with its own bandwidth measurement. Default: the
-    /// CPU's best and, where that is AVX-512, also AVX2 (the kernels it replaces).
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct DecodeBench {
+    /// The checkpoint whose decoder is timed (a directory or a Hub id).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Only the variants whose name contains this (`fp16`, `LUT4`, `int4`).
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Timed passes per variant and kernel level, each paired with its own bandwidth
+    /// measurement; the pass with the median ratio to its floor is shown.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Kernel levels, comma-separated (`avx512`, `avx2`, `portable`); default the CPU's best
+    /// and AVX2 beside AVX-512 (docs/speed.md).
     #[arg(long, value_delimiter = ',')]
     pub isa: Vec<String>,
+    /// Print JSON (schemas/bench-decode.schema.json) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn resolve(model: &Option<PathBuf>) -> Result<Option<PathBuf>> {
+    model
+        .as_deref()
+        .map(|m| milkit::hub::resolve_model(m, true))
+        .transpose()
 }
 
 pub fn run(a: &BenchArgs) -> Result<u8> {
-    if let Some(audio) = &a.audio {
-        let models = a
-            .models
-            .as_deref()
-            .context("milkit bench AUDIO needs --models DIR")?;
-        return super::bench_audio::run(
-            audio,
-            models,
-            a.runs,
-            a.json,
-            a.compare_faster_whisper.as_deref(),
-            a.profile,
-        );
-    }
-    let model = a
-        .model
-        .as_deref()
-        .map(|m| milkit::hub::resolve_model(m, true))
-        .transpose()?;
-    match a.suite {
-        Suite::Export => bench_export(a, model),
-        Suite::Compress => super::bench_compress::run(
-            model.as_deref(),
-            a.python.as_deref(),
-            a.json,
+    match &a.what {
+        Bench::Audio(b) => super::bench_audio::run(
+            &b.audio,
+            &b.models,
+            b.runs,
+            b.json,
+            b.compare_faster_whisper.as_deref(),
+            b.profile,
+        ),
+        Bench::Export(b) => bench_export(b, resolve(&b.model)?),
+        Bench::Compress(b) => super::bench_compress::run(
+            resolve(&b.model)?.as_deref(),
+            b.python.as_deref(),
+            b.json,
             &super::bench_compress::Filter {
-                method: a.only.clone(),
-                turbo_only: a.only_turbo,
+                method: b.only.clone(),
+                turbo_only: b.only_turbo,
             },
         ),
-        Suite::Decode => {
-            super::bench_decode::run(model.as_deref(), a.json, a.only.as_deref(), a.runs, &a.isa)
-        }
+        Bench::Decode(b) => super::bench_decode::run(
+            resolve(&b.model)?.as_deref(),
+            b.json,
+            b.only.as_deref(),
+            b.runs,
+            &b.isa,
+        ),
     }
 }
 
-fn bench_export(a: &BenchArgs, model: Option<PathBuf>) -> Result<u8> {
+fn bench_export(a: &ExportBench, model: Option<PathBuf>) -> Result<u8> {
     let exe = std::env::current_exe()?;
     let tmp = tempdir()?;
     let model = match model {

@@ -1,4 +1,4 @@
-//! `milkit bench AUDIO --models DIR`: one transcription timed by stage (after a warm-up run),
+//! `milkit bench audio AUDIO --models DIR`: one transcription timed by stage (after a warm-up run),
 //! the decoder's bytes per token, the read bandwidth of this machine for exactly that working
 //! set, and the floor they imply; optionally faster-whisper on the same audio in the same run.
 

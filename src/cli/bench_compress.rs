@@ -1,4 +1,4 @@
-//! `milkit bench --suite compress`: wall time, bytes and error of milkit's LUT4 k-means g16 and
+//! `milkit bench compress`: wall time, bytes and error of milkit's LUT4 k-means g16 and
 //! int4 per-block-32 compression on the large-v3-turbo synth encoder and on a real (tiny.en)
 //! encoder, and, with `--python`, coremltools 9 on the same tiny.en encoder package in the same
 //! run (tools/ct_compress_bench.py), as a time ratio.

@@ -1,4 +1,4 @@
-//! `milkit bench --suite decode --model HF_DIR`: per-token decode speed of tiny-sized
+//! `milkit bench decode --model HF_DIR`: per-token decode speed of tiny-sized
 //! Whisper text decoders built in memory (stateful KV cache, precomputed cross K/V) in four
 //! weight forms — fp16, head-only LUT4, all-LUT4, int4 per block of 32 — against the
 //! weight-stream floor: bytes read per token ÷ memory bandwidth measured in the same run on
@@ -204,7 +204,7 @@ fn time_variant(
     // The timed steps continue at fresh cache positions, each a complete one-token run;
     // every pass covers the same positions (the states are not reset: what a position
     // holds does not change the work). Each pass is paired with a bandwidth measurement
-    // taken just before it (the same measurement as `milkit bench AUDIO`, best of 4 passes
+    // taken just before it (the same measurement as `milkit bench audio AUDIO`, best of 4 passes
     // over a buffer of the bytes a token reads): the machine's bandwidth drifts between
     // minutes, so a ratio is only meaningful within a pair. The pass with the median ratio
     // is reported.

@@ -51,7 +51,7 @@ impl Isa {
 
     /// Caps the level every later product of this process uses (`None`: the CPU's best),
     /// so that a benchmark can time the same program on narrower kernels (`milkit bench
-    /// --suite decode --isa`), or a user rule out a path.
+    /// decode --isa`), or a user rule out a path.
     pub fn set_cap(cap: Option<Isa>) {
         let v = cap.unwrap_or(Isa::Avx512) as u8;
         CAP.store(v, std::sync::atomic::Ordering::Relaxed);
