@@ -225,7 +225,7 @@ fn bench_subcommands_each_take_their_own_flags() {
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
     let text = help(&["bench", "--help"]);
-    for sub in ["audio", "export", "compress", "decode"] {
+    for sub in ["audio", "export", "compress", "decode", "gemm"] {
         assert!(
             text.contains(&format!("  {sub} ")),
             "bench --help lacks {sub}:\n{text}"
@@ -504,4 +504,41 @@ fn repeat_shares_one_zeroed_state_across_predictions_and_saves_it() {
     );
     let states = text.split("states:").nth(1).unwrap_or("");
     assert!(states.trim_start().starts_with("acc"), "{text}");
+}
+
+/// `bench gemm --only tiny --runs 1 --json`: one row per tiny shape, its FLOPs counted as
+/// 2·m·n·k and its rates and ratio derived from the times it reports.
+#[test]
+fn gemm_bench_reports_milkit_next_to_a_plain_gemm() {
+    let out = Command::new(env!("CARGO_BIN_EXE_milkit"))
+        .args(["bench", "gemm", "--only", "tiny", "--runs", "1", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v}");
+    for r in rows {
+        let f = |k: &str| r[k].as_f64().unwrap();
+        assert!(r["shape"].as_str().unwrap().contains("tiny"), "{r}");
+        assert_eq!(f("gflop"), 2.0 * f("m") * f("n") * f("k") / 1e9);
+        assert!(
+            f("milkit_ms_median") > 0.0 && f("reference_ms_median") > 0.0,
+            "{r}"
+        );
+        let ratio = f("milkit_ms_median") / f("reference_ms_median");
+        assert!((f("ratio") - ratio).abs() <= 1e-9 * ratio, "{r}");
+        let rate = f("gflop") / (f("milkit_ms_median") / 1e3);
+        assert!((f("milkit_gflops") - rate).abs() <= 1e-9 * rate, "{r}");
+    }
+    let none = Command::new(env!("CARGO_BIN_EXE_milkit"))
+        .args(["bench", "gemm", "--only", "nothing"])
+        .output()
+        .unwrap();
+    assert!(!none.status.success());
+    assert!(String::from_utf8_lossy(&none.stderr).contains("matches no shape"));
 }

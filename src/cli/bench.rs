@@ -1,6 +1,7 @@
-//! `milkit bench audio|export|compress|decode`: timing tables (never timed tests): a
+//! `milkit bench audio|export|compress|decode|gemm`: timing tables (never timed tests): a
 //! transcription by stage (`bench_audio`), an encoder export, compression
-//! (`bench_compress`), decoding per token (`bench_decode`).
+//! (`bench_compress`), decoding per token (`bench_decode`), encoder-sized products against
+//! a plain GEMM (`bench_gemm`).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -24,6 +25,21 @@ pub enum Bench {
     Compress(CompressBench),
     /// Decoder ms per token against the bytes ÷ bandwidth floor.
     Decode(DecodeBench),
+    /// Encoder-sized products: milkit's 1x1 conv against a plain f32 GEMM, same run.
+    Gemm(GemmBench),
+}
+
+#[derive(Args)]
+pub struct GemmBench {
+    /// Timed runs per side (alternating, after one warm-up); the median is shown.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Only the shapes whose name contains this (`tiny`, `fc1`, `turbo`).
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -130,6 +146,7 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
                 turbo_only: b.only_turbo,
             },
         ),
+        Bench::Gemm(b) => super::bench_gemm::run(b.runs, b.only.as_deref(), b.json),
         Bench::Decode(b) => super::bench_decode::run(
             resolve(&b.model)?.as_deref(),
             b.json,

@@ -3,6 +3,7 @@ pub mod bench;
 pub mod bench_audio;
 pub mod bench_compress;
 pub mod bench_decode;
+pub mod bench_gemm;
 pub mod calibrate;
 pub mod compress;
 pub mod eval;

@@ -1,0 +1,218 @@
+//! `milkit bench gemm`: encoder-sized products — milkit's runtime running one BC1S 1x1 `conv`
+//! (fp16 data, fp32 accumulation, fp16 output, as every encoder projection runs) against a
+//! plain f32 GEMM of the same shape (candle's gemm on f32 tensors already in memory) timed
+//! in the same run, alternating, so that the ratio is what milkit's path costs over the
+//! GEMM it is built on. Rates are 2·m·n·k FLOPs over the time of one product.
+
+use anyhow::{Context, Result};
+use candle_core::{DType as CDType, Device, Tensor};
+use half::f16;
+use milkit::ir::{DType, Description, Model, Opset, Tensor as ITensor, Value, ValueType};
+use milkit::ops::{Builder, In};
+use milkit::runtime::Session;
+use std::time::Instant;
+
+/// One product shape: `[m, k] · [k, n]`, m the encoder's frames.
+pub struct Shape {
+    pub name: &'static str,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+}
+
+/// The encoder projections of tiny, base and large-v3-turbo (1500 frames).
+pub const SHAPES: &[Shape] = &[
+    Shape {
+        name: "tiny attention (384 → 384)",
+        m: 1500,
+        k: 384,
+        n: 384,
+    },
+    Shape {
+        name: "tiny fc1 (384 → 1536)",
+        m: 1500,
+        k: 384,
+        n: 1536,
+    },
+    Shape {
+        name: "base fc1 (512 → 2048)",
+        m: 1500,
+        k: 512,
+        n: 2048,
+    },
+    Shape {
+        name: "turbo fc1 (1280 → 5120)",
+        m: 1500,
+        k: 1280,
+        n: 5120,
+    },
+];
+
+/// One shape's measurements: the best and the median of the timed runs, each side.
+#[derive(serde::Serialize)]
+pub struct GemmRow {
+    pub shape: String,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub gflop: f64,
+    pub milkit_ms_best: f64,
+    pub milkit_ms_median: f64,
+    pub reference_ms_best: f64,
+    pub reference_ms_median: f64,
+    pub milkit_gflops: f64,
+    pub reference_gflops: f64,
+    /// milkit's median time over the reference's median time.
+    pub ratio: f64,
+}
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 0.2 - 0.1
+        })
+        .collect()
+}
+
+/// The encoder's form of the product: `conv` of x fp16 [1, k, 1, m] with a constant fp16
+/// weight [n, k, 1, 1] and bias [n].
+fn conv_model(s: &Shape) -> Result<Model> {
+    let mut b = Builder::new(Opset::Ios18);
+    let x = b.input("x", ValueType::tensor(DType::F16, &[1, s.k, 1, s.m]));
+    let w: Vec<f16> = values(s.n * s.k, 7)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let bias: Vec<f16> = values(s.n, 9).into_iter().map(f16::from_f32).collect();
+    let y = b.op1(
+        "conv",
+        "proj",
+        vec![
+            ("x", In::V(x)),
+            (
+                "weight",
+                In::C(Value::Tensor(ITensor::f16(&[s.n, s.k, 1, 1], &w))),
+            ),
+            ("bias", In::C(Value::Tensor(ITensor::f16(&[s.n], &bias)))),
+        ],
+    )?;
+    let (inputs, block) = b.finish(&[(y, "y")])?;
+    Ok(Model::single(
+        Opset::Ios18,
+        inputs,
+        block,
+        Description::default(),
+    ))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times every shape: one warm-up of each side, then `runs` alternating pairs.
+pub fn measure(shapes: &[Shape], runs: usize) -> Result<Vec<GemmRow>> {
+    let dev = Device::Cpu;
+    let mut rows = vec![];
+    for s in shapes {
+        let mut session = Session::from_model(conv_model(s)?).context("building the conv")?;
+        // Every call computes: no reuse of a result whose inputs did not change.
+        session.set_memoize(false);
+        let x = Tensor::from_vec(values(s.k * s.m, 3), (1, s.k, 1, s.m), &dev)?
+            .to_dtype(CDType::F16)?;
+        let a = Tensor::from_vec(values(s.m * s.k, 3), (s.m, s.k), &dev)?;
+        let w = Tensor::from_vec(values(s.k * s.n, 7), (s.k, s.n), &dev)?;
+        let mut mine = vec![];
+        let mut reference = vec![];
+        for i in 0..=runs.max(1) {
+            let t = Instant::now();
+            session.predict(&[("x", x.clone())])?;
+            let tm = t.elapsed().as_secs_f64() * 1e3;
+            let t = Instant::now();
+            let y = a.matmul(&w)?;
+            let tr = t.elapsed().as_secs_f64() * 1e3;
+            drop(y);
+            if i > 0 {
+                mine.push(tm);
+                reference.push(tr);
+            }
+        }
+        let gflop = 2.0 * (s.m * s.n * s.k) as f64 / 1e9;
+        let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+        let (mb, rb) = (best(&mine), best(&reference));
+        let (mm, rm) = (median(&mut mine), median(&mut reference));
+        rows.push(GemmRow {
+            shape: s.name.to_string(),
+            m: s.m,
+            k: s.k,
+            n: s.n,
+            gflop,
+            milkit_ms_best: mb,
+            milkit_ms_median: mm,
+            reference_ms_best: rb,
+            reference_ms_median: rm,
+            milkit_gflops: gflop / (mm / 1e3),
+            reference_gflops: gflop / (rm / 1e3),
+            ratio: mm / rm,
+        });
+    }
+    Ok(rows)
+}
+
+pub fn run(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
+    let shapes: Vec<&Shape> = SHAPES
+        .iter()
+        .filter(|s| only.is_none_or(|o| s.name.contains(o)))
+        .collect();
+    anyhow::ensure!(
+        !shapes.is_empty(),
+        "--only {} matches no shape",
+        only.unwrap_or_default()
+    );
+    let shapes: Vec<Shape> = shapes
+        .into_iter()
+        .map(|s| Shape {
+            name: s.name,
+            m: s.m,
+            k: s.k,
+            n: s.n,
+        })
+        .collect();
+    let rows = measure(&shapes, runs)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(0);
+    }
+    println!(
+        "threads: {} (rayon); {} timed runs per side, alternating; median (best) ms",
+        rayon::current_num_threads(),
+        runs.max(1)
+    );
+    println!(
+        "| product | GFLOP | milkit conv ms | f32 GEMM ms | milkit GFLOP/s | GEMM GFLOP/s | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} [{}×{}]·[{}×{}] | {:.2} | {:.1} ({:.1}) | {:.1} ({:.1}) | {:.0} | {:.0} | {:.2} |",
+            r.shape,
+            r.m,
+            r.k,
+            r.k,
+            r.n,
+            r.gflop,
+            r.milkit_ms_median,
+            r.milkit_ms_best,
+            r.reference_ms_median,
+            r.reference_ms_best,
+            r.milkit_gflops,
+            r.reference_gflops,
+            r.ratio
+        );
+    }
+    Ok(0)
+}
