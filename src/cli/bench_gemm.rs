@@ -115,7 +115,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Times every shape: one warm-up of each side, then `runs` alternating pairs.
-pub fn measure(shapes: &[Shape], runs: usize) -> Result<Vec<GemmRow>> {
+pub fn measure(shapes: &[&Shape], runs: usize) -> Result<Vec<GemmRow>> {
     let dev = Device::Cpu;
     let mut rows = vec![];
     for s in shapes {
@@ -173,15 +173,6 @@ pub fn run(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
         "--only {} matches no shape",
         only.unwrap_or_default()
     );
-    let shapes: Vec<Shape> = shapes
-        .into_iter()
-        .map(|s| Shape {
-            name: s.name,
-            m: s.m,
-            k: s.k,
-            n: s.n,
-        })
-        .collect();
     let rows = measure(&shapes, runs)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
