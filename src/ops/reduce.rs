@@ -25,12 +25,7 @@ fn infer_reduce(cx: &InferCx) -> Result<Vec<ValueType>> {
             s.push(d.clone());
         }
     }
-    let dt = if cx.op_type == "reduce_argmax" || cx.op_type == "reduce_argmin" {
-        crate::ir::DType::I32
-    } else {
-        x.dtype
-    };
-    Ok(vec![tensor(dt, s)])
+    Ok(vec![tensor(x.dtype, s)])
 }
 
 fn infer_argmax(cx: &InferCx) -> Result<Vec<ValueType>> {
