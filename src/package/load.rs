@@ -8,8 +8,8 @@ use super::blob::{BlobDType, BlobReader};
 use super::convert::{value_from_proto, value_type_from_proto, BlobSource};
 use super::manifest::read_package;
 use crate::ir::{
-    Arg, ArrayDType, Block, Description, Feature, Function, Model, Operation, Opset, Program,
-    Value, ValueType, Var,
+    Arg, ArrayDType, Block, Description, DictKey, Feature, FeatureKind, Function, Model, Operation,
+    Opset, Program, Value, ValueType, Var,
 };
 use crate::ops::builder::infer_op;
 use crate::proto::{mil, specification as spec};
@@ -263,16 +263,28 @@ fn feature(f: &spec::FeatureDescription) -> Result<(Feature, bool)> {
         .as_ref()
         .and_then(|t| t.r#type.as_ref())
         .ok_or_else(|| anyhow!("feature `{}` has no type", f.name))?;
+    let other = |kind| {
+        let mut fe = Feature::of_kind(&f.name, kind);
+        fe.doc = f.short_description.clone();
+        Ok((fe, false))
+    };
     let (a, state) = match ty {
         Type::MultiArrayType(a) => (a.clone(), false),
         Type::StateType(s) => match &s.r#type {
             Some(spec::state_feature_type::Type::ArrayType(a)) => (a.clone(), true),
             None => bail!("state `{}` has no array type", f.name),
         },
-        _ => bail!(
-            "feature `{}`: only multi-array and state features are supported",
-            f.name
-        ),
+        Type::Int64Type(_) => return other(FeatureKind::Int64),
+        Type::DoubleType(_) => return other(FeatureKind::Double),
+        Type::StringType(_) => return other(FeatureKind::String),
+        Type::DictionaryType(d) => {
+            use spec::dictionary_feature_type::KeyType;
+            return other(FeatureKind::Dict(match d.key_type {
+                Some(KeyType::Int64KeyType(_)) => DictKey::Int64,
+                Some(KeyType::StringKeyType(_)) => DictKey::String,
+                None => bail!("dictionary feature `{}` has no key type", f.name),
+            }));
+        }
     };
     let shape = a
         .shape
@@ -287,6 +299,7 @@ fn feature(f: &spec::FeatureDescription) -> Result<(Feature, bool)> {
             dtype: array_dtype(a.data_type).with_context(|| format!("feature `{}`", f.name))?,
             shape,
             doc: f.short_description.clone(),
+            kind: FeatureKind::Array,
         },
         state,
     ))
@@ -332,7 +345,14 @@ pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model
         .ok_or_else(|| anyhow!("model has no description"))?;
     let mut description = Description::default();
     for f in &d.input {
-        description.inputs.push(feature(f)?.0);
+        let fe = feature(f)?.0;
+        ensure!(
+            fe.kind == FeatureKind::Array,
+            "input `{}` is a {}; milkit feeds only multi-array inputs",
+            fe.name,
+            fe.type_name()
+        );
+        description.inputs.push(fe);
     }
     for f in &d.output {
         description.outputs.push(feature(f)?.0);
@@ -340,6 +360,8 @@ pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model
     for f in &d.state {
         description.states.push(feature(f)?.0);
     }
+    description.predicted_feature = d.predicted_feature_name.clone();
+    description.predicted_probabilities = d.predicted_probabilities_name.clone();
     if let Some(md) = &d.metadata {
         description.short_description = md.short_description.clone();
         description.version = md.version_string.clone();
@@ -402,6 +424,35 @@ fn check_abi(d: &Description, p: &Program) -> Result<()> {
             fe.name == *o,
             "output `{}` of the description is `{o}` in the program",
             fe.name
+        );
+        // A classifier's label and dictionary must be what the program returns (arrays
+        // are converted at the boundary, so only their names are checked).
+        if fe.kind != FeatureKind::Array {
+            let ty = f
+                .block
+                .walk()
+                .iter()
+                .flat_map(|op| &op.outputs)
+                .chain(&f.inputs)
+                .find(|v| v.name == *o)
+                .map(|v| &v.ty);
+            ensure!(
+                ty == Some(&fe.value_type()),
+                "output `{}`: description says {}, program says {}",
+                fe.name,
+                fe.value_type(),
+                ty.map(|t| t.to_string())
+                    .unwrap_or_else(|| "nothing".into())
+            );
+        }
+    }
+    for (what, name) in [
+        ("predictedFeatureName", &d.predicted_feature),
+        ("predictedProbabilitiesName", &d.predicted_probabilities),
+    ] {
+        ensure!(
+            name.is_empty() || d.outputs.iter().any(|o| o.name == *name),
+            "{what} `{name}` is not an output of the description"
         );
     }
     Ok(())

@@ -7,7 +7,8 @@ use super::convert::{blob_dtype, value_to_proto, value_type_to_proto, BlobSink};
 use super::fsio::write_package_atomically;
 use super::manifest::Manifest;
 use crate::ir::{
-    Arg, ArrayDType, Block, Feature, Model, Operation, Opset, Program, Tensor, Value, Var,
+    Arg, ArrayDType, Block, DictKey, Feature, FeatureKind, Model, Operation, Opset, Program,
+    Tensor, Value, Var,
 };
 use crate::proto::{mil, specification as spec};
 use anyhow::{anyhow, bail, Context, Result};
@@ -202,13 +203,22 @@ fn array_type(f: &Feature) -> spec::ArrayFeatureType {
 }
 
 fn feature(f: &Feature, state: bool) -> spec::FeatureDescription {
+    use spec::dictionary_feature_type::KeyType;
     use spec::feature_type::Type;
-    let ty = if state {
-        Type::StateType(spec::StateFeatureType {
+    let ty = match f.kind {
+        _ if state => Type::StateType(spec::StateFeatureType {
             r#type: Some(spec::state_feature_type::Type::ArrayType(array_type(f))),
-        })
-    } else {
-        Type::MultiArrayType(array_type(f))
+        }),
+        FeatureKind::Array => Type::MultiArrayType(array_type(f)),
+        FeatureKind::Int64 => Type::Int64Type(spec::Int64FeatureType {}),
+        FeatureKind::Double => Type::DoubleType(spec::DoubleFeatureType {}),
+        FeatureKind::String => Type::StringType(spec::StringFeatureType {}),
+        FeatureKind::Dict(k) => Type::DictionaryType(spec::DictionaryFeatureType {
+            key_type: Some(match k {
+                DictKey::Int64 => KeyType::Int64KeyType(spec::Int64FeatureType {}),
+                DictKey::String => KeyType::StringKeyType(spec::StringFeatureType {}),
+            }),
+        }),
     };
     spec::FeatureDescription {
         name: f.name.clone(),
@@ -234,6 +244,8 @@ pub fn model_to_proto(m: &Model, blobs: &mut dyn BlobSink) -> Result<spec::Model
             license: String::new(),
             user_defined: d.user_defined.clone(),
         }),
+        predicted_feature_name: d.predicted_feature.clone(),
+        predicted_probabilities_name: d.predicted_probabilities.clone(),
         ..Default::default()
     };
     Ok(spec::Model {
