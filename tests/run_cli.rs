@@ -3,7 +3,8 @@
 //! tensor; outputs come back as .npy files that NumPy reads and checks against its own
 //! arithmetic; bad invocations fail with messages naming the input and the file; a stateful
 //! two-function package run with `--repeat`, `--state`, `--save-states` and `--function`;
-//! a classifier's label and class → probability dictionary written as JSON.
+//! a multifunction package coremltools made, each function run; a classifier's label and
+//! class → probability dictionary written as JSON.
 
 mod common;
 
@@ -506,6 +507,83 @@ fn repeat_shares_one_zeroed_state_across_predictions_and_saves_it() {
     );
     let states = text.split("states:").nth(1).unwrap_or("");
     assert!(states.trim_start().starts_with("acc"), "{text}");
+}
+
+/// A multifunction package as coremltools makes one (`save_multifunction`: each function's
+/// interface under `description.functions`, none at the top level, a default function):
+/// `plus` (x + 1, the default) and `times` (x · 2) on x fp32 [3]; `run` takes the default
+/// without `--function` and either function with it; `inspect` lists both.
+#[test]
+fn a_coremltools_multifunction_package_runs_each_function() {
+    if common::python().is_none() {
+        eprintln!("skipped: no coremltools python");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    python(
+        r#"
+import logging, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+import numpy as np, coremltools as ct
+from coremltools.converters.mil import Builder as mb
+def make(name, op):
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3,))], opset_version=ct.target.iOS18)
+    def p(x):
+        return op(x)
+    m = ct.convert(p, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
+                   compute_precision=ct.precision.FLOAT32, skip_model_load=True)
+    m.save(name + ".mlpackage")
+make("a", lambda x: mb.add(x=x, y=np.float32(1.0), name="y"))
+make("b", lambda x: mb.mul(x=x, y=np.float32(2.0), name="y"))
+desc = ct.utils.MultiFunctionDescriptor()
+desc.add_function("a.mlpackage", src_function_name="main", target_function_name="plus")
+desc.add_function("b.mlpackage", src_function_name="main", target_function_name="times")
+desc.default_function_name = "plus"
+ct.utils.save_multifunction(desc, "mf.mlpackage")
+"#,
+        d,
+    );
+    let pkg = d.join("mf.mlpackage");
+    let x = [0.5f32, -1.0, 2.0];
+    write_f32(&d.join("x.npy"), &x);
+    for (function, want) in [
+        (None, x.map(|v| v + 1.0)),
+        (Some("plus"), x.map(|v| v + 1.0)),
+        (Some("times"), x.map(|v| v * 2.0)),
+    ] {
+        let out = d.join(format!("out-{}", function.unwrap_or("default")));
+        let mut c = common::milkit();
+        c.arg("run")
+            .arg(&pkg)
+            .arg("--input")
+            .arg(format!("x={}", d.join("x.npy").display()));
+        if let Some(f) = function {
+            c.args(["--function", f]);
+        }
+        let o = c.arg("--quiet").arg("--out").arg(&out).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(f32s(&out.join("y.npy")), want, "{function:?}");
+    }
+    let o = common::milkit().arg("inspect").arg(&pkg).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        text.contains("function plus") && text.contains("function times"),
+        "{text}"
+    );
+    // Saved back by milkit, the package keeps its per-function description.
+    let m = milkit::package::load_package(&pkg).unwrap();
+    assert_eq!(m.description.default_function, "plus");
+    let keys: Vec<&str> = m.description.functions.keys().map(|k| k.as_str()).collect();
+    assert_eq!(keys, ["plus", "times"]);
+    let again = d.join("again.mlpackage");
+    milkit::package::save_package(&m, &again, false, &mut |_| {}).unwrap();
+    assert_eq!(
+        milkit::package::load_package(&again).unwrap().description,
+        m.description
+    );
 }
 
 /// A classifier (iOS15): softmax of x fp32 [4], then `classify` with string classes (one

@@ -234,6 +234,20 @@ pub struct Description {
     /// A classifier's class → probability output (`predictedProbabilitiesName`; empty
     /// for other models).
     pub predicted_probabilities: String,
+    /// A multifunction model's (iOS18) interface of each function, by name; empty for a
+    /// single-function model. `inputs`, `outputs` and `states` are then the default
+    /// function's.
+    pub functions: BTreeMap<String, FunctionIo>,
+    /// The function a multifunction model runs by default (empty: single function).
+    pub default_function: String,
+}
+
+/// One function's interface in a multifunction model description.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct FunctionIo {
+    pub inputs: Vec<Feature>,
+    pub outputs: Vec<Feature>,
+    pub states: Vec<Feature>,
 }
 
 /// What an `.mlpackage` holds: specification version, description and the MIL program.

@@ -233,10 +233,31 @@ fn feature(f: &Feature, state: bool) -> spec::FeatureDescription {
 /// Builds the top-level message; blob-bound tensors go through `blobs`.
 pub fn model_to_proto(m: &Model, blobs: &mut dyn BlobSink) -> Result<spec::Model> {
     let d = &m.description;
+    // A multifunction model describes each function and leaves the top level empty.
+    let multi = !d.functions.is_empty();
+    let features = |fs: &[Feature], state: bool| -> Vec<spec::FeatureDescription> {
+        if multi {
+            vec![]
+        } else {
+            fs.iter().map(|f| feature(f, state)).collect()
+        }
+    };
     let description = spec::ModelDescription {
-        input: d.inputs.iter().map(|f| feature(f, false)).collect(),
-        output: d.outputs.iter().map(|f| feature(f, false)).collect(),
-        state: d.states.iter().map(|f| feature(f, true)).collect(),
+        input: features(&d.inputs, false),
+        output: features(&d.outputs, false),
+        state: features(&d.states, true),
+        functions: d
+            .functions
+            .iter()
+            .map(|(name, io)| spec::FunctionDescription {
+                name: name.clone(),
+                input: io.inputs.iter().map(|f| feature(f, false)).collect(),
+                output: io.outputs.iter().map(|f| feature(f, false)).collect(),
+                state: io.states.iter().map(|f| feature(f, true)).collect(),
+                ..Default::default()
+            })
+            .collect(),
+        default_function_name: d.default_function.clone(),
         metadata: Some(spec::Metadata {
             short_description: d.short_description.clone(),
             version_string: d.version.clone(),

@@ -241,7 +241,10 @@ impl Session {
             }
             functions.insert(name.clone(), plan);
         }
-        let default_function = if functions.contains_key("main") {
+        let described = &m.description.default_function;
+        let default_function = if functions.contains_key(described) {
+            described.clone()
+        } else if functions.contains_key("main") {
             "main".to_string()
         } else {
             functions
@@ -481,7 +484,9 @@ impl Session {
                     // The model description is the ABI: hand back its dtype if it differs.
                     if let Some(f) = self
                         .description
-                        .outputs
+                        .functions
+                        .get(&fname)
+                        .map_or(&self.description.outputs, |io| &io.outputs)
                         .iter()
                         .find(|f| f.name == *name && f.kind == FeatureKind::Array)
                     {
