@@ -5916,11 +5916,11 @@ fn coremltools_made_classifiers_match_float64_references() {
     let Some(dir) = coremltools_made() else {
         return;
     };
-    let cases: [(&str, &str, Vec<usize>, Vec<f64>, DType); 2] = [
+    let cases = [
         (
             "classifier_str",
             "classLabel",
-            vec![1, 5],
+            vec![1usize, 5],
             vec![0.4, -1.1, 2.3, 0.9, -0.2],
             F32,
         ),
