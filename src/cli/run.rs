@@ -24,7 +24,8 @@ pub struct RunArgs {
     /// string; an int64 label is an .npy scalar).
     #[arg(long)]
     pub out: PathBuf,
-    /// Function of a multifunction package (default: main).
+    /// Function of a multifunction package (default: the package's default function,
+    /// else main).
     #[arg(long)]
     pub function: Option<String>,
     /// Number of predictions, all with the same inputs and sharing the package's states;
