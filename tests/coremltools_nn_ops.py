@@ -1,6 +1,7 @@
 """Writes small mlprogram packages made by coremltools' own MIL builder, one per op of
-tests/op_conformance.rs's `coremltools_made_*` test: conv_transpose, conv_quantized and the
-resize family. For each case NAME it writes OUT/NAME.mlpackage and the values it used as
+tests/op_conformance.rs's `coremltools_made_*` test: conv_transpose, conv_quantized, the
+resize family, ... and classifiers (`ct.convert` with a `ClassifierConfig`, which appends
+coremltools' `classify` op and writes the classifier description). For each case NAME it writes OUT/NAME.mlpackage and the values it used as
 OUT/NAME.<tensor>.npy (float64 or int), so the Rust side can compute its own float64
 reference. Usage: python coremltools_nn_ops.py OUT_DIR
 """
@@ -17,12 +18,13 @@ OUT = sys.argv[1]
 rng = np.random.default_rng(7)
 
 
-def save(name, prog, target, arrays):
+def save(name, prog, target, arrays, precision=ct.precision.FLOAT32, classifier=None):
     m = ct.convert(
         prog,
         convert_to="mlprogram",
         minimum_deployment_target=target,
-        compute_precision=ct.precision.FLOAT32,
+        compute_precision=precision,
+        classifier_config=classifier,
     )
     m.save(os.path.join(OUT, name + ".mlpackage"))
     for k, v in arrays.items():
@@ -189,3 +191,27 @@ def prog_s(x, coords):
 
 
 save("sampling", prog_s, ct.target.iOS17, {"aff": aff, "boxes": crop_boxes})
+
+
+# Classifiers: string classes on a softmax of x [1, 5] (iOS15, fp32), int64 classes on a
+# sigmoid of x [2, 3] (iOS18, fp16 compute: coremltools casts the probabilities to fp32).
+@mb.program(input_specs=[mb.TensorSpec(shape=(1, 5))], opset_version=ct.target.iOS15)
+def prog_cls_str(x):
+    return mb.softmax(x=x, axis=-1, name="probs")
+
+
+save(
+    "classifier_str", prog_cls_str, ct.target.iOS15, {},
+    classifier=ct.ClassifierConfig(["cat", "dog", "eel", "fox", "gnu"]),
+)
+
+
+@mb.program(input_specs=[mb.TensorSpec(shape=(2, 3))], opset_version=ct.target.iOS18)
+def prog_cls_int(x):
+    return mb.sigmoid(x=x, name="probs")
+
+
+save(
+    "classifier_int", prog_cls_int, ct.target.iOS18, {}, precision=ct.precision.FLOAT16,
+    classifier=ct.ClassifierConfig([10, -3, 7, 1 << 40, 0, 5], predicted_feature_name="id"),
+)

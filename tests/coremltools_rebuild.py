@@ -9,6 +9,12 @@ backend pipelines, which `ct.convert` does not let a caller set, emptied here), 
 folded, fused or renamed: the package holds the same ops, serialized by coremltools (its
 constant and blob encodings, its attribute layout, its description).
 
+A program ending in `classify` is rebuilt the way coremltools makes every classifier: the
+op is taken out (its probabilities become an output) and `ct.convert` puts it back from a
+`ClassifierConfig` with the same classes, naming the label after the original one, so the
+package also carries coremltools' classifier description (`predictedFeatureName`, the
+label's string / int64 feature, the dictionary feature).
+
 Usage: python coremltools_rebuild.py JOBS.json
 JOBS.json: [{"src": ..., "dst": ..., "target": 15|16|17|18}, ...]. Prints one JSON object
 per job on stdout: {"dst": ..., "ok": true} or {"dst": ..., "ok": false, "error": ...}.
@@ -39,17 +45,43 @@ TARGETS = {
 }
 
 
+def detach_classify(prog):
+    """Takes a `classify` out of the main block; returns the ClassifierConfig that puts it
+    back, or None when the program has none."""
+    block = prog.functions["main"]
+    ops = [op for op in block.operations if op.op_type == "classify"]
+    if not ops:
+        return None
+    op = ops[-1]
+    classes_var = op.classes
+    vals = getattr(classes_var.val, "ls", classes_var.val)
+    classes = [c if isinstance(c, str) else int(c) for c in vals]
+    probs = op.probabilities
+    label = op.outputs[0].name
+    block.set_outputs([v for v in block.outputs if v not in op.outputs] + [probs])
+    block.remove_ops([op])
+    if classes_var.op is not None and not classes_var.child_ops:
+        block.remove_ops([classes_var.op])
+    return ct.ClassifierConfig(
+        classes,
+        predicted_feature_name=label,
+        predicted_probabilities_output=probs.name,
+    )
+
+
 def rebuild(src, dst, target):
     spec = ct.utils.load_spec(src)
     prog = milproto.load(
         spec, spec.specificationVersion, f"{src}/Data/com.apple.CoreML/weights"
     )
+    classifier = detach_classify(prog)
     model = ct.convert(
         prog,
         convert_to="mlprogram",
         minimum_deployment_target=TARGETS[target],
         compute_precision=ct.precision.FLOAT32,
         pass_pipeline=ct.PassPipeline.EMPTY,
+        classifier_config=classifier,
         skip_model_load=True,
     )
     model.save(dst)

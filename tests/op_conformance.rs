@@ -16,11 +16,11 @@ use anyhow::{ensure, Context, Result};
 use common::rng::Rng;
 use half::f16;
 use milkit::ir::{
-    ArrayDType, Block, DType, Description, Feature, Function, Model, Opset, Program,
-    Tensor as ITensor, TensorType, Value, ValueType,
+    ArrayDType, Block, DType, Description, DictKey, Feature, FeatureKind, Function, Model, Opset,
+    Program, Tensor as ITensor, TensorType, Value, ValueType,
 };
 use milkit::ops::{Builder, In, V};
-use milkit::runtime::{Session, Tensor};
+use milkit::runtime::{DictKeys, Output, Session, Tensor};
 use std::collections::BTreeSet;
 
 use DType::{Bool, F16, F32, I32};
@@ -201,12 +201,8 @@ const COREML_OPS: &[(&str, &[Opset])] = &[
     ("while_loop", &[I15]),
 ];
 
-/// Ops of [`COREML_OPS`] the interpreter does not run yet, and why.
-const MISSING: &[(&str, &str)] = &[(
-    "classify",
-    "its second output is a dictionary (class label → probability), a value type \
-         milkit's IR and runtime do not have",
-)];
+/// Ops of [`COREML_OPS`] the interpreter does not run yet, and why (none left).
+const MISSING: &[(&str, &str)] = &[];
 
 // ---------------------------------------------------------------------------------------
 // The harness.
@@ -221,6 +217,21 @@ enum Cmp {
 }
 const CLOSE: Cmp = Cmp::Float(1.0);
 
+/// A class of a `classify`: int64 or string.
+#[derive(Clone, Debug, PartialEq)]
+enum Class {
+    I(i64),
+    S(String),
+}
+
+/// What a `classify` must return: the label (exact) and every class with its probability
+/// (in class order; probabilities compared as [`CLOSE`] floats of the case's dtype).
+#[derive(Clone, Debug)]
+struct ClassWant {
+    label: Class,
+    probs: Vec<(Class, f64)>,
+}
+
 /// A program under construction, its inputs and its expected outputs.
 struct Prog {
     b: Builder,
@@ -232,6 +243,8 @@ struct Prog {
     feeds: Vec<(String, Tensor)>,
     states: Vec<(String, Tensor)>,
     outs: Vec<(V, Vec<usize>, Vec<f64>, Cmp)>,
+    /// A `classify`'s (label, dictionary) outputs and their reference.
+    class: Option<(V, V, ClassWant)>,
 }
 
 fn cpu() -> candle_core::Device {
@@ -248,6 +261,7 @@ impl Prog {
             feeds: vec![],
             states: vec![],
             outs: vec![],
+            class: None,
         }
     }
 
@@ -349,6 +363,18 @@ impl Prog {
         self.outs.push((o, shape.to_vec(), want, cmp));
         Ok(())
     }
+
+    /// Expects a `classify`'s outputs (label, dictionary) to hold `want`. They become the
+    /// model's outputs `label` and `label_probs`, first, with the classifier description
+    /// coremltools writes (a classify's outputs feed no op, not even an identity).
+    fn want_class(&mut self, outs: &[V], want: ClassWant) -> Result<()> {
+        ensure!(
+            outs.len() == 2 && self.class.is_none(),
+            "one classify (2 outputs) per case"
+        );
+        self.class = Some((outs[0].clone(), outs[1].clone(), want));
+        Ok(())
+    }
 }
 
 fn round_to(v: f64, dt: DType) -> f64 {
@@ -382,6 +408,8 @@ struct Built {
     feeds: Vec<(String, Tensor)>,
     states: Vec<(String, Tensor)>,
     outs: Vec<(String, Vec<usize>, Vec<f64>, Cmp)>,
+    class: Option<ClassWant>,
+    dt: DType,
 }
 
 /// Builds one case into a model whose outputs are `y0`, `y1`, …. With `core_ml_outputs`,
@@ -403,6 +431,7 @@ fn build_case(
         feeds,
         states,
         mut outs,
+        class,
         ..
     } = p;
     if core_ml_outputs {
@@ -423,7 +452,10 @@ fn build_case(
                 kept.push((c, shape, want, cmp));
             }
         }
-        ensure!(!kept.is_empty(), "no output Core ML can return");
+        ensure!(
+            !kept.is_empty() || class.is_some(),
+            "no output Core ML can return"
+        );
         outs = kept;
     }
     let names: Vec<String> = (0..outs.len()).map(|i| format!("y{i}")).collect();
@@ -436,11 +468,16 @@ fn build_case(
                 .ok_or_else(|| anyhow::anyhow!("output {} is not a tensor", v.0))
         })
         .collect::<Result<_>>()?;
-    let pairs: Vec<(V, &str)> = outs
-        .iter()
-        .zip(&names)
-        .map(|((v, ..), n)| (v.clone(), n.as_str()))
-        .collect();
+    let mut pairs: Vec<(V, &str)> = vec![];
+    if let Some((label, probs, _)) = &class {
+        pairs.push((label.clone(), "label"));
+        pairs.push((probs.clone(), "label_probs"));
+    }
+    pairs.extend(
+        outs.iter()
+            .zip(&names)
+            .map(|((v, ..), n)| (v.clone(), n.as_str())),
+    );
     let (inputs, block) = b.finish(&pairs)?;
     // The description is the ABI: each input, state and output with its array type.
     let array = |t: &TensorType| match t.dtype {
@@ -458,6 +495,17 @@ fn build_case(
             other => anyhow::bail!("input {} of type {other}", i.name),
         }
     }
+    if let Some((_, _, want)) = &class {
+        let (label, key) = match want.label {
+            Class::I(_) => (FeatureKind::Int64, DictKey::Int64),
+            Class::S(_) => (FeatureKind::String, DictKey::String),
+        };
+        desc.outputs.push(Feature::of_kind("label", label));
+        desc.outputs
+            .push(Feature::of_kind("label_probs", FeatureKind::Dict(key)));
+        desc.predicted_feature = "label".into();
+        desc.predicted_probabilities = "label_probs".into();
+    }
     for ((_, shape, ..), (n, ty)) in outs.iter().zip(names.iter().zip(&out_types)) {
         let mut f = feature(n, ty);
         f.shape = shape.clone();
@@ -474,6 +522,8 @@ fn build_case(
         feeds,
         states,
         outs,
+        class: class.map(|(_, _, w)| w),
+        dt,
     })
 }
 
@@ -489,17 +539,63 @@ fn check_package(pkg: &std::path::Path, built: &Built) -> Result<()> {
         .iter()
         .map(|(n, t)| (n.as_str(), t.clone()))
         .collect();
-    let got = s.predict(&feeds).context("running")?;
-    ensure!(got.len() == built.outs.len(), "{} outputs", got.len());
-    for (name, shape, want, cmp) in &built.outs {
-        let t = got
-            .iter()
+    let got = s.predict_values(None, &feeds).context("running")?;
+    let n_class = if built.class.is_some() { 2 } else { 0 };
+    ensure!(
+        got.len() == built.outs.len() + n_class,
+        "{} outputs",
+        got.len()
+    );
+    let output = |name: &str| {
+        got.iter()
             .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
-            .with_context(|| format!("no output {name}"))?;
+            .map(|(_, v)| v)
+            .with_context(|| format!("no output {name}"))
+    };
+    for (name, shape, want, cmp) in &built.outs {
+        let Output::Tensor(t) = output(name)? else {
+            anyhow::bail!("output {name} is not a tensor");
+        };
         compare(t, shape, want, *cmp).with_context(|| format!("output {name}"))?;
     }
+    if let Some(want) = &built.class {
+        check_class(output("label")?, output("label_probs")?, want, built.dt)?;
+    }
     Ok(())
+}
+
+/// A `classify`'s label (exact) and dictionary (the classes exactly, in order; the
+/// probabilities as [`CLOSE`] floats: allclose for fp32 compute, PSNR for fp16).
+fn check_class(label: &Output, probs: &Output, want: &ClassWant, dt: DType) -> Result<()> {
+    let got_label = match label {
+        Output::Strings(s) if s.len() == 1 => Class::S(s[0].clone()),
+        Output::Tensor(t) if t.dims().is_empty() && t.dtype() == candle_core::DType::I64 => {
+            Class::I(t.to_scalar::<i64>()?)
+        }
+        o => anyhow::bail!("label: {} instead of one class", o.kind()),
+    };
+    ensure!(
+        got_label == want.label,
+        "label {got_label:?}, want {:?}",
+        want.label
+    );
+    let Output::Dict(d) = probs else {
+        anyhow::bail!("label_probs: {} instead of a dictionary", probs.kind());
+    };
+    let keys: Vec<Class> = match &d.keys {
+        DictKeys::Int64(k) => k.iter().map(|&x| Class::I(x)).collect(),
+        DictKeys::Str(k) => k.iter().map(|x| Class::S(x.clone())).collect(),
+    };
+    let want_keys: Vec<Class> = want.probs.iter().map(|(k, _)| k.clone()).collect();
+    ensure!(keys == want_keys, "classes {keys:?}, want {want_keys:?}");
+    ensure!(
+        d.values.dtype() == candle_core::DType::F64,
+        "probabilities stored as {:?}, not fp64",
+        d.values.dtype()
+    );
+    let got: Vec<f64> = d.values.to_vec1()?;
+    let w: Vec<f64> = want.probs.iter().map(|(_, p)| *p).collect();
+    compare_values(&got, &w, CLOSE, dt == F16).context("label_probs")
 }
 
 /// Builds, saves, loads and runs one case; checks every expected output.
@@ -524,6 +620,17 @@ fn compare(t: &Tensor, shape: &[usize], want: &[f64], cmp: Cmp) -> Result<()> {
         t.dims()
     );
     let got = values(t)?;
+    compare_values(&got, want, cmp, t.dtype() == candle_core::DType::F16)
+}
+
+/// [`compare`] on values; `fp16`: a float comparison is by PSNR.
+fn compare_values(got: &[f64], want: &[f64], cmp: Cmp, fp16: bool) -> Result<()> {
+    ensure!(
+        got.len() == want.len(),
+        "{} values, expected {}",
+        got.len(),
+        want.len()
+    );
     match cmp {
         Cmp::Exact => {
             for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -533,7 +640,7 @@ fn compare(t: &Tensor, shape: &[usize], want: &[f64], cmp: Cmp) -> Result<()> {
                 );
             }
         }
-        Cmp::Float(scale) if t.dtype() == candle_core::DType::F16 => {
+        Cmp::Float(scale) if fp16 => {
             let finite: Vec<(f64, f64)> = got
                 .iter()
                 .zip(want)
@@ -3637,6 +3744,7 @@ fn conv_resample_cases() -> Vec<Case> {
     v.extend(nms_cases());
     v.extend(resample_cases());
     v.extend(crop_resize_cases());
+    v.extend(classify_cases());
     v
 }
 
@@ -4967,6 +5075,123 @@ fn resize_cases() -> Vec<Case> {
     v
 }
 
+/// Index of the largest value, the first on a tie (numpy's argmax on finite values).
+fn argmax_ref(v: &[f64]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+/// `classify` on probabilities an op computed (coremltools takes a classifier's
+/// probabilities from an op, never straight from an input), cast to fp32 as coremltools
+/// does for fp16 ones: string classes on a softmax of shape [1, 5], int64 classes on a
+/// sigmoid of shape [2, 3] (one class per element, row-major). The inputs are spaced so
+/// that no two probabilities tie in fp16.
+fn classify_cases() -> Vec<Case> {
+    fn to_fp32(p: &mut Prog, y: V) -> Result<V> {
+        if p.dt == F32 {
+            return Ok(y);
+        }
+        p.op("cast", vec![("x", In::V(y)), ("dtype", cstr("fp32"))])
+    }
+    let strings = |v: &[&str]| Value::List {
+        elem: ValueType::Tensor(TensorType::scalar(DType::Str)),
+        values: v.iter().map(|s| Value::str(s)).collect(),
+    };
+    let int64s = |v: &[i64]| Value::List {
+        elem: ValueType::Tensor(TensorType::scalar(DType::I64)),
+        values: v
+            .iter()
+            .map(|&x| {
+                Value::Tensor(
+                    ITensor::new(
+                        DType::I64,
+                        vec![],
+                        milkit::ir::Bytes::from_vec(x.to_le_bytes().to_vec()),
+                    )
+                    .unwrap(),
+                )
+            })
+            .collect(),
+    };
+    vec![
+        case(
+            "classify",
+            "string classes, softmax [1, 5]",
+            &versions("classify"),
+            FP,
+            move |p| {
+                let xv: Vec<f64> = [0.4, -1.1, 2.3, 0.9, -0.2]
+                    .iter()
+                    .map(|&v| p.r(v))
+                    .collect();
+                let dt = p.dt;
+                let x = p.input_of("x", dt, &[1, 5], &xv);
+                let y = p.op("softmax", vec![("x", In::V(x)), ("axis", ci0(-1))])?;
+                let y = to_fp32(p, y)?;
+                let names = ["cat", "dog", "eel", "fox", "gnu"];
+                let outs = p.ops(
+                    "classify",
+                    vec![
+                        ("probabilities", In::V(y)),
+                        ("classes", In::Inline(strings(&names))),
+                    ],
+                )?;
+                let m = xv.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = xv.iter().map(|v| (v - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                let probs: Vec<f64> = e.iter().map(|v| v / sum).collect();
+                let class = |i: usize| Class::S(names[i].to_string());
+                p.want_class(
+                    &outs,
+                    ClassWant {
+                        label: class(argmax_ref(&probs)),
+                        probs: probs
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &q)| (class(i), q))
+                            .collect(),
+                    },
+                )
+            },
+        ),
+        case(
+            "classify",
+            "int64 classes, sigmoid [2, 3]",
+            &versions("classify"),
+            FP,
+            move |p| {
+                let xv: Vec<f64> = [-0.7, 1.6, 0.2, -2.0, 0.9, 2.4]
+                    .iter()
+                    .map(|&v| p.r(v))
+                    .collect();
+                let dt = p.dt;
+                let x = p.input_of("x", dt, &[2, 3], &xv);
+                let y = p.op("sigmoid", vec![("x", In::V(x))])?;
+                let y = to_fp32(p, y)?;
+                let ids = [10i64, -3, 7, 1 << 40, 0, 5];
+                let outs = p.ops(
+                    "classify",
+                    vec![
+                        ("probabilities", In::V(y)),
+                        ("classes", In::Inline(int64s(&ids))),
+                    ],
+                )?;
+                let probs: Vec<f64> = xv.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect();
+                p.want_class(
+                    &outs,
+                    ClassWant {
+                        label: Class::I(ids[argmax_ref(&probs)]),
+                        probs: probs
+                            .iter()
+                            .zip(ids)
+                            .map(|(&q, i)| (Class::I(i), q))
+                            .collect(),
+                    },
+                )
+            },
+        ),
+    ]
+}
+
 // ---------------------------------------------------------------------------------------
 // The tests.
 
@@ -5008,7 +5233,9 @@ fn the_op_list_the_definitions_and_the_table_agree() {
             }
         }
     }
-    for opset in [I15, I16, I17, I18] {
+    // What README states: every op of every opset runs.
+    let want_counts = [(I15, 151), (I16, 158), (I17, 161), (I18, 167)];
+    for (opset, want) in want_counts {
         let defined: Vec<&str> = COREML_OPS
             .iter()
             .filter(|(n, _)| milkit::ops::lookup(n, opset).is_some())
@@ -5023,6 +5250,13 @@ fn the_op_list_the_definitions_and_the_table_agree() {
             opset.opset_name(),
             defined.len()
         );
+        if (defined.len(), exists) != (want, want) {
+            problems.push(format!(
+                "{}: milkit runs {} of {exists} ops, README says {want} of {want}",
+                opset.opset_name(),
+                defined.len()
+            ));
+        }
     }
     eprintln!(
         "still missing ({}): {}",
@@ -5670,6 +5904,94 @@ fn coremltools_made_resample_affine_and_crop_resize_match_float64_references() {
     ];
     for ((n, t), (shape, w)) in got.iter().zip(&want) {
         compare(t, shape, w, CLOSE).unwrap_or_else(|e| panic!("{n}: {e:#}"));
+    }
+}
+
+/// Classifiers `ct.convert` made from a `ClassifierConfig` (coremltools appends its
+/// `classify` and writes the classifier description): string classes on an fp32 softmax
+/// (iOS15), int64 classes on an fp16 sigmoid cast to fp32 (iOS18); label exact, the
+/// dictionary's probabilities against float64 softmax / sigmoid of the same inputs.
+#[test]
+fn coremltools_made_classifiers_match_float64_references() {
+    let Some(dir) = coremltools_made() else {
+        return;
+    };
+    let cases = [
+        (
+            "classifier_str",
+            "classLabel",
+            vec![1usize, 5],
+            vec![0.4, -1.1, 2.3, 0.9, -0.2],
+            F32,
+        ),
+        (
+            "classifier_int",
+            "id",
+            vec![2, 3],
+            vec![-0.7, 1.6, 0.2, -2.0, 0.9, 2.4],
+            F16,
+        ),
+    ];
+    for (name, label, shape, xv, dt) in cases {
+        let pkg = dir.path().join(format!("{name}.mlpackage"));
+        let m = milkit::package::load_package(&pkg).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let d = &m.description;
+        let probs_name = format!("{label}_probs");
+        assert_eq!(
+            (
+                d.predicted_feature.as_str(),
+                d.predicted_probabilities.as_str()
+            ),
+            (label, probs_name.as_str()),
+            "{name}"
+        );
+        let kinds: Vec<FeatureKind> = d.outputs.iter().map(|f| f.kind).collect();
+        let want = match dt {
+            F32 => ClassWant {
+                label: Class::S(String::new()),
+                probs: {
+                    let m = xv.iter().cloned().fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = xv.iter().map(|v| (v - m).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    let names = ["cat", "dog", "eel", "fox", "gnu"];
+                    e.iter()
+                        .zip(names)
+                        .map(|(v, n)| (Class::S(n.into()), v / sum))
+                        .collect()
+                },
+            },
+            _ => ClassWant {
+                label: Class::I(0),
+                probs: xv
+                    .iter()
+                    .zip([10i64, -3, 7, 1 << 40, 0, 5])
+                    .map(|(v, i)| (Class::I(i), 1.0 / (1.0 + (-v).exp())))
+                    .collect(),
+            },
+        };
+        let (label_kind, key) = match want.label {
+            Class::S(_) => (FeatureKind::String, DictKey::String),
+            Class::I(_) => (FeatureKind::Int64, DictKey::Int64),
+        };
+        assert_eq!(kinds, [label_kind, FeatureKind::Dict(key)], "{name}");
+        let ps: Vec<f64> = want.probs.iter().map(|(_, p)| *p).collect();
+        let want = ClassWant {
+            label: want.probs[argmax_ref(&ps)].0.clone(),
+            ..want
+        };
+        let x = Tensor::from_vec(
+            xv.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            shape,
+            &cpu(),
+        )
+        .unwrap();
+        let mut s = Session::load(&pkg).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let got = s
+            .predict_values(None, &[("x", x)])
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, [label, probs_name.as_str()], "{name}");
+        check_class(&got[0].1, &got[1].1, &want, dt).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     }
 }
 

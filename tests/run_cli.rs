@@ -2,12 +2,15 @@
 //! an fp16 input, int32 for an fp16 mask, converted at the boundary) and from a safetensors
 //! tensor; outputs come back as .npy files that NumPy reads and checks against its own
 //! arithmetic; bad invocations fail with messages naming the input and the file; a stateful
-//! two-function package run with `--repeat`, `--state`, `--save-states` and `--function`.
+//! two-function package run with `--repeat`, `--state`, `--save-states` and `--function`;
+//! a multifunction package coremltools made, each function run; a classifier's label and
+//! class → probability dictionary written as JSON.
 
 mod common;
 
 use milkit::ir::{
-    ArrayDType, DType, Description, Feature, Function, Model, Opset, Program, Value, ValueType,
+    ArrayDType, DType, Description, DictKey, Feature, FeatureKind, Function, Model, Opset, Program,
+    Value, ValueType,
 };
 use milkit::ops::{Builder, In};
 use std::path::{Path, PathBuf};
@@ -504,6 +507,198 @@ fn repeat_shares_one_zeroed_state_across_predictions_and_saves_it() {
     );
     let states = text.split("states:").nth(1).unwrap_or("");
     assert!(states.trim_start().starts_with("acc"), "{text}");
+}
+
+/// A multifunction package as coremltools makes one (`save_multifunction`: each function's
+/// interface under `description.functions`, none at the top level, a default function):
+/// `plus` (x + 1, the default) and `times` (x · 2) on x fp32 [3]; `run` takes the default
+/// without `--function` and either function with it; `inspect` lists both.
+#[test]
+fn a_coremltools_multifunction_package_runs_each_function() {
+    if common::python().is_none() {
+        eprintln!("skipped: no coremltools python");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    python(
+        r#"
+import logging, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+import numpy as np, coremltools as ct
+from coremltools.converters.mil import Builder as mb
+def make(name, op):
+    @mb.program(input_specs=[mb.TensorSpec(shape=(3,))], opset_version=ct.target.iOS18)
+    def p(x):
+        return op(x)
+    m = ct.convert(p, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
+                   compute_precision=ct.precision.FLOAT32, skip_model_load=True)
+    m.save(name + ".mlpackage")
+make("a", lambda x: mb.add(x=x, y=np.float32(1.0), name="y"))
+make("b", lambda x: mb.mul(x=x, y=np.float32(2.0), name="y"))
+desc = ct.utils.MultiFunctionDescriptor()
+desc.add_function("a.mlpackage", src_function_name="main", target_function_name="plus")
+desc.add_function("b.mlpackage", src_function_name="main", target_function_name="times")
+desc.default_function_name = "plus"
+ct.utils.save_multifunction(desc, "mf.mlpackage")
+"#,
+        d,
+    );
+    let pkg = d.join("mf.mlpackage");
+    let x = [0.5f32, -1.0, 2.0];
+    write_f32(&d.join("x.npy"), &x);
+    for (function, want) in [
+        (None, x.map(|v| v + 1.0)),
+        (Some("plus"), x.map(|v| v + 1.0)),
+        (Some("times"), x.map(|v| v * 2.0)),
+    ] {
+        let out = d.join(format!("out-{}", function.unwrap_or("default")));
+        let mut c = common::milkit();
+        c.arg("run")
+            .arg(&pkg)
+            .arg("--input")
+            .arg(format!("x={}", d.join("x.npy").display()));
+        if let Some(f) = function {
+            c.args(["--function", f]);
+        }
+        let o = c.arg("--quiet").arg("--out").arg(&out).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(f32s(&out.join("y.npy")), want, "{function:?}");
+    }
+    let o = common::milkit().arg("inspect").arg(&pkg).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        text.contains("function plus") && text.contains("function times"),
+        "{text}"
+    );
+    // Saved back by milkit, the package keeps its per-function description.
+    let m = milkit::package::load_package(&pkg).unwrap();
+    assert_eq!(m.description.default_function, "plus");
+    let keys: Vec<&str> = m.description.functions.keys().map(|k| k.as_str()).collect();
+    assert_eq!(keys, ["plus", "times"]);
+    let again = d.join("again.mlpackage");
+    milkit::package::save_package(&m, &again, false, &mut |_| {}).unwrap();
+    assert_eq!(
+        milkit::package::load_package(&again).unwrap().description,
+        m.description
+    );
+}
+
+/// A classifier (iOS15): softmax of x fp32 [4], then `classify` with string classes (one
+/// needing JSON escapes); outputs `label` and `label_probs` as coremltools names them.
+fn classifier_package(dir: &Path, classes: &[&str]) -> PathBuf {
+    let mut b = Builder::new(Opset::Ios15);
+    let x = b.input("x", ValueType::tensor(DType::F32, &[4]));
+    let p = b
+        .op1(
+            "softmax",
+            "p",
+            vec![("x", In::V(x)), ("axis", In::C(Value::i32_scalar(0)))],
+        )
+        .unwrap();
+    let list = Value::List {
+        elem: ValueType::Tensor(milkit::ir::TensorType::scalar(DType::Str)),
+        values: classes.iter().map(|c| Value::str(c)).collect(),
+    };
+    let outs = b
+        .op(
+            "classify",
+            "classify",
+            vec![("probabilities", In::V(p)), ("classes", In::Inline(list))],
+        )
+        .unwrap();
+    let (inputs, block) = b
+        .finish(&[(outs[0].clone(), "label"), (outs[1].clone(), "label_probs")])
+        .unwrap();
+    let m = Model::single(
+        Opset::Ios15,
+        inputs,
+        block,
+        Description {
+            inputs: vec![Feature::new("x", ArrayDType::F32, &[4])],
+            outputs: vec![
+                Feature::of_kind("label", FeatureKind::String),
+                Feature::of_kind("label_probs", FeatureKind::Dict(DictKey::String)),
+            ],
+            predicted_feature: "label".into(),
+            predicted_probabilities: "label_probs".into(),
+            ..Default::default()
+        },
+    );
+    let p = dir.join("classifier.mlpackage");
+    milkit::package::save_package(&m, &p, false, &mut |_| {}).unwrap();
+    p
+}
+
+#[test]
+fn a_classifier_writes_its_label_and_probabilities_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let classes = ["cat", "say \"hi\"", "eel", "fox"];
+    let pkg = classifier_package(d, &classes);
+    let x = [0.3f32, 1.7, -0.4, 1.1];
+    write_f32(&d.join("x.npy"), &x);
+    let out = d.join("out");
+    let o = common::milkit()
+        .arg("run")
+        .arg(&pkg)
+        .arg("--input")
+        .arg(format!("x={}", d.join("x.npy").display()))
+        .args(["--repeat", "2", "--quiet", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // float64 softmax; the label is the class of the largest probability.
+    let e: Vec<f64> = x.iter().map(|&v| (v as f64).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    for k in 0..2 {
+        let read = |n: &str| -> serde_json::Value {
+            let p = out.join(format!("{n}.{k}.json"));
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+        };
+        assert_eq!(read("label"), serde_json::json!("say \"hi\""));
+        let probs = read("label_probs");
+        let obj = probs.as_object().unwrap();
+        assert_eq!(obj.len(), 4);
+        for (c, v) in classes.iter().zip(&e) {
+            let got = obj[*c].as_f64().unwrap();
+            let want = v / sum;
+            assert!(
+                (got - want).abs() <= 1e-5 + 1e-4 * want,
+                "{c}: {got} vs {want}"
+            );
+        }
+        // In class order in the file.
+        let text = std::fs::read_to_string(out.join(format!("label_probs.{k}.json"))).unwrap();
+        let at: Vec<usize> = ["\"cat\"", "say", "\"eel\"", "\"fox\""]
+            .iter()
+            .map(|c| text.find(c).unwrap())
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{text}");
+    }
+
+    // inspect shows the label and dictionary outputs and the classes.
+    let o = common::milkit()
+        .arg("inspect")
+        .arg(&pkg)
+        .arg("--mil")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let outputs = text.split("outputs:").nth(1).unwrap_or("");
+    assert!(
+        outputs.contains("label ") && outputs.contains("string"),
+        "{text}"
+    );
+    assert!(outputs.contains("dict<string, fp64>"), "{text}");
+    assert!(
+        text.contains("classify") && text.contains("list[\"cat\""),
+        "{text}"
+    );
 }
 
 /// `bench gemm --only tiny --runs 1 --json`: one row per tiny shape, its FLOPs counted as

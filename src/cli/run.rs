@@ -1,11 +1,12 @@
 //! `milkit run`: predictions of any package with the bundled runtime, tensors in from
-//! `.npy` / `.safetensors:NAME` files, out as `.npy` files named after the outputs. A
+//! `.npy` / `.safetensors:NAME` files, out as `.npy` files named after the outputs (a
+//! classifier's string label and class → probability dictionary as `.json`). A
 //! stateful package keeps one state per package (zeros, as Core ML's `makeState()`, or the
 //! `--state` files) across the `--repeat` predictions; `--save-states` writes the final ones.
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
-use milkit::runtime::{io, Session};
+use milkit::runtime::{io, DictKeys, Output, Session};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -17,14 +18,18 @@ pub struct RunArgs {
     /// int32 for an fp16 mask); shapes must match.
     #[arg(long = "input", value_name = "NAME=FILE")]
     pub inputs: Vec<String>,
-    /// Output directory; each output is written as DIR/NAME.npy in the package's output dtype.
+    /// Output directory; each output is written as DIR/NAME.npy in the package's output dtype;
+    /// a classifier's dictionary as DIR/NAME.json (an object class → probability, in class
+    /// order; int64 classes as decimal keys) and a string label as DIR/NAME.json (a JSON
+    /// string; an int64 label is an .npy scalar).
     #[arg(long)]
     pub out: PathBuf,
-    /// Function of a multifunction package (default: main).
+    /// Function of a multifunction package (default: the package's default function,
+    /// else main).
     #[arg(long)]
     pub function: Option<String>,
     /// Number of predictions, all with the same inputs and sharing the package's states;
-    /// with N > 1 prediction k's outputs are written as DIR/NAME.k.npy (k = 0..N-1).
+    /// with N > 1 prediction k's outputs are written as DIR/NAME.k.npy (or .k.json).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
     /// A state's initial value as NAME=FILE (default: zeros, as Core ML's makeState()).
@@ -166,7 +171,7 @@ pub fn run(a: &RunArgs) -> Result<u8> {
         .map(|(n, _, t)| (n.as_str(), t.clone()))
         .collect();
     for k in 0..a.repeat {
-        let outs = session.predict_function(fname, &named).map_err(|e| {
+        let outs = session.predict_values(fname, &named).map_err(|e| {
             // Name the file behind an input the runtime rejected.
             let msg = format!("{e:#}");
             let e = match feeds
@@ -185,20 +190,32 @@ pub fn run(a: &RunArgs) -> Result<u8> {
         // Created only once a prediction succeeded: nothing is written on failure.
         std::fs::create_dir_all(&a.out)
             .with_context(|| format!("cannot create {}", a.out.display()))?;
-        for (name, t) in outs {
+        for (name, v) in outs {
+            let ext = match v {
+                Output::Tensor(_) => "npy",
+                Output::Strings(_) | Output::Dict(_) => "json",
+            };
             let file = match a.repeat {
-                1 => format!("{}.npy", file_name(&name)),
-                _ => format!("{}.{k}.npy", file_name(&name)),
+                1 => format!("{}.{ext}", file_name(&name)),
+                _ => format!("{}.{k}.{ext}", file_name(&name)),
             };
             let path = a.out.join(file);
-            io::write_npy(&path, &t).with_context(|| format!("output `{name}`"))?;
+            let what = match &v {
+                Output::Tensor(t) => {
+                    io::write_npy(&path, t).with_context(|| format!("output `{name}`"))?;
+                    format!("{:?} {:?}", t.dtype(), t.dims())
+                }
+                Output::Strings(s) => {
+                    write_text(&path, &strings_json(s)?, &name)?;
+                    format!("{} string(s)", s.len())
+                }
+                Output::Dict(d) => {
+                    write_text(&path, &dict_json(d)?, &name)?;
+                    format!("dictionary of {} classes", d.keys.len())
+                }
+            };
             if !a.quiet {
-                eprintln!(
-                    "{name}: {:?} {:?} → {}",
-                    t.dtype(),
-                    t.dims(),
-                    path.display()
-                );
+                eprintln!("{name}: {what} → {}", path.display());
             }
         }
     }
@@ -225,6 +242,46 @@ pub fn run(a: &RunArgs) -> Result<u8> {
     Ok(0)
 }
 
+fn write_text(path: &std::path::Path, text: &str, output: &str) -> Result<()> {
+    std::fs::write(path, text)
+        .with_context(|| format!("output `{output}`: cannot write {}", path.display()))
+}
+
+/// One string as a JSON string; several (a string tensor, flattened) as an array.
+fn strings_json(s: &[String]) -> Result<String> {
+    Ok(match s {
+        [one] => serde_json::to_string(one)?,
+        many => serde_json::to_string(many)?,
+    } + "\n")
+}
+
+/// A dictionary as a JSON object in key order: keys as strings (int64 keys in decimal),
+/// fp64 values as JSON numbers (shortest round-trip form; NaN and infinities as null).
+fn dict_json(d: &milkit::runtime::DictVal) -> Result<String> {
+    let values: Vec<f64> = d.values.to_dtype(milkit::runtime::DType::F64)?.to_vec1()?;
+    let keys: Vec<String> = match &d.keys {
+        DictKeys::Str(k) => k.clone(),
+        DictKeys::Int64(k) => k.iter().map(|x| x.to_string()).collect(),
+    };
+    ensure!(
+        keys.len() == values.len(),
+        "a dictionary of {} keys and {} values",
+        keys.len(),
+        values.len()
+    );
+    let mut out = String::from("{");
+    for (i, (k, v)) in keys.iter().zip(values).enumerate() {
+        let sep = if i == 0 { "\n  " } else { ",\n  " };
+        out += &format!(
+            "{sep}{}: {}",
+            serde_json::to_string(k)?,
+            serde_json::to_string(&v)?
+        );
+    }
+    out += "\n}\n";
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,5 +304,18 @@ mod tests {
         assert_eq!(parse_size("1t"), Ok(1 << 40));
         assert!(parse_size("4X").is_err() && parse_size("G").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn a_dictionary_and_a_label_are_written_as_json() {
+        let d = milkit::runtime::DictVal {
+            keys: DictKeys::Int64(vec![7, -2]),
+            values: milkit::runtime::Tensor::new(&[0.25f64, f64::NAN], &candle_core::Device::Cpu)
+                .unwrap(),
+        };
+        let v: serde_json::Value = serde_json::from_str(&dict_json(&d).unwrap()).unwrap();
+        assert_eq!(v, serde_json::json!({"7": 0.25, "-2": null}));
+        let s = strings_json(&["a \"b\"".to_string()]).unwrap();
+        assert_eq!(serde_json::from_str::<String>(&s).unwrap(), "a \"b\"");
     }
 }

@@ -126,6 +126,37 @@ impl ArrayDType {
     }
 }
 
+/// The key type of a dictionary feature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DictKey {
+    Int64,
+    String,
+}
+
+impl DictKey {
+    /// The MIL dtype of the keys (`int64` or `string`).
+    pub fn dtype(self) -> DType {
+        match self {
+            DictKey::Int64 => DType::I64,
+            DictKey::String => DType::Str,
+        }
+    }
+}
+
+/// What a feature holds. Every input and state, and most outputs, are multi-arrays
+/// (described by the feature's `dtype` and `shape`); a classifier's outputs are a scalar
+/// label (`Int64` or `String`) and a dictionary of class → probability (fp64 values), for
+/// which `dtype` and `shape` mean nothing (`shape` is empty).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FeatureKind {
+    #[default]
+    Array,
+    Int64,
+    Double,
+    String,
+    Dict(DictKey),
+}
+
 /// One feature of the model description (an input, output or state).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Feature {
@@ -133,6 +164,7 @@ pub struct Feature {
     pub dtype: ArrayDType,
     pub shape: Vec<usize>,
     pub doc: String,
+    pub kind: FeatureKind,
 }
 
 impl Feature {
@@ -142,10 +174,44 @@ impl Feature {
             dtype,
             shape: shape.to_vec(),
             doc: String::new(),
+            kind: FeatureKind::Array,
+        }
+    }
+    /// A feature that is not a multi-array (a classifier's label or dictionary).
+    pub fn of_kind(name: &str, kind: FeatureKind) -> Feature {
+        Feature {
+            kind,
+            ..Feature::new(name, ArrayDType::F64, &[])
         }
     }
     pub fn tensor_type(&self) -> TensorType {
         TensorType::new(self.dtype.to_dtype(), &self.shape)
+    }
+    /// The MIL type of the program value this feature describes: the array's tensor type,
+    /// a scalar for a label or double, `dict<key, fp64>` for a dictionary.
+    pub fn value_type(&self) -> ValueType {
+        let scalar = |d| ValueType::Tensor(TensorType::scalar(d));
+        match self.kind {
+            FeatureKind::Array => ValueType::Tensor(self.tensor_type()),
+            FeatureKind::Int64 => scalar(DType::I64),
+            FeatureKind::Double => scalar(DType::F64),
+            FeatureKind::String => scalar(DType::Str),
+            FeatureKind::Dict(k) => ValueType::Dict {
+                key: Box::new(scalar(k.dtype())),
+                value: Box::new(scalar(DType::F64)),
+            },
+        }
+    }
+    /// How `inspect` names the feature's type: the array's dtype, or `int64`, `fp64`,
+    /// `string`, `dict<string, fp64>`.
+    pub fn type_name(&self) -> String {
+        match self.kind {
+            FeatureKind::Array => self.dtype.to_dtype().name().to_string(),
+            FeatureKind::Int64 => "int64".into(),
+            FeatureKind::Double => "fp64".into(),
+            FeatureKind::String => "string".into(),
+            FeatureKind::Dict(k) => format!("dict<{}, fp64>", k.dtype().name()),
+        }
     }
 }
 
@@ -163,6 +229,25 @@ pub struct Description {
     pub author: String,
     pub version: String,
     pub user_defined: BTreeMap<String, String>,
+    /// A classifier's label output (`predictedFeatureName`; empty for other models).
+    pub predicted_feature: String,
+    /// A classifier's class → probability output (`predictedProbabilitiesName`; empty
+    /// for other models).
+    pub predicted_probabilities: String,
+    /// A multifunction model's (iOS18) interface of each function, by name; empty for a
+    /// single-function model. `inputs`, `outputs` and `states` are then the default
+    /// function's.
+    pub functions: BTreeMap<String, FunctionIo>,
+    /// The function a multifunction model runs by default (empty: single function).
+    pub default_function: String,
+}
+
+/// One function's interface in a multifunction model description.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct FunctionIo {
+    pub inputs: Vec<Feature>,
+    pub outputs: Vec<Feature>,
+    pub states: Vec<Feature>,
 }
 
 /// What an `.mlpackage` holds: specification version, description and the MIL program.

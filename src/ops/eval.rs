@@ -1,5 +1,5 @@
 //! What an op's evaluation sees and returns: runtime values ([`RValue`]: candle CPU tensors,
-//! strings, state cells), the MIL dtype → candle storage dtype map, constant conversion from
+//! strings, state cells, lists, dictionaries), the MIL dtype → candle storage dtype map, constant conversion from
 //! `ir` values, and [`EvalCx`], which hands an op its inputs by parameter name (with the
 //! compile-time value where there is one), its constant parameters as numbers or strings,
 //! cached f32 copies of constant weights, and its inferred output types.
@@ -27,6 +27,42 @@ pub enum RValue {
     /// A MIL list (`make_list` … `list_gather`). Lists are values: a write makes a new
     /// list (sharing the unchanged elements' storage).
     List(ListVal),
+    /// A MIL dictionary (`classify`'s class → probability).
+    Dict(DictVal),
+}
+
+/// A dictionary at run time: its keys in order and one value per key, as a rank-1 tensor
+/// of the value type's storage dtype (`classify`: fp64).
+#[derive(Clone, Debug)]
+pub struct DictVal {
+    pub keys: DictKeys,
+    pub values: Tensor,
+}
+
+/// The keys of a dictionary (MIL allows int64 and string keys).
+#[derive(Clone, Debug, PartialEq)]
+pub enum DictKeys {
+    Int64(Vec<i64>),
+    Str(Vec<String>),
+}
+
+impl DictKeys {
+    pub fn len(&self) -> usize {
+        match self {
+            DictKeys::Int64(k) => k.len(),
+            DictKeys::Str(k) => k.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The MIL dtype of the keys.
+    pub fn dtype(&self) -> MilType {
+        match self {
+            DictKeys::Int64(_) => MilType::I64,
+            DictKeys::Str(_) => MilType::Str,
+        }
+    }
 }
 
 /// A list at run time: its elements in order, `None` where nothing was written yet, and
@@ -101,6 +137,7 @@ impl RValue {
             RValue::Str(_) => bail!("expected a tensor, got a string"),
             RValue::State(_) => bail!("expected a tensor, got a state"),
             RValue::List(_) => bail!("expected a tensor, got a list"),
+            RValue::Dict(_) => bail!("expected a tensor, got a dictionary"),
         }
     }
 }
@@ -186,6 +223,30 @@ pub fn value_from_ir(v: &Value) -> Result<RValue> {
     match v {
         Value::Tensor(t) => Ok(RValue::T(tensor_from_ir(t)?)),
         Value::Strings { values, .. } => Ok(RValue::Str(values.clone())),
+        // A constant list (`classify`'s classes): tensor elements as a list value, scalar
+        // strings as their strings (ops that take one read the constant itself).
+        Value::List { values, .. } if values.iter().all(|v| v.as_str().is_some()) => {
+            Ok(RValue::Str(
+                values
+                    .iter()
+                    .filter_map(|v| v.as_str())
+                    .map(String::from)
+                    .collect(),
+            ))
+        }
+        Value::List { values, .. } => Ok(RValue::List(ListVal {
+            elems: values
+                .iter()
+                .map(|v| match v {
+                    Value::Tensor(t) => tensor_from_ir(t).map(Some),
+                    o => bail!(
+                        "a constant list of {} is not supported at run time",
+                        o.value_type()
+                    ),
+                })
+                .collect::<Result<_>>()?,
+            dynamic: false,
+        })),
         other => bail!(
             "constants of type {} are not supported at run time",
             other.value_type()
@@ -225,6 +286,26 @@ pub fn check_output(v: &RValue, ty: &ValueType) -> Result<()> {
             }
             Ok(())
         }
+        (RValue::Dict(d), ValueType::Dict { key, value }) => {
+            let want_key = key.as_tensor().map(|t| (t.dtype, t.rank()));
+            ensure!(
+                want_key == Some((d.keys.dtype(), 0)),
+                "produced {} keys for a {ty} output",
+                d.keys.dtype()
+            );
+            let vt = value
+                .as_tensor()
+                .filter(|t| t.rank() == 0)
+                .ok_or_else(|| anyhow!("a {ty} output: only scalar dictionary values run"))?;
+            ensure!(
+                d.values.dtype() == storage_dtype(vt.dtype)? && d.values.dims() == [d.keys.len()],
+                "produced {:?} values {:?} for {} keys of a {ty} output",
+                d.values.dtype(),
+                d.values.dims(),
+                d.keys.len()
+            );
+            Ok(())
+        }
         (v, ty) => bail!("produced {} for a {ty} output", kind(v)),
     }
 }
@@ -235,6 +316,7 @@ fn kind(v: &RValue) -> &'static str {
         RValue::Str(_) => "strings",
         RValue::State(_) => "a state",
         RValue::List(_) => "a list",
+        RValue::Dict(_) => "a dictionary",
     }
 }
 

@@ -6,6 +6,7 @@
 mod activation;
 mod attention;
 pub mod builder;
+mod classify;
 mod compression;
 mod control;
 mod deconv;
@@ -30,7 +31,7 @@ mod state;
 mod tensor_ops;
 
 pub use builder::{Builder, In, V};
-pub use eval::{EvalCx, EvalFn, ExecEnv, ListVal, RValue, StateCell};
+pub use eval::{DictKeys, DictVal, EvalCx, EvalFn, ExecEnv, ListVal, RValue, StateCell};
 pub use infer::{ArgInfo, BlockSig, InferCx};
 pub use state::{eval_state_slice_update, eval_state_slice_update_view};
 
@@ -187,6 +188,7 @@ pub fn all() -> impl Iterator<Item = &'static OpDef> {
         .chain(recurrent::DEFS)
         .chain(nms::DEFS)
         .chain(resample::DEFS)
+        .chain(classify::DEFS)
 }
 
 /// The version of `op_type` that `opset` uses, if the op exists there.

@@ -8,8 +8,8 @@ use super::blob::{BlobDType, BlobReader};
 use super::convert::{value_from_proto, value_type_from_proto, BlobSource};
 use super::manifest::read_package;
 use crate::ir::{
-    Arg, ArrayDType, Block, Description, Feature, Function, Model, Operation, Opset, Program,
-    Value, ValueType, Var,
+    Arg, ArrayDType, Block, Description, DictKey, Feature, FeatureKind, Function, FunctionIo,
+    Model, Operation, Opset, Program, Value, ValueType, Var,
 };
 use crate::ops::builder::infer_op;
 use crate::proto::{mil, specification as spec};
@@ -263,16 +263,28 @@ fn feature(f: &spec::FeatureDescription) -> Result<(Feature, bool)> {
         .as_ref()
         .and_then(|t| t.r#type.as_ref())
         .ok_or_else(|| anyhow!("feature `{}` has no type", f.name))?;
+    let other = |kind| {
+        let mut fe = Feature::of_kind(&f.name, kind);
+        fe.doc = f.short_description.clone();
+        Ok((fe, false))
+    };
     let (a, state) = match ty {
         Type::MultiArrayType(a) => (a.clone(), false),
         Type::StateType(s) => match &s.r#type {
             Some(spec::state_feature_type::Type::ArrayType(a)) => (a.clone(), true),
             None => bail!("state `{}` has no array type", f.name),
         },
-        _ => bail!(
-            "feature `{}`: only multi-array and state features are supported",
-            f.name
-        ),
+        Type::Int64Type(_) => return other(FeatureKind::Int64),
+        Type::DoubleType(_) => return other(FeatureKind::Double),
+        Type::StringType(_) => return other(FeatureKind::String),
+        Type::DictionaryType(d) => {
+            use spec::dictionary_feature_type::KeyType;
+            return other(FeatureKind::Dict(match d.key_type {
+                Some(KeyType::Int64KeyType(_)) => DictKey::Int64,
+                Some(KeyType::StringKeyType(_)) => DictKey::String,
+                None => bail!("dictionary feature `{}` has no key type", f.name),
+            }));
+        }
     };
     let shape = a
         .shape
@@ -287,6 +299,7 @@ fn feature(f: &spec::FeatureDescription) -> Result<(Feature, bool)> {
             dtype: array_dtype(a.data_type).with_context(|| format!("feature `{}`", f.name))?,
             shape,
             doc: f.short_description.clone(),
+            kind: FeatureKind::Array,
         },
         state,
     ))
@@ -331,22 +344,74 @@ pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model
         .as_ref()
         .ok_or_else(|| anyhow!("model has no description"))?;
     let mut description = Description::default();
-    for f in &d.input {
-        description.inputs.push(feature(f)?.0);
-    }
-    for f in &d.output {
-        description.outputs.push(feature(f)?.0);
-    }
-    for f in &d.state {
-        description.states.push(feature(f)?.0);
-    }
+    let (inputs, outputs, states) = function_io(&d.input, &d.output, &d.state)?;
+    (description.inputs, description.outputs, description.states) = (inputs, outputs, states);
+    description.predicted_feature = d.predicted_feature_name.clone();
+    description.predicted_probabilities = d.predicted_probabilities_name.clone();
     if let Some(md) = &d.metadata {
         description.short_description = md.short_description.clone();
         description.version = md.version_string.clone();
         description.author = md.author.clone();
         description.user_defined = md.user_defined.clone();
     }
-    check_abi(&description, &program)?;
+    if d.functions.is_empty() {
+        let f = program
+            .main()
+            .ok_or_else(|| anyhow!("the program has no functions"))?;
+        check_abi(
+            &description.inputs,
+            &description.outputs,
+            &description.states,
+            f,
+        )?;
+    } else {
+        // A multifunction model (iOS18): one interface per function, none at the top level.
+        ensure!(
+            description.inputs.is_empty() && description.outputs.is_empty(),
+            "the description lists both functions and top-level inputs/outputs"
+        );
+        for fd in &d.functions {
+            let f = program.functions.get(&fd.name).ok_or_else(|| {
+                anyhow!(
+                    "the description's function `{}` is not in the program",
+                    fd.name
+                )
+            })?;
+            let (inputs, outputs, states) = function_io(&fd.input, &fd.output, &fd.state)
+                .with_context(|| format!("function `{}`", fd.name))?;
+            check_abi(&inputs, &outputs, &states, f)
+                .with_context(|| format!("function `{}`", fd.name))?;
+            let io = FunctionIo {
+                inputs,
+                outputs,
+                states,
+            };
+            ensure!(
+                description.functions.insert(fd.name.clone(), io).is_none(),
+                "the description lists function `{}` twice",
+                fd.name
+            );
+        }
+        let default = &d.default_function_name;
+        let io = description.functions.get(default).ok_or_else(|| {
+            anyhow!("the default function `{default}` is not one the description lists")
+        })?;
+        (description.inputs, description.outputs, description.states) =
+            (io.inputs.clone(), io.outputs.clone(), io.states.clone());
+        description.default_function = default.clone();
+    }
+    for (what, name) in [
+        ("predictedFeatureName", &description.predicted_feature),
+        (
+            "predictedProbabilitiesName",
+            &description.predicted_probabilities,
+        ),
+    ] {
+        ensure!(
+            name.is_empty() || description.outputs.iter().any(|o| o.name == *name),
+            "{what} `{name}` is not an output of the description"
+        );
+    }
     Ok(Model {
         spec_version: m.specification_version,
         description,
@@ -354,12 +419,44 @@ pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model
     })
 }
 
-/// The description's inputs/outputs must be the main function's, with equal types.
-fn check_abi(d: &Description, p: &Program) -> Result<()> {
-    let f = p
-        .main()
-        .ok_or_else(|| anyhow!("the program has no functions"))?;
-    for fe in &d.inputs {
+/// A description's (or one function's) inputs, outputs and states; inputs must be arrays.
+type Io = (Vec<Feature>, Vec<Feature>, Vec<Feature>);
+
+fn function_io(
+    input: &[spec::FeatureDescription],
+    output: &[spec::FeatureDescription],
+    state: &[spec::FeatureDescription],
+) -> Result<Io> {
+    let mut inputs = vec![];
+    for f in input {
+        let fe = feature(f)?.0;
+        ensure!(
+            fe.kind == FeatureKind::Array,
+            "input `{}` is a {}; milkit feeds only multi-array inputs",
+            fe.name,
+            fe.type_name()
+        );
+        inputs.push(fe);
+    }
+    let outputs = output
+        .iter()
+        .map(|f| feature(f).map(|x| x.0))
+        .collect::<Result<_>>()?;
+    let states = state
+        .iter()
+        .map(|f| feature(f).map(|x| x.0))
+        .collect::<Result<_>>()?;
+    Ok((inputs, outputs, states))
+}
+
+/// A function's described inputs/outputs must be the function's, with equal types.
+fn check_abi(
+    inputs: &[Feature],
+    outputs: &[Feature],
+    states: &[Feature],
+    f: &Function,
+) -> Result<()> {
+    for fe in inputs {
         let v =
             f.inputs.iter().find(|v| v.name == fe.name).ok_or_else(|| {
                 anyhow!("description input `{}` is not a function input", fe.name)
@@ -372,7 +469,7 @@ fn check_abi(d: &Description, p: &Program) -> Result<()> {
             v.ty
         );
     }
-    for fe in &d.states {
+    for fe in states {
         let v =
             f.inputs.iter().find(|v| v.name == fe.name).ok_or_else(|| {
                 anyhow!("description state `{}` is not a function input", fe.name)
@@ -386,23 +483,43 @@ fn check_abi(d: &Description, p: &Program) -> Result<()> {
         );
     }
     ensure!(
-        d.inputs.len() + d.states.len() == f.inputs.len(),
-        "description lists {} inputs and states, the main function takes {}",
-        d.inputs.len() + d.states.len(),
+        inputs.len() + states.len() == f.inputs.len(),
+        "description lists {} inputs and states, the function takes {}",
+        inputs.len() + states.len(),
         f.inputs.len()
     );
     ensure!(
-        d.outputs.len() == f.block.outputs.len(),
-        "description lists {} outputs, the main block has {}",
-        d.outputs.len(),
+        outputs.len() == f.block.outputs.len(),
+        "description lists {} outputs, the function's block has {}",
+        outputs.len(),
         f.block.outputs.len()
     );
-    for (fe, o) in d.outputs.iter().zip(&f.block.outputs) {
+    for (fe, o) in outputs.iter().zip(&f.block.outputs) {
         ensure!(
             fe.name == *o,
             "output `{}` of the description is `{o}` in the program",
             fe.name
         );
+        // A classifier's label and dictionary must be what the program returns (arrays
+        // are converted at the boundary, so only their names are checked).
+        if fe.kind != FeatureKind::Array {
+            let ty = f
+                .block
+                .walk()
+                .iter()
+                .flat_map(|op| &op.outputs)
+                .chain(&f.inputs)
+                .find(|v| v.name == *o)
+                .map(|v| &v.ty);
+            ensure!(
+                ty == Some(&fe.value_type()),
+                "output `{}`: description says {}, program says {}",
+                fe.name,
+                fe.value_type(),
+                ty.map(|t| t.to_string())
+                    .unwrap_or_else(|| "nothing".into())
+            );
+        }
     }
     Ok(())
 }

@@ -7,7 +7,8 @@ use super::convert::{blob_dtype, value_to_proto, value_type_to_proto, BlobSink};
 use super::fsio::write_package_atomically;
 use super::manifest::Manifest;
 use crate::ir::{
-    Arg, ArrayDType, Block, Feature, Model, Operation, Opset, Program, Tensor, Value, Var,
+    Arg, ArrayDType, Block, DictKey, Feature, FeatureKind, Model, Operation, Opset, Program,
+    Tensor, Value, Var,
 };
 use crate::proto::{mil, specification as spec};
 use anyhow::{anyhow, bail, Context, Result};
@@ -202,13 +203,22 @@ fn array_type(f: &Feature) -> spec::ArrayFeatureType {
 }
 
 fn feature(f: &Feature, state: bool) -> spec::FeatureDescription {
+    use spec::dictionary_feature_type::KeyType;
     use spec::feature_type::Type;
-    let ty = if state {
-        Type::StateType(spec::StateFeatureType {
+    let ty = match f.kind {
+        _ if state => Type::StateType(spec::StateFeatureType {
             r#type: Some(spec::state_feature_type::Type::ArrayType(array_type(f))),
-        })
-    } else {
-        Type::MultiArrayType(array_type(f))
+        }),
+        FeatureKind::Array => Type::MultiArrayType(array_type(f)),
+        FeatureKind::Int64 => Type::Int64Type(spec::Int64FeatureType {}),
+        FeatureKind::Double => Type::DoubleType(spec::DoubleFeatureType {}),
+        FeatureKind::String => Type::StringType(spec::StringFeatureType {}),
+        FeatureKind::Dict(k) => Type::DictionaryType(spec::DictionaryFeatureType {
+            key_type: Some(match k {
+                DictKey::Int64 => KeyType::Int64KeyType(spec::Int64FeatureType {}),
+                DictKey::String => KeyType::StringKeyType(spec::StringFeatureType {}),
+            }),
+        }),
     };
     spec::FeatureDescription {
         name: f.name.clone(),
@@ -223,10 +233,31 @@ fn feature(f: &Feature, state: bool) -> spec::FeatureDescription {
 /// Builds the top-level message; blob-bound tensors go through `blobs`.
 pub fn model_to_proto(m: &Model, blobs: &mut dyn BlobSink) -> Result<spec::Model> {
     let d = &m.description;
+    // A multifunction model describes each function and leaves the top level empty.
+    let multi = !d.functions.is_empty();
+    let features = |fs: &[Feature], state: bool| -> Vec<spec::FeatureDescription> {
+        if multi {
+            vec![]
+        } else {
+            fs.iter().map(|f| feature(f, state)).collect()
+        }
+    };
     let description = spec::ModelDescription {
-        input: d.inputs.iter().map(|f| feature(f, false)).collect(),
-        output: d.outputs.iter().map(|f| feature(f, false)).collect(),
-        state: d.states.iter().map(|f| feature(f, true)).collect(),
+        input: features(&d.inputs, false),
+        output: features(&d.outputs, false),
+        state: features(&d.states, true),
+        functions: d
+            .functions
+            .iter()
+            .map(|(name, io)| spec::FunctionDescription {
+                name: name.clone(),
+                input: io.inputs.iter().map(|f| feature(f, false)).collect(),
+                output: io.outputs.iter().map(|f| feature(f, false)).collect(),
+                state: io.states.iter().map(|f| feature(f, true)).collect(),
+                ..Default::default()
+            })
+            .collect(),
+        default_function_name: d.default_function.clone(),
         metadata: Some(spec::Metadata {
             short_description: d.short_description.clone(),
             version_string: d.version.clone(),
@@ -234,6 +265,8 @@ pub fn model_to_proto(m: &Model, blobs: &mut dyn BlobSink) -> Result<spec::Model
             license: String::new(),
             user_defined: d.user_defined.clone(),
         }),
+        predicted_feature_name: d.predicted_feature.clone(),
+        predicted_probabilities_name: d.predicted_probabilities.clone(),
         ..Default::default()
     };
     Ok(spec::Model {

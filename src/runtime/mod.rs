@@ -14,10 +14,11 @@ pub mod precision;
 pub mod state_fusion;
 pub mod step;
 
-use crate::ir::{Description, Model, ValueType};
+use crate::ir::{Description, FeatureKind, Model, ValueType};
 use crate::kernels;
 use crate::ops::eval::{storage_dtype, ExecEnv, StateCell};
 use crate::ops::RValue;
+pub use crate::ops::{DictKeys, DictVal};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 pub use candle_core::{DType, Tensor};
 use plan::{
@@ -88,6 +89,28 @@ impl Default for Options {
             compute: precision::Compute::Package,
             max_loop_iterations: DEFAULT_MAX_LOOP_ITERATIONS,
             seed: 0,
+        }
+    }
+}
+
+/// One output of a prediction.
+#[derive(Clone, Debug)]
+pub enum Output {
+    /// A numeric tensor.
+    Tensor(Tensor),
+    /// A string tensor, flattened (a classifier's string label is one string).
+    Strings(Vec<String>),
+    /// A dictionary (a classifier's class → probability).
+    Dict(DictVal),
+}
+
+impl Output {
+    /// `a tensor`, `strings`, `a dictionary`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Output::Tensor(_) => "a tensor",
+            Output::Strings(_) => "strings",
+            Output::Dict(_) => "a dictionary",
         }
     }
 }
@@ -218,7 +241,10 @@ impl Session {
             }
             functions.insert(name.clone(), plan);
         }
-        let default_function = if functions.contains_key("main") {
+        let described = &m.description.default_function;
+        let default_function = if functions.contains_key(described) {
+            described.clone()
+        } else if functions.contains_key("main") {
             "main".to_string()
         } else {
             functions
@@ -353,11 +379,32 @@ impl Session {
     }
 
     /// Runs `function` (None: `main`) on named inputs; returns the outputs in block order.
+    /// Every output must be a numeric tensor; [`Session::predict_values`] also returns a
+    /// classifier's label and dictionary.
     pub fn predict_function(
         &mut self,
         function: Option<&str>,
         inputs: &[(&str, Tensor)],
     ) -> Result<Vec<(String, Tensor)>> {
+        self.predict_values(function, inputs)?
+            .into_iter()
+            .map(|(name, v)| match v {
+                Output::Tensor(t) => Ok((name, t)),
+                o => bail!(
+                    "output `{name}` is {}, not a tensor (read it with predict_values)",
+                    o.kind()
+                ),
+            })
+            .collect()
+    }
+
+    /// Runs `function` (None: `main`) on named inputs; returns every output in block order:
+    /// tensors (in the description's dtype), string tensors and dictionaries.
+    pub fn predict_values(
+        &mut self,
+        function: Option<&str>,
+        inputs: &[(&str, Tensor)],
+    ) -> Result<Vec<(String, Output)>> {
         let fname = function.unwrap_or(&self.default_function).to_string();
         // Field-level borrows: the plan is read while the profile is updated.
         let plan = self
@@ -432,14 +479,28 @@ impl Session {
                     .ok_or_else(|| anyhow!("output `{name}` was not computed"))?,
                 Src::Const(k) => plan.consts[k].val.clone(),
             };
-            let RValue::T(mut t) = v else {
-                bail!("output `{name}` is not a tensor")
+            let v = match v {
+                RValue::T(mut t) => {
+                    // The model description is the ABI: hand back its dtype if it differs.
+                    if let Some(f) = self
+                        .description
+                        .functions
+                        .get(&fname)
+                        .map_or(&self.description.outputs, |io| &io.outputs)
+                        .iter()
+                        .find(|f| f.name == *name && f.kind == FeatureKind::Array)
+                    {
+                        t = kernels::cast(&t, storage_dtype(f.dtype.to_dtype())?)?;
+                    }
+                    Output::Tensor(t)
+                }
+                RValue::Str(s) => Output::Strings(s),
+                RValue::Dict(d) => Output::Dict(d),
+                RValue::State(_) | RValue::List(_) => {
+                    bail!("output `{name}` is a state or a list, which a prediction cannot return")
+                }
             };
-            // The model description is the ABI: hand back its dtype if it differs.
-            if let Some(f) = self.description.outputs.iter().find(|f| f.name == *name) {
-                t = kernels::cast(&t, storage_dtype(f.dtype.to_dtype())?)?;
-            }
-            out.push((name.clone(), t));
+            out.push((name.clone(), v));
         }
         Ok(out)
     }

@@ -27,6 +27,13 @@ pub fn rvalue_bytes(v: &RValue) -> u64 {
         RValue::Str(s) => s.iter().map(|x| x.len() as u64).sum(),
         RValue::State(_) => 0,
         RValue::List(l) => l.elems.iter().flatten().map(tensor_bytes).sum(),
+        RValue::Dict(d) => {
+            let keys = match &d.keys {
+                crate::ops::DictKeys::Int64(k) => 8 * k.len() as u64,
+                crate::ops::DictKeys::Str(k) => k.iter().map(|x| x.len() as u64).sum(),
+            };
+            keys.saturating_add(tensor_bytes(&d.values))
+        }
     }
 }
 

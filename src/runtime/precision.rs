@@ -208,11 +208,19 @@ pub fn promote_fp16(m: &mut Model) -> Result<Promotion> {
         widen_block(&mut f.block, &dtypes, &mut p);
     }
     let d = &mut m.description;
+    // A multifunction model's per-function interfaces too.
+    let per_function = d.functions.values_mut().flat_map(|io| {
+        io.inputs
+            .iter_mut()
+            .chain(&mut io.outputs)
+            .chain(&mut io.states)
+    });
     for f in d
         .inputs
         .iter_mut()
         .chain(&mut d.outputs)
         .chain(&mut d.states)
+        .chain(per_function)
     {
         if f.dtype == ArrayDType::F16 {
             f.dtype = ArrayDType::F32;

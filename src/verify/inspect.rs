@@ -11,7 +11,7 @@ use std::path::Path;
 pub fn tensor_info(f: &Feature) -> TensorInfo {
     TensorInfo {
         name: f.name.clone(),
-        dtype: f.dtype.to_dtype().name().to_string(),
+        dtype: f.type_name(),
         shape: f.shape.iter().map(|&d| d as u64).collect(),
     }
 }

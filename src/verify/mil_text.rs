@@ -62,10 +62,22 @@ pub fn value_text(v: &Value) -> String {
             format!("[{}]", s.join(", "))
         }
         Value::Strings { values, .. } => format!("<{} strings>", values.len()),
+        Value::List { values, .. } if values.len() <= MAX_PRINTED_ELEMENTS => format!(
+            "list[{}]",
+            values.iter().map(value_text).collect::<Vec<_>>().join(", ")
+        ),
         Value::List { values, .. } => format!("<list of {}>", values.len()),
         Value::Tuple(vs) => format!(
             "({})",
             vs.iter().map(value_text).collect::<Vec<_>>().join(", ")
+        ),
+        Value::Dict { entries, .. } if entries.len() <= MAX_PRINTED_ELEMENTS => format!(
+            "{{{}}}",
+            entries
+                .iter()
+                .map(|(k, v)| format!("{}: {}", value_text(k), value_text(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         Value::Dict { entries, .. } => format!("<dict of {}>", entries.len()),
     }
