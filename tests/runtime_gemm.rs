@@ -82,7 +82,7 @@ fn weights(n: usize, k: usize, rng: &mut Rng) -> Vec<(&'static str, PackedWeight
     let w32: Vec<f32> = (0..n * k).map(|_| rng.next()).collect();
     let dense: Vec<f64> = w32.iter().map(|&v| v as f64).collect();
     out.push(("f32", PackedWeight::from_f32(&[n, k], w32).unwrap(), dense));
-    if k % 2 == 0 {
+    if k.is_multiple_of(2) {
         let lut: Vec<f32> = (0..16).map(|_| rng.next()).collect();
         let codes: Vec<u8> = (0..n * k).map(|_| rng.code()).collect();
         let dense = codes.iter().map(|&c| lut[c as usize] as f64).collect();
@@ -215,4 +215,55 @@ fn conv1x1_runs_each_batch_item_on_the_gemm() {
             check(&format!("conv batch {b} {isa:?}"), part, &want, true);
         }
     }
+}
+
+/// `cost::flops_per_call` (the encoder rate's numerator in `bench audio`): 2·k per output
+/// element of a 1x1 conv, a 3-wide conv, a matmul and a transposed matmul, counted by hand.
+#[test]
+fn flops_per_call_counts_every_contraction() {
+    use milkit::ir::{DType, Description, Model, Opset, Tensor as ITensor, Value, ValueType};
+    use milkit::ops::{Builder, In};
+    let (n, k, m) = (6usize, 5usize, 11usize);
+    let mut b = Builder::new(Opset::Ios18);
+    let x = b.input("x", ValueType::tensor(DType::F32, &[1, k, 1, m]));
+    let w1 = ITensor::f32(&[n, k, 1, 1], &vec![0.5; n * k]);
+    let c1 = b
+        .op1(
+            "conv",
+            "c1",
+            vec![("x", In::V(x)), ("weight", In::C(Value::Tensor(w1)))],
+        )
+        .unwrap();
+    let w3 = ITensor::f32(&[n, n, 1, 3], &vec![0.5; n * n * 3]);
+    let c3 = b
+        .op1(
+            "conv",
+            "c3",
+            vec![("x", In::V(c1)), ("weight", In::C(Value::Tensor(w3)))],
+        )
+        .unwrap();
+    // c3: [1, n, 1, m - 2]; a [2, 3, 4] · [2, 4, 7] product and its transposed-x twin.
+    let p = b.input("p", ValueType::tensor(DType::F32, &[2, 3, 4]));
+    let q = b.input("q", ValueType::tensor(DType::F32, &[2, 4, 7]));
+    let pt = b.input("pt", ValueType::tensor(DType::F32, &[2, 4, 3]));
+    let mm = b
+        .op1(
+            "matmul",
+            "mm",
+            vec![("x", In::V(p)), ("y", In::V(q.clone()))],
+        )
+        .unwrap();
+    let tr = In::C(Value::bool_scalar(true));
+    let mt = b
+        .op1(
+            "matmul",
+            "mt",
+            vec![("x", In::V(pt)), ("y", In::V(q)), ("transpose_x", tr)],
+        )
+        .unwrap();
+    let (inputs, block) = b.finish(&[(c3, "y"), (mm, "z"), (mt, "t")]).unwrap();
+    let model = Model::single(Opset::Ios18, inputs, block, Description::default());
+    let want = 2 * (n * m * k) + 2 * (n * (m - 2) * n * 3) + 2 * 2 * (2 * 3 * 7 * 4);
+    let got = milkit::transcribe::cost::flops_per_call(&model).unwrap();
+    assert_eq!(got, want as u64);
 }
