@@ -11,7 +11,9 @@
 //! sums of a multi-pass product waiting in an f32 tile. The micro-kernel holds an
 //! [`MR`] × [`NR`] tile of C in registers: 24 zmm accumulators with AVX-512 (X's row of 48
 //! in three loads, W's eight values broadcast); elsewhere plain Rust over 4 × 16 sub-tiles
-//! (compiled with FMA where the CPU has AVX2). Every path sums in f32.
+//! (compiled with FMA where the CPU has AVX2). Every path sums in f32. The portable
+//! micro-kernel is the correct fallback, not a fast one (LLVM keeps its sums scalar: about
+//! 2 GFLOP/s here), so the runtime only takes this GEMM where AVX-512 runs it.
 
 use super::gemv::{Isa, PackedWeight};
 use anyhow::{ensure, Result};
