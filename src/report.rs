@@ -732,6 +732,11 @@ pub struct AudioBenchReport {
     pub mel_ms: f64,
     /// Audio encoder of every window, plus the CrossKV model when the folder has one.
     pub encoder_ms: f64,
+    /// FLOPs of one window's encoder (plus CrossKV) contractions — `conv`, `linear`,
+    /// `matmul`: 2·k per output element — in 10^9.
+    pub encoder_gflop: f64,
+    /// encoder_gflop × windows / encoder_ms: the encoder's rate, in 10^9 FLOP/s.
+    pub encoder_gflops: f64,
     /// Decoder time divided by decoder calls (prompt tokens included).
     pub decoder_ms_per_token: f64,
     /// Bytes one decoder call must read: every stored weight (compressed weights as stored)

@@ -37,6 +37,9 @@ pub struct GemmBench {
     /// Only the shapes whose name contains this (`tiny`, `fc1`, `turbo`).
     #[arg(long)]
     pub only: Option<String>,
+    /// milkit's kernel level (`avx512`, `avx2`, `portable`); default the CPU's best.
+    #[arg(long)]
+    pub isa: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -146,7 +149,13 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
                 turbo_only: b.only_turbo,
             },
         ),
-        Bench::Gemm(b) => super::bench_gemm::run(b.runs, b.only.as_deref(), b.json),
+        Bench::Gemm(b) => {
+            if let Some(name) = &b.isa {
+                let level = super::bench_decode::levels(std::slice::from_ref(name))?;
+                milkit::kernels::gemv::Isa::set_cap(level.first().copied());
+            }
+            super::bench_gemm::run(b.runs, b.only.as_deref(), b.json)
+        }
         Bench::Decode(b) => super::bench_decode::run(
             resolve(&b.model)?.as_deref(),
             b.json,

@@ -4,7 +4,9 @@
 
 use anyhow::{bail, Context, Result};
 use milkit::report::{AudioBenchReport, FasterWhisperRun};
-use milkit::transcribe::{cost, Transcriber, Transcript, DECODER_FILE};
+use milkit::transcribe::{
+    cost, Transcriber, Transcript, CROSS_KV_FILE, DECODER_FILE, ENCODER_FILE,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -31,6 +33,23 @@ fn decoder_bytes_per_token(tr: &Transcriber) -> Result<u64> {
         }
     }
     Ok(bytes)
+}
+
+/// FLOPs of one window: the encoder's contractions, plus the CrossKV model's when the
+/// folder has one (see [`cost::flops_per_call`]).
+fn encoder_flops(tr: &Transcriber) -> Result<u64> {
+    let mut files = vec![ENCODER_FILE];
+    if tr.uses_cross_kv() {
+        files.push(CROSS_KV_FILE);
+    }
+    let mut total = 0;
+    for f in files {
+        let path = tr.dir().join(f);
+        let m = milkit::package::load_package(&path)?;
+        total += cost::flops_per_call(&m)
+            .with_context(|| format!("counting the FLOPs of {}", path.display()))?;
+    }
+    Ok(total)
 }
 
 fn find_script() -> Option<PathBuf> {
@@ -108,9 +127,13 @@ pub fn run(
     let bytes = decoder_bytes_per_token(&tr)?;
     let bw = cost::stream_bandwidth_gbps(bytes, BANDWIDTH_PASSES);
     let t = &r.timings;
+    let encoder_gflop = encoder_flops(&tr)? as f64 / 1e9;
+    let windows = r.windows.len().max(1) as f64;
     let mut report = AudioBenchReport {
         mel_ms: ms(t.mel),
         encoder_ms: ms(t.encoder + t.cross_kv),
+        encoder_gflop,
+        encoder_gflops: encoder_gflop * windows / (ms(t.encoder + t.cross_kv) / 1e3).max(1e-9),
         decoder_ms_per_token: ms(t.decoder) / t.decoder_steps.max(1) as f64,
         decoder_bytes_per_token: bytes,
         bandwidth_gbps: bw,
@@ -135,7 +158,10 @@ pub fn run(
     println!("| stage | milkit |");
     println!("|---|---|");
     println!("| mel | {:.1} ms |", report.mel_ms);
-    println!("| encoder | {:.1} ms |", report.encoder_ms);
+    println!(
+        "| encoder | {:.1} ms ({:.1} GFLOP a window, {:.0} GFLOP/s) |",
+        report.encoder_ms, report.encoder_gflop, report.encoder_gflops
+    );
     println!(
         "| decoder | {:.2} ms/token × {} calls |",
         report.decoder_ms_per_token, t.decoder_steps

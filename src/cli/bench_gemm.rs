@@ -179,8 +179,9 @@ pub fn run(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
         return Ok(0);
     }
     println!(
-        "threads: {} (rayon); {} timed runs per side, alternating; median (best) ms",
+        "threads: {} (rayon); kernels {}; {} timed runs per side, alternating; median (best) ms",
         rayon::current_num_threads(),
+        milkit::kernels::gemv::Isa::best().name(),
         runs.max(1)
     );
     println!(

@@ -283,6 +283,24 @@ impl PackedWeight {
         }
     }
 
+    /// Rows `r0..` (as many as `dst` holds, `k` values each) decoded to f32.
+    pub fn rows_f32(&self, r0: usize, dst: &mut [f32]) {
+        let k = self.k;
+        if k == 0 {
+            return;
+        }
+        let r1 = r0 + dst.len() / k;
+        match &self.data {
+            Packed::F32(w) => dst.copy_from_slice(&w[r0 * k..r1 * k]),
+            Packed::F16(w) => super::convert::f16_to_f32(&w[r0 * k..r1 * k], dst),
+            _ => {
+                for (i, d) in dst.chunks_exact_mut(k).enumerate() {
+                    self.decode_row(r0 + i, d);
+                }
+            }
+        }
+    }
+
     /// The dense `[n, k]` f32 weight (for GEMM-sized products, made per call).
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.n * self.k];

@@ -10,6 +10,7 @@ pub mod convert;
 pub mod data;
 pub mod elementwise;
 pub mod fastmath;
+pub mod gemm;
 pub mod gemv;
 pub mod index;
 pub mod linalg;

@@ -368,6 +368,14 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
         if let Some(y) = kernels::gemv::conv1x1(x, pw, b.as_deref(), cx.out_dtype(0)?)? {
             return out0(cx, y);
         }
+        // Encoder-sized, where the CPU has AVX-512: the blocked GEMM on `x` as it lies, the
+        // same epilogue. Elsewhere the general path below (candle's gemm has tuned AVX2
+        // kernels; `kernels::gemm`'s portable micro-kernel is its tested fallback, not fast).
+        let isa = kernels::gemv::Isa::best();
+        if isa == kernels::gemv::Isa::Avx512 {
+            let y = kernels::gemm::conv1x1(x, pw, b.as_deref(), cx.out_dtype(0)?, isa)?;
+            return out0(cx, y);
+        }
     }
     let w = cx.weight_f32("weight")?;
     let y = kernels::conv(x, &w, bias.as_ref(), &p)?;

@@ -1,5 +1,6 @@
 //! What a one-token decoder call must read, and how fast this machine reads it: the inputs
-//! of the weight-stream floor that `milkit bench` reports.
+//! of the weight-stream floor that `milkit bench` reports; and the arithmetic of one call
+//! (the FLOPs of its contractions), the encoder rate's numerator.
 
 use crate::ir::{Arg, Model, Value};
 use crate::package::convert::goes_to_blob;
@@ -85,6 +86,73 @@ pub fn weight_bytes_per_call(m: &Model) -> Result<u64> {
             Some(_) => bytes,
         })
         .sum())
+}
+
+/// FLOPs of one call of `m`'s main function: `2·k` per output element of every `conv`
+/// (k = input channels per group × kernel size), `linear` and `matmul` (k the contracted
+/// length), read from the program's static types; other ops are not counted. A contraction
+/// whose shapes are not fixed counts 0.
+pub fn flops_per_call(m: &Model) -> Result<u64> {
+    let f = m
+        .program
+        .main()
+        .ok_or_else(|| anyhow!("the program has no functions"))?;
+    let mut shapes: HashMap<&str, Vec<usize>> = HashMap::new();
+    for v in &f.inputs {
+        if let Some(s) = v.ty.as_tensor().and_then(|t| t.fixed_shape()) {
+            shapes.insert(v.name.as_str(), s);
+        }
+    }
+    let ops = f.block.walk();
+    for op in &ops {
+        for o in &op.outputs {
+            if let Some(s) = o.ty.as_tensor().and_then(|t| t.fixed_shape()) {
+                shapes.insert(o.name.as_str(), s);
+            }
+        }
+    }
+    let shape = |op: &crate::ir::Operation, p: &str| -> Option<Vec<usize>> {
+        match op.arg(p)? {
+            Arg::Var(v) => shapes.get(v.as_str()).cloned(),
+            Arg::Value(Value::Tensor(t)) => Some(t.shape.clone()),
+            Arg::Value(_) => None,
+        }
+    };
+    let flag = |op: &crate::ir::Operation, p: &str| {
+        match op.arg(p) {
+        Some(Arg::Value(Value::Tensor(t))) => t.to_i64_vec().ok() == Some(vec![1]),
+        Some(Arg::Var(v)) => ops.iter().any(|o| {
+            o.outputs.first().is_some_and(|x| &x.name == v)
+                && matches!(o.const_val(), Some(Value::Tensor(t)) if t.to_i64_vec().ok() == Some(vec![1]))
+        }),
+        _ => false,
+    }
+    };
+    let mut total = 0u64;
+    for op in &ops {
+        let out: Option<u64> = op
+            .outputs
+            .first()
+            .and_then(|o| shapes.get(o.name.as_str()))
+            .map(|s| s.iter().product::<usize>() as u64);
+        let k = match op.op_type.as_str() {
+            // weight [O, C/groups, *K]
+            "conv" => shape(op, "weight").map(|w| w[1..].iter().product::<usize>()),
+            // weight [O, C]
+            "linear" => shape(op, "weight").and_then(|w| w.last().copied()),
+            "matmul" => shape(op, "x").and_then(|x| match x.len() {
+                0 => None,
+                1 => Some(x[0]),
+                r if flag(op, "transpose_x") => Some(x[r - 2]),
+                r => Some(x[r - 1]),
+            }),
+            _ => None,
+        };
+        if let (Some(n), Some(k)) = (out, k) {
+            total += 2 * n * k as u64;
+        }
+    }
+    Ok(total)
 }
 
 /// Best read bandwidth (10^9 bytes/s) over `passes` passes of summing a buffer of `bytes`
