@@ -330,6 +330,9 @@ pub static DEFS: &[OpDef] = &[
         inputs: LUT16,
         infer: infer_lut16,
         eval: Some(eval_lut16),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
     },
     OpDef {
         name: "constexpr_lut_to_dense",
@@ -338,6 +341,9 @@ pub static DEFS: &[OpDef] = &[
         inputs: LUT18,
         infer: infer_lut18,
         eval: Some(eval_lut18),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
     },
     OpDef {
         name: "constexpr_affine_dequantize",
@@ -346,6 +352,9 @@ pub static DEFS: &[OpDef] = &[
         inputs: AFFINE,
         infer: infer_affine,
         eval: Some(eval_affine),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
     },
     OpDef {
         name: "constexpr_blockwise_shift_scale",
@@ -354,5 +363,8 @@ pub static DEFS: &[OpDef] = &[
         inputs: SHIFT,
         infer: infer_shift_scale,
         eval: Some(eval_shift_scale),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
     },
 ];

@@ -8,7 +8,7 @@
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{float_only, tensor, InferCx};
-use super::{opt, opt_c, req, ver as v, InputSpec, OpDef};
+use super::{opt, opt_c, req, ver as v, Axis, InputSpec, OpDef, Weight, WeightLayout};
 use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels;
 use anyhow::{anyhow, bail, ensure, Result};
@@ -297,6 +297,15 @@ const CT15: &[InputSpec] = &[
 ];
 const CT17: &[InputSpec] = CT15;
 
+/// The weight `[C_in, C_out / groups, k…]` on `x` `[N, C_in, …]`.
+const WEIGHT: Weight = Weight {
+    input: "weight",
+    layout: WeightLayout::InOut,
+    x_channel_axis: Axis::At(1),
+    out_channel_axis: Axis::At(1),
+    packed: false,
+};
+
 pub static DEFS: &[OpDef] = &[
     v(
         "conv_transpose",
@@ -305,7 +314,8 @@ pub static DEFS: &[OpDef] = &[
         CT15,
         infer_conv_transpose,
         eval_conv_transpose,
-    ),
+    )
+    .with_weight(WEIGHT),
     v(
         "conv_transpose",
         I17,
@@ -313,5 +323,6 @@ pub static DEFS: &[OpDef] = &[
         CT17,
         infer_conv_transpose,
         eval_conv_transpose,
-    ),
+    )
+    .with_weight(WEIGHT),
 ];

@@ -115,6 +115,59 @@ pub struct OpDef {
     pub infer: fn(&InferCx) -> Result<Vec<ValueType>>,
     /// Computes the outputs from input values (None: the interpreter cannot run the op).
     pub eval: Option<EvalFn>,
+    /// The weight operand, for ops that multiply their input by one (conv, linear, matmul …).
+    pub weight: Option<Weight>,
+    /// Inputs the evaluation reads only as f32 (`EvalCx::f32`, `EvalCx::weight_f32`): the
+    /// runtime may keep nothing but an f32 copy of a constant bound there.
+    pub f32_inputs: &'static [&'static str],
+    /// The evaluation always returns new storage, never a view of an input.
+    pub fresh: bool,
+}
+
+/// An axis of a tensor, counted from the front or the last one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Axis {
+    At(usize),
+    Last,
+}
+
+impl Axis {
+    /// The axis index in a tensor of `rank` (`None` when the tensor has no such axis).
+    pub fn of(self, rank: usize) -> Option<usize> {
+        match self {
+            Axis::At(a) => (a < rank).then_some(a),
+            Axis::Last => rank.checked_sub(1),
+        }
+    }
+}
+
+/// How a weight's axes are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// `[C_out, C_in / groups, k…]` (conv) or `[C_out, C_in]` (linear): output channels on
+    /// axis 0, the input channels it multiplies on axis 1.
+    OutIn,
+    /// `[C_in, C_out / groups, k…]` (conv_transpose).
+    InOut,
+    /// A general product operand (matmul's `y`, `[…, K, N]` unless transposed), as often a
+    /// run-time value as a weight.
+    Operand,
+}
+
+/// The weight operand of an op: what compression, calibration, the runtime's packing and
+/// the placement rules ask of it.
+#[derive(Clone, Copy, Debug)]
+pub struct Weight {
+    /// The input that holds the weight.
+    pub input: &'static str,
+    pub layout: WeightLayout,
+    /// The axis of input `x` holding the channels the weight multiplies.
+    pub x_channel_axis: Axis,
+    /// The axis of output 0 holding the output channels.
+    pub out_channel_axis: Axis,
+    /// The evaluation takes the weight in its packed form (`EvalCx::packed`, LUT4 / int4 /
+    /// fp16 rows streamed by `kernels::gemv`).
+    pub packed: bool,
 }
 
 /// An op that exists from iOS15 on and that the interpreter evaluates (most ops).
@@ -131,6 +184,9 @@ pub(crate) const fn def(
         inputs,
         infer,
         eval: Some(eval),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
     }
 }
 
@@ -150,10 +206,28 @@ pub(crate) const fn ver(
         inputs,
         infer,
         eval: Some(eval),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
     }
 }
 
 impl OpDef {
+    /// This definition with a weight operand.
+    pub(crate) const fn with_weight(mut self, w: Weight) -> OpDef {
+        self.weight = Some(w);
+        self
+    }
+    /// This definition with inputs read only as f32 (see [`OpDef::f32_inputs`]).
+    pub(crate) const fn with_f32_inputs(mut self, inputs: &'static [&'static str]) -> OpDef {
+        self.f32_inputs = inputs;
+        self
+    }
+    /// This definition, whose evaluation always returns new storage.
+    pub(crate) const fn fresh(mut self) -> OpDef {
+        self.fresh = true;
+        self
+    }
     pub fn input(&self, name: &str) -> Option<&InputSpec> {
         self.inputs.iter().find(|i| i.name == name)
     }
@@ -199,4 +273,9 @@ pub fn lookup(op_type: &str, opset: Opset) -> Option<&'static OpDef> {
 /// Any version of `op_type`, for error messages ("exists since iOS18").
 pub fn earliest(op_type: &str) -> Option<&'static OpDef> {
     all().filter(|d| d.name == op_type).min_by_key(|d| d.since)
+}
+
+/// The weight operand of `op_type` (the same in every version of an op).
+pub fn weight(op_type: &str) -> Option<Weight> {
+    earliest(op_type).and_then(|d| d.weight)
 }

@@ -4,7 +4,7 @@
 use super::def;
 use super::eval::{one, out0, EvalCx, RValue};
 use super::infer::{axis, broadcast, float_only, tensor, InferCx};
-use super::{opt, opt_c, req, req_c, OpDef};
+use super::{opt, opt_c, req, req_c, Axis, OpDef, Weight, WeightLayout};
 use crate::ir::{Dim, ValueType};
 use crate::kernels::{self, fastmath};
 use anyhow::{anyhow, bail, ensure, Result};
@@ -572,6 +572,31 @@ fn eval_gelu(cx: &EvalCx) -> Result<Vec<RValue>> {
     one(y)
 }
 
+/// conv's weight `[C_out, C_in / groups, k…]`, read packed, on `x` `[N, C_in, …]`.
+const CONV_WEIGHT: Weight = Weight {
+    input: "weight",
+    layout: WeightLayout::OutIn,
+    x_channel_axis: Axis::At(1),
+    out_channel_axis: Axis::At(1),
+    packed: true,
+};
+/// linear's weight `[C_out, C_in]`, read packed, on `x` `[…, C_in]`.
+const LINEAR_WEIGHT: Weight = Weight {
+    input: "weight",
+    layout: WeightLayout::OutIn,
+    x_channel_axis: Axis::Last,
+    out_channel_axis: Axis::Last,
+    packed: true,
+};
+/// matmul's `y`, `[…, K, N]` (compression does not take it: its layout is no weight's).
+const MATMUL_WEIGHT: Weight = Weight {
+    input: "y",
+    layout: WeightLayout::Operand,
+    x_channel_axis: Axis::Last,
+    out_channel_axis: Axis::Last,
+    packed: false,
+};
+
 pub static DEFS: &[OpDef] = &[
     def(
         "conv",
@@ -587,7 +612,10 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_conv,
         eval_conv,
-    ),
+    )
+    .with_weight(CONV_WEIGHT)
+    .with_f32_inputs(&["weight", "bias"])
+    .fresh(),
     def(
         "conv_quantized",
         &[
@@ -612,7 +640,10 @@ pub static DEFS: &[OpDef] = &[
         &[req("x"), req("weight"), opt("bias")],
         infer_linear,
         eval_linear,
-    ),
+    )
+    .with_weight(LINEAR_WEIGHT)
+    .with_f32_inputs(&["weight", "bias"])
+    .fresh(),
     def(
         "matmul",
         &[
@@ -623,7 +654,10 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_matmul,
         eval_matmul,
-    ),
+    )
+    .with_weight(MATMUL_WEIGHT)
+    .with_f32_inputs(&["x", "y"])
+    .fresh(),
     def(
         "einsum",
         &[super::var("values"), req_c("equation")],

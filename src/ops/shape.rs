@@ -469,7 +469,8 @@ pub static DEFS: &[OpDef] = &[
         &[var("values"), req_c("axis"), opt_c("interleave")],
         infer_concat,
         eval_concat,
-    ),
+    )
+    .fresh(),
     def(
         "stack",
         &[var("values"), req_c("axis")],

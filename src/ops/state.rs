@@ -175,6 +175,9 @@ pub static DEFS: &[OpDef] = &[
         inputs: &[req("input")],
         infer: infer_read_state,
         eval: Some(eval_read_state),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
     },
     OpDef {
         name: "coreml_update_state",
@@ -183,6 +186,9 @@ pub static DEFS: &[OpDef] = &[
         inputs: &[req("state"), req("value")],
         infer: infer_update_state,
         eval: Some(eval_update_state),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
     },
     OpDef {
         name: "write_state",
@@ -191,6 +197,9 @@ pub static DEFS: &[OpDef] = &[
         inputs: &[req("input"), req("data")],
         infer: infer_write_state,
         eval: Some(eval_write_state),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
     },
     OpDef {
         name: "slice_update",
@@ -199,5 +208,8 @@ pub static DEFS: &[OpDef] = &[
         inputs: SLICE_UPDATE,
         infer: infer_slice_update,
         eval: Some(eval_slice_update),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
     },
 ];

@@ -83,7 +83,7 @@ pub static RULES: &[Rule] = &[
     Rule {
         id: "ane_output_channels",
         effect: Some(ComputeUnit::Gpu),
-        statement: "a conv/linear/matmul with more than 32,768 fp16 output channels (over the ANE's 64 KB output-channel budget, e.g. an unsplit 51,866-wide vocab head) cannot be one ANE op",
+        statement: "a conv/conv_transpose/linear/matmul with more than 32,768 fp16 output channels (over the ANE's 64 KB output-channel budget, e.g. an unsplit 51,866-wide vocab head) cannot be one ANE op",
         source: "milkit design budget of 64 KB = 32,768 fp16 channels; ANE ports split LM heads into chunks (maderix/ANE PR #26; Apple, Deploying Transformers on the Apple Neural Engine: chunk large tensors)",
         fires: ane_output_channels,
     },
@@ -149,14 +149,13 @@ fn dim_over_16384(v: &OpView) -> bool {
     })
 }
 
-/// Output channels of a conv (axis 1), linear or matmul (last axis).
+/// Output channels of an op with a weight (conv, conv_transpose, linear, matmul), on the
+/// output axis its definition names.
 pub fn output_channels(v: &OpView) -> Option<usize> {
     let out = v.outputs.first()?;
-    let axis = match v.op.op_type.as_str() {
-        "conv" => 1,
-        "linear" | "matmul" => out.rank().checked_sub(1)?,
-        _ => return None,
-    };
+    let axis = crate::ops::weight(&v.op.op_type)?
+        .out_channel_axis
+        .of(out.rank())?;
     match out.shape.get(axis)? {
         Dim::Fixed(n) => Some(*n),
         Dim::Unknown => None,
