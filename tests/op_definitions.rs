@@ -2,7 +2,9 @@
 //! against that signature: a declared weight, the inputs read only as f32, input defaults,
 //! the placement rule and the cost formula name inputs the op has, with values that fit.
 
+use milkit::ops::placement::Flops;
 use milkit::ops::{self, WeightLayout};
+use milkit::verify::placement;
 
 #[test]
 fn every_declared_weight_is_one_of_its_ops_inputs() {
@@ -64,4 +66,60 @@ fn a_packed_weight_is_read_only_as_f32_by_its_op() {
             );
         }
     }
+}
+
+#[test]
+fn every_constant_and_constexpr_op_and_no_other_is_placed_at_load_time() {
+    for d in ops::all() {
+        let constant = d.name == "const" || d.name.starts_with("constexpr_");
+        let load_time = d
+            .placement
+            .is_some_and(|p| p.rule == ops::placement::LOAD_TIME.rule);
+        assert_eq!(constant, load_time, "{} ({:?})", d.name, d.since);
+    }
+}
+
+#[test]
+fn every_placement_rule_an_op_carries_is_in_the_verifiers_table() {
+    for d in ops::all() {
+        let Some(p) = d.placement else { continue };
+        let rule = placement::RULES
+            .iter()
+            .find(|r| r.id == p.rule)
+            .unwrap_or_else(|| panic!("{}: rule `{}` is not in the table", d.name, p.rule));
+        assert_eq!(
+            (rule.statement, rule.source),
+            (p.statement, p.source),
+            "{}",
+            d.name
+        );
+        assert!(!p.source.is_empty(), "{}: rule without a source", d.name);
+    }
+}
+
+#[test]
+fn the_state_machinery_is_placed_on_the_cpu() {
+    for op in ["read_state", "coreml_update_state", "slice_update"] {
+        let d = ops::earliest(op).unwrap();
+        assert_eq!(
+            d.placement.map(|p| p.rule),
+            Some(ops::placement::STATE_MACHINERY.rule),
+            "{op}"
+        );
+    }
+}
+
+#[test]
+fn every_op_with_a_weight_has_a_cost_formula() {
+    // The contractions carry most of a model's operations; the per-output default would
+    // undercount them by their fan-in. (conv_transpose has none yet: it counts as
+    // elementwise, as before the formulas moved into the definitions.)
+    let mut bad = Vec::new();
+    for d in ops::all() {
+        if d.weight.is_some() && d.name != "conv_transpose" && !matches!(d.flops, Flops::Formula(_))
+        {
+            bad.push(d.name);
+        }
+    }
+    assert!(bad.is_empty(), "ops with a weight and no formula: {bad:?}");
 }

@@ -4,6 +4,7 @@
 
 use super::eval::{out0, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
+use super::placement::{Flops, LOAD_TIME};
 use super::{opt_c, req_c, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, ValueType};
 use crate::kernels;
@@ -333,6 +334,8 @@ pub static DEFS: &[OpDef] = &[
         weight: None,
         f32_inputs: &[],
         fresh: false,
+        placement: Some(&LOAD_TIME),
+        flops: Flops::None,
     },
     OpDef {
         name: "constexpr_lut_to_dense",
@@ -344,6 +347,8 @@ pub static DEFS: &[OpDef] = &[
         weight: None,
         f32_inputs: &[],
         fresh: false,
+        placement: Some(&LOAD_TIME),
+        flops: Flops::None,
     },
     OpDef {
         name: "constexpr_affine_dequantize",
@@ -355,6 +360,8 @@ pub static DEFS: &[OpDef] = &[
         weight: None,
         f32_inputs: &[],
         fresh: false,
+        placement: Some(&LOAD_TIME),
+        flops: Flops::None,
     },
     OpDef {
         name: "constexpr_blockwise_shift_scale",
@@ -366,5 +373,7 @@ pub static DEFS: &[OpDef] = &[
         weight: None,
         f32_inputs: &[],
         fresh: false,
+        placement: Some(&LOAD_TIME),
+        flops: Flops::None,
     },
 ];

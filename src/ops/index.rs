@@ -4,6 +4,7 @@
 use super::def;
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
+use super::placement::Flops;
 use super::{opt, opt_c, req, req_c, OpDef};
 use crate::ir::{Dim, ValueType};
 use crate::kernels::{self, PadMode, Span};
@@ -380,13 +381,15 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_slice_by_index,
         eval_slice_by_index,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "slice_by_size",
         &[req("x"), req("begin"), req_c("size")],
         infer_slice_by_size,
         eval_slice_by_size,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "gather",
         &[
@@ -398,7 +401,8 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_gather,
         eval_gather,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "gather_along_axis",
         &[
@@ -409,13 +413,15 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_gather_along_axis,
         eval_gather_along_axis,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "pad",
         &[req("x"), req("pad"), opt_c("mode"), opt_c("constant_val")],
         infer_pad,
         eval_pad,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "band_part",
         &[req("x"), opt_c("lower"), opt_c("upper")],

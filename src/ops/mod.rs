@@ -16,6 +16,7 @@ mod infer;
 mod list;
 mod nms;
 mod nn;
+pub mod placement;
 mod pool;
 mod quant;
 pub mod random;
@@ -36,6 +37,7 @@ pub use state::{eval_state_slice_update, eval_state_slice_update_view};
 
 use crate::ir::{Opset, ValueType};
 use anyhow::Result;
+use placement::{Flops, Placement};
 
 /// How an op parameter may be bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,6 +124,11 @@ pub struct OpDef {
     pub f32_inputs: &'static [&'static str],
     /// The evaluation always returns new storage, never a view of an input.
     pub fresh: bool,
+    /// Where the op runs whatever its tensors (load time, CPU), with the rule's source;
+    /// `None` where only the dtype and shape rules decide (`verify::placement`).
+    pub placement: Option<&'static Placement>,
+    /// Floating-point operations of one run.
+    pub flops: Flops,
 }
 
 /// An axis of a tensor, counted from the front or the last one.
@@ -187,6 +194,8 @@ pub(crate) const fn def(
         weight: None,
         f32_inputs: &[],
         fresh: false,
+        placement: None,
+        flops: Flops::PerOutput(1),
     }
 }
 
@@ -209,6 +218,8 @@ pub(crate) const fn ver(
         weight: None,
         f32_inputs: &[],
         fresh: false,
+        placement: None,
+        flops: Flops::PerOutput(1),
     }
 }
 
@@ -221,6 +232,17 @@ impl OpDef {
     /// This definition with inputs read only as f32 (see [`OpDef::f32_inputs`]).
     pub(crate) const fn with_f32_inputs(mut self, inputs: &'static [&'static str]) -> OpDef {
         self.f32_inputs = inputs;
+        self
+    }
+    /// This definition with a placement rule.
+    pub(crate) const fn with_placement(mut self, p: &'static Placement) -> OpDef {
+        self.placement = Some(p);
+        self
+    }
+    /// This definition with its cost formula (the default is one operation per output
+    /// element).
+    pub(crate) const fn with_flops(mut self, f: Flops) -> OpDef {
+        self.flops = f;
         self
     }
     /// This definition, whose evaluation always returns new storage.

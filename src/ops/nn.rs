@@ -4,6 +4,7 @@
 use super::def;
 use super::eval::{one, out0, EvalCx, RValue};
 use super::infer::{axis, broadcast, float_only, tensor, InferCx};
+use super::placement::Flops;
 use super::{opt, opt_c, req, req_c, Axis, OpDef, Weight, WeightLayout};
 use crate::ir::{Dim, ValueType};
 use crate::kernels::{self, fastmath};
@@ -572,6 +573,48 @@ fn eval_gelu(cx: &EvalCx) -> Result<Vec<RValue>> {
     one(y)
 }
 
+// ---- cost: floating-point operations of one run (see `placement::Flops`)
+
+/// 2 · outputs · (C_in / groups) · kernel area: the weight is `[C_out, C_in / groups, k…]`.
+fn conv_flops(cx: &InferCx, out: u64) -> Option<u64> {
+    let w = cx.t("weight").ok()?.fixed_shape()?;
+    Some(2 * out * w.iter().skip(1).product::<usize>() as u64)
+}
+
+/// 2 · outputs · C_in: the weight is `[C_out, C_in]`.
+fn linear_flops(cx: &InferCx, out: u64) -> Option<u64> {
+    let w = cx.t("weight").ok()?.fixed_shape()?;
+    Some(2 * out * *w.get(1)? as u64)
+}
+
+/// 2 · outputs · K, K the contracted axis of `x` (its last, or next to last when transposed).
+fn matmul_flops(cx: &InferCx, out: u64) -> Option<u64> {
+    let s = cx.t("x").ok()?.fixed_shape()?;
+    let tx = cx.opt_bool("transpose_x").ok()?.unwrap_or(false);
+    let k = match s.len() {
+        1 => s[0],
+        n if tx => *s.get(n.checked_sub(2)?)?,
+        _ => *s.last()?,
+    };
+    Some(2 * out * k as u64)
+}
+
+/// 2 · the product of the sizes of every distinct subscript (one multiply-add per point of
+/// the iteration space).
+fn einsum_flops(cx: &InferCx, _out: u64) -> Option<u64> {
+    let eq = cx.opt_str("equation").ok()??;
+    let lhs = eq.split("->").next().unwrap_or("");
+    let mut sizes: std::collections::BTreeMap<char, usize> = Default::default();
+    for (term, arg) in lhs.split(',').zip(cx.all("values")) {
+        let shape = arg.ty.as_tensor()?.fixed_shape()?;
+        for (c, d) in term.chars().zip(shape) {
+            let e = sizes.entry(c).or_insert(d);
+            *e = (*e).max(d);
+        }
+    }
+    Some(2 * sizes.values().map(|&d| d as u64).product::<u64>())
+}
+
 /// conv's weight `[C_out, C_in / groups, k…]`, read packed, on `x` `[N, C_in, …]`.
 const CONV_WEIGHT: Weight = Weight {
     input: "weight",
@@ -615,7 +658,8 @@ pub static DEFS: &[OpDef] = &[
     )
     .with_weight(CONV_WEIGHT)
     .with_f32_inputs(&["weight", "bias"])
-    .fresh(),
+    .fresh()
+    .with_flops(Flops::Formula(conv_flops)),
     def(
         "conv_quantized",
         &[
@@ -643,7 +687,8 @@ pub static DEFS: &[OpDef] = &[
     )
     .with_weight(LINEAR_WEIGHT)
     .with_f32_inputs(&["weight", "bias"])
-    .fresh(),
+    .fresh()
+    .with_flops(Flops::Formula(linear_flops)),
     def(
         "matmul",
         &[
@@ -657,13 +702,15 @@ pub static DEFS: &[OpDef] = &[
     )
     .with_weight(MATMUL_WEIGHT)
     .with_f32_inputs(&["x", "y"])
-    .fresh(),
+    .fresh()
+    .with_flops(Flops::Formula(matmul_flops)),
     def(
         "einsum",
         &[super::var("values"), req_c("equation")],
         infer_einsum,
         eval_einsum,
-    ),
+    )
+    .with_flops(Flops::Formula(einsum_flops)),
     def(
         "layer_norm",
         &[
@@ -675,7 +722,8 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_layer_norm,
         eval_layer_norm,
-    ),
+    )
+    .with_flops(Flops::PerOutput(8)),
     def(
         "batch_norm",
         &[
@@ -688,12 +736,14 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_batch_norm,
         eval_batch_norm,
-    ),
+    )
+    .with_flops(Flops::PerOutput(8)),
     def(
         "softmax",
         &[req("x"), opt_c("axis")],
         infer_softmax,
         eval_softmax,
-    ),
-    def("gelu", &[req("x"), opt_c("mode")], infer_gelu, eval_gelu),
+    )
+    .with_flops(Flops::PerOutput(5)),
+    def("gelu", &[req("x"), opt_c("mode")], infer_gelu, eval_gelu).with_flops(Flops::PerOutput(8)),
 ];

@@ -5,6 +5,7 @@
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
 use super::nn::{norm_axes, sorted_axes};
+use super::placement::Flops;
 use super::{def, ver};
 use super::{opt_c, req, InputSpec, OpDef};
 use crate::ir::{Dim, Opset::Ios15 as I15, Opset::Ios17 as I17, ValueType};
@@ -115,26 +116,28 @@ fn eval_reduce_argmin(cx: &EvalCx) -> Result<Vec<RValue>> {
 }
 
 pub static DEFS: &[OpDef] = &[
-    def("reduce_mean", REDUCE, infer_reduce, eval_reduce_mean),
-    def("reduce_sum", REDUCE, infer_reduce, eval_reduce_sum),
-    def("reduce_max", REDUCE, infer_reduce, eval_reduce_max),
-    def("reduce_min", REDUCE, infer_reduce, eval_reduce_min),
-    def("reduce_prod", REDUCE, infer_reduce, eval_reduce_prod),
-    def("reduce_l2_norm", REDUCE, infer_reduce, eval_reduce_l2_norm),
+    def("reduce_mean", REDUCE, infer_reduce, eval_reduce_mean).with_flops(Flops::PerInput),
+    def("reduce_sum", REDUCE, infer_reduce, eval_reduce_sum).with_flops(Flops::PerInput),
+    def("reduce_max", REDUCE, infer_reduce, eval_reduce_max).with_flops(Flops::PerInput),
+    def("reduce_min", REDUCE, infer_reduce, eval_reduce_min).with_flops(Flops::PerInput),
+    def("reduce_prod", REDUCE, infer_reduce, eval_reduce_prod).with_flops(Flops::PerInput),
+    def("reduce_l2_norm", REDUCE, infer_reduce, eval_reduce_l2_norm).with_flops(Flops::PerInput),
     def(
         "reduce_log_sum_exp",
         REDUCE,
         infer_reduce,
         eval_reduce_log_sum_exp,
-    ),
-    def("reduce_l1_norm", REDUCE, infer_reduce, eval_reduce_l1_norm),
+    )
+    .with_flops(Flops::PerInput),
+    def("reduce_l1_norm", REDUCE, infer_reduce, eval_reduce_l1_norm).with_flops(Flops::PerInput),
     def(
         "reduce_sum_square",
         REDUCE,
         infer_reduce,
         eval_reduce_sum_square,
-    ),
-    def("reduce_log_sum", REDUCE, infer_reduce, eval_reduce_log_sum),
+    )
+    .with_flops(Flops::PerInput),
+    def("reduce_log_sum", REDUCE, infer_reduce, eval_reduce_log_sum).with_flops(Flops::PerInput),
     ver(
         "reduce_argmax",
         I15,
@@ -142,7 +145,8 @@ pub static DEFS: &[OpDef] = &[
         ARGRED,
         infer_argmax,
         eval_reduce_argmax,
-    ),
+    )
+    .with_flops(Flops::PerInput),
     ver(
         "reduce_argmax",
         I17,
@@ -150,7 +154,8 @@ pub static DEFS: &[OpDef] = &[
         ARGRED17,
         infer_argmax,
         eval_reduce_argmax,
-    ),
+    )
+    .with_flops(Flops::PerInput),
     ver(
         "reduce_argmin",
         I15,
@@ -158,7 +163,8 @@ pub static DEFS: &[OpDef] = &[
         ARGRED,
         infer_argmax,
         eval_reduce_argmin,
-    ),
+    )
+    .with_flops(Flops::PerInput),
     ver(
         "reduce_argmin",
         I17,
@@ -166,5 +172,6 @@ pub static DEFS: &[OpDef] = &[
         ARGRED17,
         infer_argmax,
         eval_reduce_argmin,
-    ),
+    )
+    .with_flops(Flops::PerInput),
 ];

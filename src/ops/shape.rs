@@ -4,6 +4,7 @@
 use super::def;
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
+use super::placement::Flops;
 use super::{opt, opt_c, req, req_c, var, OpDef};
 use crate::ir::{DType, Dim, ValueType};
 use crate::kernels;
@@ -445,38 +446,44 @@ pub static DEFS: &[OpDef] = &[
         &[req("x"), req("shape")],
         infer_reshape,
         eval_reshape,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "transpose",
         &[req("x"), req_c("perm")],
         infer_transpose,
         eval_transpose,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "expand_dims",
         &[req("x"), req_c("axes")],
         infer_expand_dims,
         eval_expand_dims,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "squeeze",
         &[req("x"), opt_c("axes")],
         infer_squeeze,
         eval_squeeze,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "concat",
         &[var("values"), req_c("axis"), opt_c("interleave")],
         infer_concat,
         eval_concat,
     )
-    .fresh(),
+    .fresh()
+    .with_flops(Flops::None),
     def(
         "stack",
         &[var("values"), req_c("axis")],
         infer_stack,
         eval_stack,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "split",
         &[
@@ -487,14 +494,15 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_split,
         eval_split,
-    ),
-    def("fill", &[req("shape"), opt("value")], infer_fill, eval_fill),
+    )
+    .with_flops(Flops::None),
+    def("fill", &[req("shape"), opt("value")], infer_fill, eval_fill).with_flops(Flops::None),
     def(
         "range_1d",
         &[req("end"), req("start"), req("step")],
         infer_range,
         eval_range_1d,
     ),
-    def("tile", &[req("x"), req_c("reps")], infer_tile, eval_tile),
-    def("shape", &[req("x")], infer_shape, eval_shape),
+    def("tile", &[req("x"), req_c("reps")], infer_tile, eval_tile).with_flops(Flops::None),
+    def("shape", &[req("x")], infer_shape, eval_shape).with_flops(Flops::None),
 ];

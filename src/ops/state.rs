@@ -5,6 +5,7 @@
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::InferCx;
+use super::placement::{Flops, STATE_MACHINERY};
 use super::{opt_c, req, InputSpec, OpDef};
 use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels;
@@ -178,6 +179,8 @@ pub static DEFS: &[OpDef] = &[
         weight: None,
         f32_inputs: &[],
         fresh: false,
+        placement: Some(&STATE_MACHINERY),
+        flops: Flops::None,
     },
     OpDef {
         name: "coreml_update_state",
@@ -189,6 +192,8 @@ pub static DEFS: &[OpDef] = &[
         weight: None,
         f32_inputs: &[],
         fresh: false,
+        placement: Some(&STATE_MACHINERY),
+        flops: Flops::None,
     },
     OpDef {
         name: "write_state",
@@ -200,6 +205,8 @@ pub static DEFS: &[OpDef] = &[
         weight: None,
         f32_inputs: &[],
         fresh: false,
+        placement: None,
+        flops: Flops::PerOutput(1),
     },
     OpDef {
         name: "slice_update",
@@ -211,5 +218,7 @@ pub static DEFS: &[OpDef] = &[
         weight: None,
         f32_inputs: &[],
         fresh: false,
+        placement: Some(&STATE_MACHINERY),
+        flops: Flops::None,
     },
 ];
