@@ -123,3 +123,105 @@ fn every_op_with_a_weight_has_a_cost_formula() {
     }
     assert!(bad.is_empty(), "ops with a weight and no formula: {bad:?}");
 }
+
+#[test]
+fn every_default_belongs_to_an_optional_parameter() {
+    let mut bad = Vec::new();
+    for d in ops::all() {
+        for i in d.inputs {
+            if i.default.is_some() && !i.optional {
+                bad.push(format!("{} ({:?}): `{}`", d.name, d.since, i.name));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "defaults of required parameters: {bad:?}");
+}
+
+#[test]
+fn every_version_of_an_op_declares_the_same_defaults() {
+    // A default that changes between opsets would be a fact to write down; none does.
+    for d in ops::all() {
+        for i in d.inputs {
+            for other in ops::all().filter(|o| o.name == d.name) {
+                if let (Some(a), Some(b)) = (i.default, other.input(i.name).and_then(|o| o.default))
+                {
+                    assert_eq!(a, b, "{}: `{}` differs between versions", d.name, i.name);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn no_infer_or_eval_function_repeats_a_default() {
+    // `cx.opt_…("p")?.unwrap_or(v)` restates a default the op's InputSpec holds; the
+    // contexts' `…_or_default` accessors read it from there. The sites listed keep theirs
+    // for a stated reason.
+    let allowed: &[(&str, &str, &str)] = &[
+        // Read by sub-contexts without a spec (the fused state update, the sparse decode).
+        ("index.rs", "stride", "fused slice_update"),
+        (
+            "compression.rs",
+            "vector_axis",
+            "lut_to_sparse's dense decode",
+        ),
+        // A default that is no value of the parameter ("" = absent, checked later), a
+        // parameter required in some version, or one an eval shared with ops lacking it reads.
+        ("resample.rs", "sampling_mode", "absent"),
+        ("resample.rs", "padding_mode", "absent"),
+        ("resample.rs", "coordinates_mode", "absent"),
+        ("resample.rs", "align_corners", "required in a version"),
+        ("resample.rs", "padding_value", "required in a version"),
+        ("resize.rs", "target_size_height", "required in a version"),
+        ("resize.rs", "target_size_width", "required in a version"),
+        (
+            "pool.rs",
+            "exclude_padding_from_average",
+            "max_pool shares the eval, lacks it",
+        ),
+        ("resample.rs", "pad_value", "iOS15's crop_resize lacks it"),
+        (
+            "recurrent.rs",
+            "reset_after",
+            "rnn and lstm share the eval, lack it",
+        ),
+        (
+            "tensor_ops.rs",
+            "output_indices_dtype",
+            "topk before iOS17 lacks it",
+        ),
+        ("tensor_ops.rs", "return_indices", "iOS15's topk lacks it"),
+        ("scatter.rs", "batch_dims", "iOS15's gather_nd lacks it"),
+        ("pool.rs", "epsilon", "per-op default passed in"),
+    ];
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ops");
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().to_string();
+        let text: String = std::fs::read_to_string(&path)
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        for kind in ["int", "bool", "str", "f64", "ints"] {
+            let pat = format!("cx.opt_{kind}(\"");
+            let mut rest = text.as_str();
+            while let Some(i) = rest.find(&pat) {
+                rest = &rest[i + pat.len()..];
+                let name = &rest[..rest.find('"').unwrap()];
+                let after = &rest[name.len() + 1..];
+                if after.starts_with(")?.unwrap_or") {
+                    found.push((file.clone(), name.to_string()));
+                }
+            }
+        }
+    }
+    let bad: Vec<_> = found
+        .iter()
+        .filter(|(f, n)| !allowed.iter().any(|(af, an, _)| af == f && an == n))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "defaults repeated in infer/eval functions (declare them in the InputSpec): {bad:?}"
+    );
+}

@@ -141,6 +141,7 @@ pub fn infer_op(op: &Operation, opset: Opset, scope: &dyn Scope) -> Result<Vec<V
         args,
         attributes: &op.attributes,
         blocks,
+        spec: def.inputs,
     };
     (def.infer)(&cx).with_context(|| format!("type inference of `{}` ({})", op.op_type, op.name))
 }

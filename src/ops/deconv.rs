@@ -8,6 +8,7 @@
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{float_only, tensor, InferCx};
+use super::DefaultValue;
 use super::{opt, opt_c, req, ver as v, Axis, InputSpec, OpDef, Weight, WeightLayout};
 use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels;
@@ -130,7 +131,7 @@ fn infer_conv_transpose(cx: &InferCx) -> Result<Vec<ValueType>> {
         .fixed_shape()
         .ok_or_else(|| anyhow!("`conv_transpose` weight needs a fixed shape"))?;
     let nsp = x.rank() - 2;
-    let groups = cx.opt_int("groups")?.unwrap_or(1);
+    let groups = cx.int_or_default("groups")?;
     ensure!(groups >= 1, "`conv_transpose`: groups {groups} must be ≥ 1");
     let groups = groups as usize;
     ensure!(
@@ -184,7 +185,7 @@ fn eval_conv_transpose(cx: &EvalCx) -> Result<Vec<RValue>> {
     let w = cx.t("weight")?;
     let (xs, ws) = (x.dims().to_vec(), w.dims().to_vec());
     let nsp = xs.len() - 2;
-    let groups = cx.opt_int("groups")?.unwrap_or(1).max(1) as usize;
+    let groups = cx.int_or_default("groups")?.max(1) as usize;
     let g = geometry(
         nsp,
         cx.opt_ints("strides")?,
@@ -293,7 +294,7 @@ const CT15: &[InputSpec] = &[
     opt_c("pad_type"),
     opt_c("strides"),
     opt_c("dilations"),
-    opt_c("groups"),
+    opt_c("groups").or(DefaultValue::Int(1)),
 ];
 const CT17: &[InputSpec] = CT15;
 

@@ -1,7 +1,8 @@
-//! One definition per MIL op ([`OpDef`]): its inputs, the opset that introduced it and its
-//! type inference and its evaluation. The builder, the package loader (which re-infers every
-//! op), the verifier and the interpreter all read these definitions; nothing else knows an
-//! op's signature or semantics. Uses `ir` (and `kernels` for evaluation).
+//! One definition per MIL op ([`OpDef`]): its inputs and their defaults, the opset that
+//! introduced it, its type inference and its evaluation, its weight input, and where it runs
+//! and what it costs ([`placement`]). The builder, the package loader (which re-infers every
+//! op), the passes, the verifier and the interpreter all read these definitions; nothing else
+//! knows an op's signature or semantics. Uses `ir` (and `kernels` for evaluation).
 
 mod activation;
 mod attention;
@@ -56,6 +57,38 @@ pub struct InputSpec {
     pub optional: bool,
     /// Takes a list of bindings (e.g. `concat`'s `values`).
     pub variadic: bool,
+    /// The value an absent optional parameter takes (coremltools' default), read through
+    /// the contexts' `…_or_default` accessors.
+    pub default: Option<DefaultValue>,
+}
+
+/// The default of an optional parameter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DefaultValue {
+    Int(i64),
+    Bool(bool),
+    Float(f64),
+    Str(&'static str),
+    /// This integer once per element the op needs (per spatial axis, per axis of the
+    /// input): the length depends on an input's rank, which the accessor is given.
+    Ints(i64),
+}
+
+impl InputSpec {
+    /// This parameter with a default.
+    pub(crate) const fn or(mut self, d: DefaultValue) -> InputSpec {
+        self.default = Some(d);
+        self
+    }
+}
+
+/// The default of parameter `name` in `specs`, or an error naming op and parameter.
+pub(crate) fn default_of(specs: &[InputSpec], op_type: &str, name: &str) -> Result<DefaultValue> {
+    specs
+        .iter()
+        .find(|s| s.name == name)
+        .and_then(|s| s.default)
+        .ok_or_else(|| anyhow::anyhow!("`{op_type}` declares no default for `{name}`"))
 }
 
 /// Required parameter, any binding.
@@ -65,6 +98,7 @@ pub const fn req(name: &'static str) -> InputSpec {
         kind: Kind::Any,
         optional: false,
         variadic: false,
+        default: None,
     }
 }
 /// Optional parameter, any binding.
@@ -74,6 +108,7 @@ pub const fn opt(name: &'static str) -> InputSpec {
         kind: Kind::Any,
         optional: true,
         variadic: false,
+        default: None,
     }
 }
 /// Required compile-time constant.
@@ -83,6 +118,7 @@ pub const fn req_c(name: &'static str) -> InputSpec {
         kind: Kind::Const,
         optional: false,
         variadic: false,
+        default: None,
     }
 }
 /// Optional compile-time constant.
@@ -92,6 +128,7 @@ pub const fn opt_c(name: &'static str) -> InputSpec {
         kind: Kind::Const,
         optional: true,
         variadic: false,
+        default: None,
     }
 }
 /// Required variadic parameter.
@@ -101,6 +138,7 @@ pub const fn var(name: &'static str) -> InputSpec {
         kind: Kind::Any,
         optional: false,
         variadic: true,
+        default: None,
     }
 }
 

@@ -6,6 +6,7 @@ use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
 use super::nn::{norm_axes, sorted_axes};
 use super::placement::Flops;
+use super::DefaultValue;
 use super::{def, ver};
 use super::{opt_c, req, InputSpec, OpDef};
 use crate::ir::{Dim, Opset::Ios15 as I15, Opset::Ios17 as I17, ValueType};
@@ -14,7 +15,7 @@ use anyhow::Result;
 
 fn infer_reduce(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
+    let keep = cx.bool_or_default("keep_dims")?;
     let axes = norm_axes(cx, "axes", x.rank())?.unwrap_or((0..x.rank()).collect());
     let mut s = Vec::new();
     for (i, d) in x.shape.iter().enumerate() {
@@ -31,8 +32,8 @@ fn infer_reduce(cx: &InferCx) -> Result<Vec<ValueType>> {
 
 fn infer_argmax(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
+    let keep = cx.bool_or_default("keep_dims")?;
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
     let mut s = x.shape.clone();
     if keep {
         s[a] = Dim::Fixed(1);
@@ -51,18 +52,26 @@ fn arg_dtype(name: Option<&str>) -> Result<crate::ir::DType> {
     }
 }
 
-const REDUCE: &[InputSpec] = &[req("x"), opt_c("axes"), opt_c("keep_dims")];
-const ARGRED: &[InputSpec] = &[req("x"), opt_c("axis"), opt_c("keep_dims")];
+const REDUCE: &[InputSpec] = &[
+    req("x"),
+    opt_c("axes"),
+    opt_c("keep_dims").or(DefaultValue::Bool(false)),
+];
+const ARGRED: &[InputSpec] = &[
+    req("x"),
+    opt_c("axis").or(DefaultValue::Int(-1)),
+    opt_c("keep_dims").or(DefaultValue::Bool(false)),
+];
 const ARGRED17: &[InputSpec] = &[
     req("x"),
-    opt_c("axis"),
-    opt_c("keep_dims"),
+    opt_c("axis").or(DefaultValue::Int(-1)),
+    opt_c("keep_dims").or(DefaultValue::Bool(false)),
     opt_c("output_dtype"),
 ];
 
 fn reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
+    let keep = cx.bool_or_default("keep_dims")?;
     let axes = sorted_axes(cx, "axes", x.rank())?;
     one(kernels::reduce(x, &axes, keep, how)?)
 }
@@ -98,8 +107,8 @@ fn eval_reduce_log_sum(cx: &EvalCx) -> Result<Vec<RValue>> {
 }
 fn arg_reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
+    let keep = cx.bool_or_default("keep_dims")?;
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
     let y = kernels::reduce(x, &[a], keep, how)?;
     let to = cx.out_dtype(0)?;
     one(if y.dtype() == to {

@@ -168,6 +168,7 @@ fn run_dense(
         attributes: cx.attributes,
         outputs: &outs,
         env: None,
+        spec: cx.spec,
     };
     let r = f(&sub)?;
     Ok(r.first()

@@ -6,6 +6,7 @@
 use super::eval::{one, EvalCx, RValue};
 use super::infer::InferCx;
 use super::placement::{Flops, STATE_MACHINERY};
+use super::DefaultValue;
 use super::{opt_c, req, InputSpec, OpDef};
 use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels;
@@ -91,7 +92,8 @@ const SLICE_UPDATE: &[InputSpec] = &[
     req("update"),
     req("begin"),
     req("end"),
-    opt_c("stride"),
+    // Its inference runs slice_by_index's on this context, which reads the default.
+    opt_c("stride").or(DefaultValue::Ints(1)),
     opt_c("begin_mask"),
     opt_c("end_mask"),
     opt_c("squeeze_mask"),

@@ -80,6 +80,7 @@ pub fn make_cx<'a>(
         attributes: &st.attributes,
         outputs: &st.out_types,
         env: None,
+        spec: st.def.map_or(&[], |d| d.inputs),
     })
 }
 

@@ -71,6 +71,7 @@ impl OpView<'_> {
             args,
             attributes: &self.op.attributes,
             blocks: vec![],
+            spec: self.def().map_or(&[], |d| d.inputs),
         }
     }
     /// Ops producing any input variable.
