@@ -141,6 +141,7 @@ pub fn infer_op(op: &Operation, opset: Opset, scope: &dyn Scope) -> Result<Vec<V
         args,
         attributes: &op.attributes,
         blocks,
+        spec: def.inputs,
     };
     (def.infer)(&cx).with_context(|| format!("type inference of `{}` ({})", op.op_type, op.name))
 }
@@ -376,5 +377,113 @@ impl Builder {
                 outputs: names,
             },
         ))
+    }
+}
+
+/// A constant int32 vector input.
+pub fn ints(v: &[i32]) -> In {
+    In::C(Value::i32s(v))
+}
+
+/// A constant int32 scalar input.
+pub fn int(v: i32) -> In {
+    In::C(Value::i32_scalar(v))
+}
+
+/// Typed helpers for the ops graph builders use most: each adds one op (and the constants
+/// it reads) and returns its output.
+impl Builder {
+    /// `conv` with unit strides and dilations, `valid` padding and one group; `w` (and
+    /// `bias`) become constants `{name}_weight` (`{name}_bias`). With a `[C_out, C_in, 1, 1]`
+    /// weight it is a linear layer on `[N, C_in, 1, S]` activations.
+    pub fn conv(&mut self, name: &str, x: &V, w: Value, bias: Option<Value>) -> Result<V> {
+        let wv = self.konst(&format!("{name}_weight"), w);
+        let mut inputs = vec![("x", In::from(x)), ("weight", In::V(wv))];
+        if let Some(bv) = bias {
+            let bv = self.konst(&format!("{name}_bias"), bv);
+            inputs.push(("bias", In::V(bv)));
+        }
+        inputs.extend([
+            ("strides", ints(&[1, 1])),
+            ("pad_type", In::C(Value::str("valid"))),
+            ("dilations", ints(&[1, 1])),
+            ("groups", int(1)),
+        ]);
+        self.op1("conv", name, inputs)
+    }
+
+    /// `layer_norm` over `axes`; `gamma` and `beta` become constants `{name}_gamma` and
+    /// `{name}_beta`.
+    pub fn layer_norm(
+        &mut self,
+        name: &str,
+        x: &V,
+        axes: &[i32],
+        gamma: Value,
+        beta: Value,
+        epsilon: Value,
+    ) -> Result<V> {
+        let g = self.konst(&format!("{name}_gamma"), gamma);
+        let bt = self.konst(&format!("{name}_beta"), beta);
+        self.op1(
+            "layer_norm",
+            name,
+            vec![
+                ("x", x.into()),
+                ("axes", ints(axes)),
+                ("gamma", In::V(g)),
+                ("beta", In::V(bt)),
+                ("epsilon", In::C(epsilon)),
+            ],
+        )
+    }
+
+    /// `gelu` in `mode` (`EXACT`, `TANH_APPROXIMATION`, `SIGMOID_APPROXIMATION`).
+    pub fn gelu(&mut self, name: &str, x: &V, mode: &str) -> Result<V> {
+        self.op1(
+            "gelu",
+            name,
+            vec![("x", x.into()), ("mode", In::C(Value::str(mode)))],
+        )
+    }
+
+    /// `add` (broadcasting).
+    pub fn add(&mut self, name: &str, x: &V, y: &V) -> Result<V> {
+        self.op1("add", name, vec![("x", x.into()), ("y", y.into())])
+    }
+
+    /// `reshape` to a constant `shape` (one entry may be -1).
+    pub fn reshape(&mut self, name: &str, x: &V, shape: &[i32]) -> Result<V> {
+        self.op1(
+            "reshape",
+            name,
+            vec![("x", x.into()), ("shape", ints(shape))],
+        )
+    }
+
+    /// `matmul`, either operand transposed (its last two axes) first.
+    pub fn matmul(
+        &mut self,
+        name: &str,
+        x: &V,
+        y: &V,
+        transpose_x: bool,
+        transpose_y: bool,
+    ) -> Result<V> {
+        self.op1(
+            "matmul",
+            name,
+            vec![
+                ("x", x.into()),
+                ("y", y.into()),
+                ("transpose_x", In::C(Value::bool_scalar(transpose_x))),
+                ("transpose_y", In::C(Value::bool_scalar(transpose_y))),
+            ],
+        )
+    }
+
+    /// `softmax` along `axis`.
+    pub fn softmax(&mut self, name: &str, x: &V, axis: i32) -> Result<V> {
+        self.op1("softmax", name, vec![("x", x.into()), ("axis", int(axis))])
     }
 }

@@ -4,6 +4,7 @@
 
 use super::eval::{out0, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
+use super::placement::{Flops, LOAD_TIME};
 use super::{opt_c, req_c, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, ValueType};
 use crate::kernels;
@@ -330,6 +331,11 @@ pub static DEFS: &[OpDef] = &[
         inputs: LUT16,
         infer: infer_lut16,
         eval: Some(eval_lut16),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
+        placement: Some(&LOAD_TIME),
+        flops: Flops::None,
     },
     OpDef {
         name: "constexpr_lut_to_dense",
@@ -338,6 +344,11 @@ pub static DEFS: &[OpDef] = &[
         inputs: LUT18,
         infer: infer_lut18,
         eval: Some(eval_lut18),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
+        placement: Some(&LOAD_TIME),
+        flops: Flops::None,
     },
     OpDef {
         name: "constexpr_affine_dequantize",
@@ -346,6 +357,11 @@ pub static DEFS: &[OpDef] = &[
         inputs: AFFINE,
         infer: infer_affine,
         eval: Some(eval_affine),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
+        placement: Some(&LOAD_TIME),
+        flops: Flops::None,
     },
     OpDef {
         name: "constexpr_blockwise_shift_scale",
@@ -354,5 +370,10 @@ pub static DEFS: &[OpDef] = &[
         inputs: SHIFT,
         infer: infer_shift_scale,
         eval: Some(eval_shift_scale),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
+        placement: Some(&LOAD_TIME),
+        flops: Flops::None,
     },
 ];

@@ -8,7 +8,8 @@
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{float_only, tensor, InferCx};
-use super::{opt, opt_c, req, ver as v, InputSpec, OpDef};
+use super::DefaultValue;
+use super::{opt, opt_c, req, ver as v, Axis, InputSpec, OpDef, Weight, WeightLayout};
 use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels;
 use anyhow::{anyhow, bail, ensure, Result};
@@ -130,7 +131,7 @@ fn infer_conv_transpose(cx: &InferCx) -> Result<Vec<ValueType>> {
         .fixed_shape()
         .ok_or_else(|| anyhow!("`conv_transpose` weight needs a fixed shape"))?;
     let nsp = x.rank() - 2;
-    let groups = cx.opt_int("groups")?.unwrap_or(1);
+    let groups = cx.int_or_default("groups")?;
     ensure!(groups >= 1, "`conv_transpose`: groups {groups} must be ≥ 1");
     let groups = groups as usize;
     ensure!(
@@ -184,7 +185,7 @@ fn eval_conv_transpose(cx: &EvalCx) -> Result<Vec<RValue>> {
     let w = cx.t("weight")?;
     let (xs, ws) = (x.dims().to_vec(), w.dims().to_vec());
     let nsp = xs.len() - 2;
-    let groups = cx.opt_int("groups")?.unwrap_or(1).max(1) as usize;
+    let groups = cx.int_or_default("groups")?.max(1) as usize;
     let g = geometry(
         nsp,
         cx.opt_ints("strides")?,
@@ -293,9 +294,18 @@ const CT15: &[InputSpec] = &[
     opt_c("pad_type"),
     opt_c("strides"),
     opt_c("dilations"),
-    opt_c("groups"),
+    opt_c("groups").or(DefaultValue::Int(1)),
 ];
 const CT17: &[InputSpec] = CT15;
+
+/// The weight `[C_in, C_out / groups, k…]` on `x` `[N, C_in, …]`.
+const WEIGHT: Weight = Weight {
+    input: "weight",
+    layout: WeightLayout::InOut,
+    x_channel_axis: Axis::At(1),
+    out_channel_axis: Axis::At(1),
+    packed: false,
+};
 
 pub static DEFS: &[OpDef] = &[
     v(
@@ -305,7 +315,8 @@ pub static DEFS: &[OpDef] = &[
         CT15,
         infer_conv_transpose,
         eval_conv_transpose,
-    ),
+    )
+    .with_weight(WEIGHT),
     v(
         "conv_transpose",
         I17,
@@ -313,5 +324,6 @@ pub static DEFS: &[OpDef] = &[
         CT17,
         infer_conv_transpose,
         eval_conv_transpose,
-    ),
+    )
+    .with_weight(WEIGHT),
 ];

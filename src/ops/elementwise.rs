@@ -5,6 +5,7 @@
 use super::def;
 use super::eval::{one, value_from_ir, EvalCx, RValue};
 use super::infer::{broadcast, float_only, tensor, InferCx};
+use super::placement::{Flops, LOAD_TIME};
 use super::{opt_c, req, req_c, OpDef};
 use crate::ir::{DType, ValueType};
 use crate::kernels::{self, fastmath, BinOp, CmpOp, LogicOp};
@@ -295,9 +296,11 @@ fn eval_clip(cx: &EvalCx) -> Result<Vec<RValue>> {
 }
 
 pub static DEFS: &[OpDef] = &[
-    def("const", &[], infer_const, eval_const),
-    def("cast", &[req("x"), req_c("dtype")], infer_cast, eval_cast),
-    def("identity", X, infer_same, eval_identity),
+    def("const", &[], infer_const, eval_const)
+        .with_flops(Flops::None)
+        .with_placement(&LOAD_TIME),
+    def("cast", &[req("x"), req_c("dtype")], infer_cast, eval_cast).with_flops(Flops::None),
+    def("identity", X, infer_same, eval_identity).with_flops(Flops::None),
     def("add", XY, infer_arith, eval_add),
     def("sub", XY, infer_arith, eval_sub),
     def("mul", XY, infer_arith, eval_mul),
@@ -306,7 +309,7 @@ pub static DEFS: &[OpDef] = &[
     def("mod", XY, infer_arith, eval_mod),
     def("maximum", XY, infer_arith, eval_maximum),
     def("minimum", XY, infer_arith, eval_minimum),
-    def("pow", XY, infer_pow_like, eval_pow),
+    def("pow", XY, infer_pow_like, eval_pow).with_flops(Flops::PerOutput(8)),
     def("equal", XY, infer_compare, eval_equal),
     def("not_equal", XY, infer_compare, eval_not_equal),
     def("less", XY, infer_compare, eval_less),
@@ -326,22 +329,22 @@ pub static DEFS: &[OpDef] = &[
     def("abs", X, infer_same, eval_abs),
     def("sign", X, infer_same, eval_sign),
     def("square", X, infer_same, eval_square),
-    def("sqrt", X, infer_float_same, eval_sqrt),
-    def("rsqrt", X_EPS, infer_float_same, eval_rsqrt),
+    def("sqrt", X, infer_float_same, eval_sqrt).with_flops(Flops::PerOutput(8)),
+    def("rsqrt", X_EPS, infer_float_same, eval_rsqrt).with_flops(Flops::PerOutput(8)),
     def("inverse", X_EPS, infer_float_same, eval_inverse),
-    def("exp", X, infer_float_same, eval_exp),
+    def("exp", X, infer_float_same, eval_exp).with_flops(Flops::PerOutput(8)),
     def("exp2", X, infer_float_same, eval_exp2),
-    def("log", X_EPS, infer_float_same, eval_log),
-    def("tanh", X, infer_float_same, eval_tanh),
-    def("sin", X, infer_float_same, eval_sin),
-    def("cos", X, infer_float_same, eval_cos),
-    def("erf", X, infer_float_same, eval_erf),
+    def("log", X_EPS, infer_float_same, eval_log).with_flops(Flops::PerOutput(8)),
+    def("tanh", X, infer_float_same, eval_tanh).with_flops(Flops::PerOutput(8)),
+    def("sin", X, infer_float_same, eval_sin).with_flops(Flops::PerOutput(8)),
+    def("cos", X, infer_float_same, eval_cos).with_flops(Flops::PerOutput(8)),
+    def("erf", X, infer_float_same, eval_erf).with_flops(Flops::PerOutput(8)),
     def("floor", X, infer_float_same, eval_floor),
     def("ceil", X, infer_float_same, eval_ceil),
     def("round", X, infer_float_same, eval_round),
     def("relu", X, infer_float_same, eval_relu),
-    def("sigmoid", X, infer_float_same, eval_sigmoid),
-    def("silu", X, infer_float_same, eval_silu),
+    def("sigmoid", X, infer_float_same, eval_sigmoid).with_flops(Flops::PerOutput(8)),
+    def("silu", X, infer_float_same, eval_silu).with_flops(Flops::PerOutput(8)),
     def(
         "clip",
         &[req("x"), req_c("alpha"), req_c("beta")],

@@ -4,6 +4,7 @@
 //! compile-time value where there is one), its constant parameters as numbers or strings,
 //! cached f32 copies of constant weights, and its inferred output types.
 
+use super::{DefaultValue, InputSpec};
 use crate::ir::{self, DType as MilType, Opset, TensorType, Value, ValueType};
 use crate::kernels;
 use anyhow::{anyhow, bail, ensure, Result};
@@ -347,6 +348,8 @@ pub struct EvalCx<'a> {
     /// The interpreter's services (nested blocks, limits, random stream); `None` where
     /// an op is evaluated outside a session run (constant folding).
     pub env: Option<&'a dyn ExecEnv>,
+    /// The op's parameters (where their defaults are); empty for the runtime's fused steps.
+    pub spec: &'static [InputSpec],
 }
 
 impl<'a> EvalCx<'a> {
@@ -477,6 +480,59 @@ impl<'a> EvalCx<'a> {
         match self.one(name)?.val {
             RValue::Str(v) if v.len() == 1 => Ok(Some(v[0].as_str())),
             _ => bail!("input `{name}` must be a single string"),
+        }
+    }
+    fn default(&self, name: &str) -> Result<DefaultValue> {
+        super::default_of(self.spec, self.op_type, name)
+    }
+    /// An integer parameter, or its declared default.
+    pub fn int_or_default(&self, name: &str) -> Result<i64> {
+        match self.opt_int(name)? {
+            Some(v) => Ok(v),
+            None => match self.default(name)? {
+                DefaultValue::Int(v) => Ok(v),
+                d => bail!("`{name}`'s default {d:?} is not an integer"),
+            },
+        }
+    }
+    /// A bool parameter, or its declared default.
+    pub fn bool_or_default(&self, name: &str) -> Result<bool> {
+        match self.opt_bool(name)? {
+            Some(v) => Ok(v),
+            None => match self.default(name)? {
+                DefaultValue::Bool(v) => Ok(v),
+                d => bail!("`{name}`'s default {d:?} is not a bool"),
+            },
+        }
+    }
+    /// A float parameter, or its declared default.
+    pub fn f64_or_default(&self, name: &str) -> Result<f64> {
+        match self.opt_f64(name)? {
+            Some(v) => Ok(v),
+            None => match self.default(name)? {
+                DefaultValue::Float(v) => Ok(v),
+                d => bail!("`{name}`'s default {d:?} is not a float"),
+            },
+        }
+    }
+    /// A string parameter, or its declared default.
+    pub fn str_or_default(&self, name: &str) -> Result<&'a str> {
+        match self.opt_str(name)? {
+            Some(v) => Ok(v),
+            None => match self.default(name)? {
+                DefaultValue::Str(v) => Ok(v),
+                d => bail!("`{name}`'s default {d:?} is not a string"),
+            },
+        }
+    }
+    /// An integer list parameter, or its declared default repeated `len` times.
+    pub fn ints_or_default(&self, name: &str, len: usize) -> Result<Vec<i64>> {
+        match self.opt_ints(name)? {
+            Some(v) => Ok(v),
+            None => match self.default(name)? {
+                DefaultValue::Ints(v) => Ok(vec![v; len]),
+                d => bail!("`{name}`'s default {d:?} is not an integer list"),
+            },
         }
     }
     pub fn state(&self, name: &str) -> Result<&'a StateCell> {

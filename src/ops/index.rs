@@ -4,6 +4,8 @@
 use super::def;
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
+use super::placement::Flops;
+use super::DefaultValue;
 use super::{opt, opt_c, req, req_c, OpDef};
 use crate::ir::{Dim, ValueType};
 use crate::kernels::{self, PadMode, Span};
@@ -24,7 +26,7 @@ fn infer_slice_by_index(cx: &InferCx) -> Result<Vec<ValueType>> {
         let s = (0..r).filter(|&i| !sq[i]).map(|_| Dim::Unknown).collect();
         return Ok(vec![tensor(x.dtype, s)]);
     };
-    let stride = cx.opt_ints("stride")?.unwrap_or(vec![1; r]);
+    let stride = cx.ints_or_default("stride", r)?;
     let (bm, em, sq) = (
         mask(cx, "begin_mask", r)?,
         mask(cx, "end_mask", r)?,
@@ -119,8 +121,8 @@ fn infer_gather(cx: &InferCx) -> Result<Vec<ValueType>> {
         "gather indices must be integers, are {}",
         idx.dtype
     );
-    let a = axis(cx.opt_int("axis")?.unwrap_or(0), x.rank())?;
-    let bd = cx.opt_int("batch_dims")?.unwrap_or(0) as usize;
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
+    let bd = cx.int_or_default("batch_dims")? as usize;
     let mut s: Vec<Dim> = x.shape[..a].to_vec();
     s.extend(idx.shape[bd.min(idx.rank())..].iter().cloned());
     s.extend(x.shape[a + 1..].iter().cloned());
@@ -144,7 +146,7 @@ fn infer_pad(cx: &InferCx) -> Result<Vec<ValueType>> {
         pad.len() % 2 == 0 && pad.len() / 2 <= x.rank(),
         "pad {pad:?} for {x}"
     );
-    let mode = cx.opt_str("mode")?.unwrap_or("constant");
+    let mode = cx.str_or_default("mode")?;
     ensure!(
         matches!(mode, "constant" | "reflect" | "replicate"),
         "unknown pad mode `{mode}`"
@@ -283,8 +285,8 @@ fn eval_gather(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let idx_t = cx.t("indices")?;
     let idx = kernels::to_vec::<i64>(idx_t)?;
-    let a = axis(cx.opt_int("axis")?.unwrap_or(0), x.rank())?;
-    let bd = cx.opt_int("batch_dims")?.unwrap_or(0) as usize;
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
+    let bd = cx.int_or_default("batch_dims")? as usize;
     if bd == 0 {
         return one(kernels::take(x, &idx, idx_t.dims(), a)?);
     }
@@ -316,7 +318,7 @@ fn eval_gather(cx: &EvalCx) -> Result<Vec<RValue>> {
 fn eval_gather_along_axis(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let idx_t = cx.t("indices")?;
-    let a = axis(cx.opt_int("axis")?.unwrap_or(0), x.rank())?;
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
     one(kernels::take_along(
         x,
         &kernels::to_vec::<i64>(idx_t)?,
@@ -335,8 +337,8 @@ fn eval_pad(cx: &EvalCx) -> Result<Vec<RValue>> {
     );
     let mut pairs = vec![(0usize, 0usize); x.rank() - p.len() / 2];
     pairs.extend(p.chunks(2).map(|c| (c[0] as usize, c[1] as usize)));
-    let mode = match cx.opt_str("mode")?.unwrap_or("constant") {
-        "constant" => PadMode::Constant(cx.opt_f64("constant_val")?.unwrap_or(0.0)),
+    let mode = match cx.str_or_default("mode")? {
+        "constant" => PadMode::Constant(cx.f64_or_default("constant_val")?),
         "reflect" => PadMode::Reflect,
         "replicate" => PadMode::Replicate,
         m => bail!("unknown pad mode `{m}`"),
@@ -347,10 +349,7 @@ fn eval_pad(cx: &EvalCx) -> Result<Vec<RValue>> {
 fn eval_band_part(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     ensure!(x.rank() >= 2, "band_part needs rank ≥ 2");
-    let (lo, up) = (
-        cx.opt_int("lower")?.unwrap_or(-1),
-        cx.opt_int("upper")?.unwrap_or(-1),
-    );
+    let (lo, up) = (cx.int_or_default("lower")?, cx.int_or_default("upper")?);
     let (m, n) = (x.dims()[x.rank() - 2], x.dims()[x.rank() - 1]);
     let mask: Vec<u8> = (0..m * n)
         .map(|k| {
@@ -373,52 +372,66 @@ pub static DEFS: &[OpDef] = &[
             req("x"),
             req("begin"),
             req("end"),
-            opt("stride"),
+            opt("stride").or(DefaultValue::Ints(1)),
             opt_c("begin_mask"),
             opt_c("end_mask"),
             opt_c("squeeze_mask"),
         ],
         infer_slice_by_index,
         eval_slice_by_index,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "slice_by_size",
         &[req("x"), req("begin"), req_c("size")],
         infer_slice_by_size,
         eval_slice_by_size,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "gather",
         &[
             req("x"),
             req("indices"),
-            opt_c("axis"),
-            opt_c("batch_dims"),
+            opt_c("axis").or(DefaultValue::Int(0)),
+            opt_c("batch_dims").or(DefaultValue::Int(0)),
             opt_c("validate_indices"),
         ],
         infer_gather,
         eval_gather,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "gather_along_axis",
         &[
             req("x"),
             req("indices"),
-            opt_c("axis"),
+            opt_c("axis").or(DefaultValue::Int(0)),
             opt_c("validate_indices"),
         ],
         infer_gather_along_axis,
         eval_gather_along_axis,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "pad",
-        &[req("x"), req("pad"), opt_c("mode"), opt_c("constant_val")],
+        &[
+            req("x"),
+            req("pad"),
+            opt_c("mode").or(DefaultValue::Str("constant")),
+            opt_c("constant_val").or(DefaultValue::Float(0.0)),
+        ],
         infer_pad,
         eval_pad,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "band_part",
-        &[req("x"), opt_c("lower"), opt_c("upper")],
+        &[
+            req("x"),
+            opt_c("lower").or(DefaultValue::Int(-1)),
+            opt_c("upper").or(DefaultValue::Int(-1)),
+        ],
         infer_band_part,
         eval_band_part,
     ),

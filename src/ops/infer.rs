@@ -1,6 +1,7 @@
 //! The context type inference reads: each input's type and, when known at compile time, its
 //! value; plus shared shape helpers (broadcasting, axis normalisation).
 
+use super::{default_of, DefaultValue, InputSpec};
 use crate::ir::{DType, Dim, Opset, Tensor, TensorType, Value, ValueType};
 use anyhow::{anyhow, bail, ensure, Result};
 use std::collections::BTreeMap;
@@ -27,6 +28,8 @@ pub struct InferCx<'a> {
     pub attributes: &'a BTreeMap<String, Value>,
     /// The op's nested blocks, in order (empty for ops without any).
     pub blocks: Vec<BlockSig>,
+    /// The op's parameters (where their defaults are).
+    pub spec: &'static [InputSpec],
 }
 
 impl<'a> InferCx<'a> {
@@ -108,6 +111,49 @@ impl<'a> InferCx<'a> {
                 .as_str()
                 .map(Some)
                 .ok_or_else(|| anyhow!("input `{name}` must be a string")),
+        }
+    }
+    fn default(&self, name: &str) -> Result<DefaultValue> {
+        default_of(self.spec, self.op_type, name)
+    }
+    /// A constant integer parameter, or its declared default.
+    pub fn int_or_default(&self, name: &str) -> Result<i64> {
+        match self.opt_int(name)? {
+            Some(v) => Ok(v),
+            None => match self.default(name)? {
+                DefaultValue::Int(v) => Ok(v),
+                d => bail!("`{name}`'s default {d:?} is not an integer"),
+            },
+        }
+    }
+    /// A constant bool parameter, or its declared default.
+    pub fn bool_or_default(&self, name: &str) -> Result<bool> {
+        match self.opt_bool(name)? {
+            Some(v) => Ok(v),
+            None => match self.default(name)? {
+                DefaultValue::Bool(v) => Ok(v),
+                d => bail!("`{name}`'s default {d:?} is not a bool"),
+            },
+        }
+    }
+    /// A constant string parameter, or its declared default.
+    pub fn str_or_default(&self, name: &str) -> Result<&'a str> {
+        match self.opt_str(name)? {
+            Some(v) => Ok(v),
+            None => match self.default(name)? {
+                DefaultValue::Str(v) => Ok(v),
+                d => bail!("`{name}`'s default {d:?} is not a string"),
+            },
+        }
+    }
+    /// A constant integer list parameter, or its declared default repeated `len` times.
+    pub fn ints_or_default(&self, name: &str, len: usize) -> Result<Vec<i64>> {
+        match self.opt_ints(name)? {
+            Some(v) => Ok(v),
+            None => match self.default(name)? {
+                DefaultValue::Ints(v) => Ok(vec![v; len]),
+                d => bail!("`{name}`'s default {d:?} is not an integer list"),
+            },
         }
     }
     /// Input dtype equal across several inputs (MIL's binary ops require it).

@@ -7,6 +7,7 @@
 
 use super::eval::{storage_dtype, EvalCx, ListVal, RValue};
 use super::infer::InferCx;
+use super::DefaultValue;
 use super::{opt, opt_c, req, var, InputSpec, OpDef};
 use crate::ir::{DType, Dim, TensorType, ValueType};
 use crate::kernels;
@@ -30,7 +31,7 @@ fn elem_tensor(e: &ValueType) -> Result<&TensorType> {
 }
 
 fn infer_make_list(cx: &InferCx) -> Result<Vec<ValueType>> {
-    let name = cx.opt_str("dtype")?.unwrap_or("fp32");
+    let name = cx.str_or_default("dtype")?;
     let dtype = DType::from_name(name).ok_or_else(|| anyhow!("unsupported dtype `{name}`"))?;
     ensure!(
         matches!(dtype, DType::F16 | DType::F32 | DType::I32 | DType::Bool),
@@ -72,11 +73,11 @@ fn infer_make_list(cx: &InferCx) -> Result<Vec<ValueType>> {
 }
 
 fn eval_make_list(cx: &EvalCx) -> Result<Vec<RValue>> {
-    let n = cx.opt_int("init_length")?.unwrap_or(1);
+    let n = cx.int_or_default("init_length")?;
     ensure!(n >= 0, "`init_length` is negative ({n})");
     Ok(vec![RValue::List(ListVal {
         elems: vec![None; n as usize],
-        dynamic: cx.opt_bool("dynamic_length")?.unwrap_or(true),
+        dynamic: cx.bool_or_default("dynamic_length")?,
     })])
 }
 
@@ -268,10 +269,10 @@ fn eval_list_scatter(cx: &EvalCx) -> Result<Vec<RValue>> {
 }
 
 const MAKE_IN: &[InputSpec] = &[
-    opt("init_length"),
-    opt_c("dynamic_length"),
+    opt("init_length").or(DefaultValue::Int(1)),
+    opt_c("dynamic_length").or(DefaultValue::Bool(true)),
     var("elem_shape"),
-    opt_c("dtype"),
+    opt_c("dtype").or(DefaultValue::Str("fp32")),
 ];
 const LS_IN: &[InputSpec] = &[req("ls")];
 const WRITE_IN: &[InputSpec] = &[req("ls"), req("index"), req("value")];

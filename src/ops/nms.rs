@@ -11,6 +11,7 @@
 
 use super::eval::{EvalCx, RValue};
 use super::infer::{float_only, tensor, InferCx};
+use super::DefaultValue;
 use super::{opt_c, req, req_c, ver as v, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, ValueType};
 use crate::kernels;
@@ -128,7 +129,7 @@ fn eval_nms(cx: &EvalCx) -> Result<Vec<RValue>> {
         }
     };
     let max = cx.int("max_boxes")? as usize;
-    let per_class = cx.opt_bool("per_class_suppression")?.unwrap_or(false);
+    let per_class = cx.bool_or_default("per_class_suppression")?;
     let bat = |b: usize, i: usize, c: usize| {
         if last {
             bv[(b * 4 + c) * nb + i]
@@ -244,14 +245,14 @@ const NMS15: &[InputSpec] = &[
     req_c("iou_threshold"),
     req_c("score_threshold"),
     req_c("max_boxes"),
-    opt_c("per_class_suppression"),
+    opt_c("per_class_suppression").or(DefaultValue::Bool(false)),
 ];
 const NMS17: &[InputSpec] = &[
     req("boxes"),
     req("scores"),
     req_c("iou_threshold"),
     req_c("max_boxes"),
-    opt_c("per_class_suppression"),
+    opt_c("per_class_suppression").or(DefaultValue::Bool(false)),
 ];
 
 pub static DEFS: &[OpDef] = &[

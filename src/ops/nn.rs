@@ -4,7 +4,9 @@
 use super::def;
 use super::eval::{one, out0, EvalCx, RValue};
 use super::infer::{axis, broadcast, float_only, tensor, InferCx};
-use super::{opt, opt_c, req, req_c, OpDef};
+use super::placement::Flops;
+use super::DefaultValue;
+use super::{opt, opt_c, req, req_c, Axis, OpDef, Weight, WeightLayout};
 use crate::ir::{Dim, ValueType};
 use crate::kernels::{self, fastmath};
 use anyhow::{anyhow, bail, ensure, Result};
@@ -57,7 +59,7 @@ fn infer_conv(cx: &InferCx) -> Result<Vec<ValueType>> {
         .fixed_shape()
         .ok_or_else(|| anyhow!("conv weight needs a fixed shape"))?;
     let nsp = x.rank() - 2;
-    let groups = cx.opt_int("groups")?.unwrap_or(1) as usize;
+    let groups = cx.int_or_default("groups")? as usize;
     ensure!(groups >= 1, "conv groups must be ≥ 1");
     if let Dim::Fixed(cin) = x.shape[1] {
         ensure!(
@@ -73,10 +75,10 @@ fn infer_conv(cx: &InferCx) -> Result<Vec<ValueType>> {
             ws[0]
         );
     }
-    let strides = cx.opt_ints("strides")?.unwrap_or(vec![1; nsp]);
-    let dil = cx.opt_ints("dilations")?.unwrap_or(vec![1; nsp]);
-    let pad_type = cx.opt_str("pad_type")?.unwrap_or("valid");
-    let pad = cx.opt_ints("pad")?.unwrap_or(vec![0; 2 * nsp]);
+    let strides = cx.ints_or_default("strides", nsp)?;
+    let dil = cx.ints_or_default("dilations", nsp)?;
+    let pad_type = cx.str_or_default("pad_type")?;
+    let pad = cx.ints_or_default("pad", 2 * nsp)?;
     ensure!(
         strides.len() == nsp && dil.len() == nsp,
         "conv strides/dilations need {nsp} values"
@@ -126,8 +128,8 @@ fn infer_linear(cx: &InferCx) -> Result<Vec<ValueType>> {
 fn infer_matmul(cx: &InferCx) -> Result<Vec<ValueType>> {
     let d = cx.same_dtype(&["x", "y"])?;
     let (x, y) = (cx.t("x")?, cx.t("y")?);
-    let tx = cx.opt_bool("transpose_x")?.unwrap_or(false);
-    let ty = cx.opt_bool("transpose_y")?.unwrap_or(false);
+    let tx = cx.bool_or_default("transpose_x")?;
+    let ty = cx.bool_or_default("transpose_y")?;
     let mut xs = x.shape.clone();
     let mut ys = y.shape.clone();
     let (x1, y1) = (xs.len() == 1, ys.len() == 1);
@@ -252,14 +254,14 @@ fn infer_batch_norm(cx: &InferCx) -> Result<Vec<ValueType>> {
 fn infer_softmax(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
     float_only(x, "x")?;
-    axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
+    axis(cx.int_or_default("axis")?, x.rank())?;
     Ok(vec![ValueType::Tensor(x.clone())])
 }
 
 fn infer_gelu(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
     float_only(x, "x")?;
-    let mode = cx.opt_str("mode")?.unwrap_or("EXACT");
+    let mode = cx.str_or_default("mode")?;
     ensure!(
         matches!(
             mode,
@@ -327,13 +329,10 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
         None => cx.t("weight")?.dims().to_vec(),
     };
     let nsp = x.rank().saturating_sub(2);
-    let strides = usizes(cx.opt_ints("strides")?.unwrap_or(vec![1; nsp]), "stride")?;
-    let dilations = usizes(
-        cx.opt_ints("dilations")?.unwrap_or(vec![1; nsp]),
-        "dilation",
-    )?;
-    let custom = cx.opt_ints("pad")?.unwrap_or(vec![0; 2 * nsp]);
-    let pad_type = cx.opt_str("pad_type")?.unwrap_or("valid");
+    let strides = usizes(cx.ints_or_default("strides", nsp)?, "stride")?;
+    let dilations = usizes(cx.ints_or_default("dilations", nsp)?, "dilation")?;
+    let custom = cx.ints_or_default("pad", 2 * nsp)?;
+    let pad_type = cx.str_or_default("pad_type")?;
     ensure!(
         strides.len() == nsp && dilations.len() == nsp,
         "conv needs {nsp} strides and dilations"
@@ -346,7 +345,7 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
         &dilations,
         &custom,
     )?;
-    let groups = cx.opt_int("groups")?.unwrap_or(1);
+    let groups = cx.int_or_default("groups")?;
     ensure!(groups >= 1, "conv groups must be ≥ 1");
     let p = kernels::ConvParams {
         strides,
@@ -399,7 +398,7 @@ fn infer_conv_quantized(cx: &InferCx) -> Result<Vec<ValueType>> {
         "conv_quantized quantization_type `{qt}`: only `linear` is defined (coremltools 9's \
          `lut` has no table input)"
     );
-    let nbits = cx.opt_int("nbits")?.unwrap_or(8);
+    let nbits = cx.int_or_default("nbits")?;
     ensure!(
         (1..=8).contains(&nbits),
         "conv_quantized nbits {nbits} must be 1..8"
@@ -430,7 +429,7 @@ fn eval_conv_quantized(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let wq = cx.t("weight")?;
     let dims = wq.dims().to_vec();
-    let nbits = cx.opt_int("nbits")?.unwrap_or(8);
+    let nbits = cx.int_or_default("nbits")?;
     let q = kernels::to_vec::<f32>(wq)?;
     let limit = (1u32 << nbits) as f32;
     ensure!(
@@ -449,14 +448,11 @@ fn eval_conv_quantized(cx: &EvalCx) -> Result<Vec<RValue>> {
         .collect();
     let w = kernels::from_vec(w, &dims)?;
     let nsp = x.rank().saturating_sub(2);
-    let strides = usizes(cx.opt_ints("strides")?.unwrap_or(vec![1; nsp]), "stride")?;
-    let dilations = usizes(
-        cx.opt_ints("dilations")?.unwrap_or(vec![1; nsp]),
-        "dilation",
-    )?;
-    let custom = cx.opt_ints("pad")?.unwrap_or(vec![0; 2 * nsp]);
+    let strides = usizes(cx.ints_or_default("strides", nsp)?, "stride")?;
+    let dilations = usizes(cx.ints_or_default("dilations", nsp)?, "dilation")?;
+    let custom = cx.ints_or_default("pad", 2 * nsp)?;
     let pads = conv_pads(
-        cx.opt_str("pad_type")?.unwrap_or("valid"),
+        cx.str_or_default("pad_type")?,
         &x.dims()[2..],
         &dims[2..],
         &strides,
@@ -467,7 +463,7 @@ fn eval_conv_quantized(cx: &EvalCx) -> Result<Vec<RValue>> {
         strides,
         dilations,
         pads,
-        groups: cx.opt_int("groups")?.unwrap_or(1).max(1) as usize,
+        groups: cx.int_or_default("groups")?.max(1) as usize,
     };
     let bias = cx.opt_f32("bias")?;
     out0(
@@ -489,8 +485,8 @@ fn eval_linear(cx: &EvalCx) -> Result<Vec<RValue>> {
 }
 
 fn eval_matmul(cx: &EvalCx) -> Result<Vec<RValue>> {
-    let tx = cx.opt_bool("transpose_x")?.unwrap_or(false);
-    let ty = cx.opt_bool("transpose_y")?.unwrap_or(false);
+    let tx = cx.bool_or_default("transpose_x")?;
+    let ty = cx.bool_or_default("transpose_y")?;
     out0(cx, kernels::matmul(&cx.f32("x")?, &cx.f32("y")?, tx, ty)?)
 }
 
@@ -526,7 +522,7 @@ fn eval_layer_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
         .opt_f32("beta")?
         .map(|t| kernels::to_vec::<f32>(&t))
         .transpose()?;
-    let eps = cx.opt_f64("epsilon")?.unwrap_or(1e-5) as f32;
+    let eps = cx.f64_or_default("epsilon")? as f32;
     one(kernels::layer_norm(
         x,
         &axes,
@@ -551,7 +547,7 @@ fn eval_batch_norm(cx: &EvalCx) -> Result<Vec<RValue>> {
         get("gamma", 1.0)?,
         get("beta", 0.0)?,
     );
-    let eps = cx.opt_f64("epsilon")?.unwrap_or(1e-5) as f32;
+    let eps = cx.f64_or_default("epsilon")? as f32;
     ensure!(
         [&mean, &var, &g, &b].iter().all(|v| v.len() == c),
         "batch_norm parameters must have {c} values"
@@ -565,13 +561,13 @@ fn eval_softmax(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     one(kernels::softmax(
         x,
-        axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?,
+        axis(cx.int_or_default("axis")?, x.rank())?,
     )?)
 }
 
 fn eval_gelu(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let y = match cx.opt_str("mode")?.unwrap_or("EXACT") {
+    let y = match cx.str_or_default("mode")? {
         "EXACT" => kernels::map_f32(x, fastmath::gelu)?,
         "TANH_APPROXIMATION" => kernels::map_f32(x, fastmath::gelu_tanh)?,
         "SIGMOID_APPROXIMATION" => kernels::map_f32(x, |v| v * fastmath::sigmoid(1.702 * v))?,
@@ -580,6 +576,73 @@ fn eval_gelu(cx: &EvalCx) -> Result<Vec<RValue>> {
     one(y)
 }
 
+// ---- cost: floating-point operations of one run (see `placement::Flops`)
+
+/// 2 · outputs · (C_in / groups) · kernel area: the weight is `[C_out, C_in / groups, k…]`.
+fn conv_flops(cx: &InferCx, out: u64) -> Option<u64> {
+    let w = cx.t("weight").ok()?.fixed_shape()?;
+    Some(2 * out * w.iter().skip(1).product::<usize>() as u64)
+}
+
+/// 2 · outputs · C_in: the weight is `[C_out, C_in]`.
+fn linear_flops(cx: &InferCx, out: u64) -> Option<u64> {
+    let w = cx.t("weight").ok()?.fixed_shape()?;
+    Some(2 * out * *w.get(1)? as u64)
+}
+
+/// 2 · outputs · K, K the contracted axis of `x` (its last, or next to last when transposed).
+fn matmul_flops(cx: &InferCx, out: u64) -> Option<u64> {
+    let s = cx.t("x").ok()?.fixed_shape()?;
+    let tx = cx.bool_or_default("transpose_x").ok()?;
+    let k = match s.len() {
+        1 => s[0],
+        n if tx => *s.get(n.checked_sub(2)?)?,
+        _ => *s.last()?,
+    };
+    Some(2 * out * k as u64)
+}
+
+/// 2 · the product of the sizes of every distinct subscript (one multiply-add per point of
+/// the iteration space).
+fn einsum_flops(cx: &InferCx, _out: u64) -> Option<u64> {
+    let eq = cx.opt_str("equation").ok()??;
+    let lhs = eq.split("->").next().unwrap_or("");
+    let mut sizes: std::collections::BTreeMap<char, usize> = Default::default();
+    for (term, arg) in lhs.split(',').zip(cx.all("values")) {
+        let shape = arg.ty.as_tensor()?.fixed_shape()?;
+        for (c, d) in term.chars().zip(shape) {
+            let e = sizes.entry(c).or_insert(d);
+            *e = (*e).max(d);
+        }
+    }
+    Some(2 * sizes.values().map(|&d| d as u64).product::<u64>())
+}
+
+/// conv's weight `[C_out, C_in / groups, k…]`, read packed, on `x` `[N, C_in, …]`.
+const CONV_WEIGHT: Weight = Weight {
+    input: "weight",
+    layout: WeightLayout::OutIn,
+    x_channel_axis: Axis::At(1),
+    out_channel_axis: Axis::At(1),
+    packed: true,
+};
+/// linear's weight `[C_out, C_in]`, read packed, on `x` `[…, C_in]`.
+const LINEAR_WEIGHT: Weight = Weight {
+    input: "weight",
+    layout: WeightLayout::OutIn,
+    x_channel_axis: Axis::Last,
+    out_channel_axis: Axis::Last,
+    packed: true,
+};
+/// matmul's `y`, `[…, K, N]` (compression does not take it: its layout is no weight's).
+const MATMUL_WEIGHT: Weight = Weight {
+    input: "y",
+    layout: WeightLayout::Operand,
+    x_channel_axis: Axis::Last,
+    out_channel_axis: Axis::Last,
+    packed: false,
+};
+
 pub static DEFS: &[OpDef] = &[
     def(
         "conv",
@@ -587,15 +650,19 @@ pub static DEFS: &[OpDef] = &[
             req("x"),
             req("weight"),
             opt("bias"),
-            opt_c("strides"),
-            opt_c("pad_type"),
-            opt_c("pad"),
-            opt_c("dilations"),
-            opt_c("groups"),
+            opt_c("strides").or(DefaultValue::Ints(1)),
+            opt_c("pad_type").or(DefaultValue::Str("valid")),
+            opt_c("pad").or(DefaultValue::Ints(0)),
+            opt_c("dilations").or(DefaultValue::Ints(1)),
+            opt_c("groups").or(DefaultValue::Int(1)),
         ],
         infer_conv,
         eval_conv,
-    ),
+    )
+    .with_weight(CONV_WEIGHT)
+    .with_f32_inputs(&["weight", "bias"])
+    .fresh()
+    .with_flops(Flops::Formula(conv_flops)),
     def(
         "conv_quantized",
         &[
@@ -603,14 +670,14 @@ pub static DEFS: &[OpDef] = &[
             req("weight"),
             opt_c("bias"),
             req_c("quantization_type"),
-            opt_c("nbits"),
+            opt_c("nbits").or(DefaultValue::Int(8)),
             req_c("quant_scale"),
             req_c("quant_bias"),
-            opt_c("strides"),
-            opt_c("pad_type"),
-            opt_c("pad"),
-            opt_c("dilations"),
-            opt_c("groups"),
+            opt_c("strides").or(DefaultValue::Ints(1)),
+            opt_c("pad_type").or(DefaultValue::Str("valid")),
+            opt_c("pad").or(DefaultValue::Ints(0)),
+            opt_c("dilations").or(DefaultValue::Ints(1)),
+            opt_c("groups").or(DefaultValue::Int(1)),
         ],
         infer_conv_quantized,
         eval_conv_quantized,
@@ -620,24 +687,33 @@ pub static DEFS: &[OpDef] = &[
         &[req("x"), req("weight"), opt("bias")],
         infer_linear,
         eval_linear,
-    ),
+    )
+    .with_weight(LINEAR_WEIGHT)
+    .with_f32_inputs(&["weight", "bias"])
+    .fresh()
+    .with_flops(Flops::Formula(linear_flops)),
     def(
         "matmul",
         &[
             req("x"),
             req("y"),
-            opt_c("transpose_x"),
-            opt_c("transpose_y"),
+            opt_c("transpose_x").or(DefaultValue::Bool(false)),
+            opt_c("transpose_y").or(DefaultValue::Bool(false)),
         ],
         infer_matmul,
         eval_matmul,
-    ),
+    )
+    .with_weight(MATMUL_WEIGHT)
+    .with_f32_inputs(&["x", "y"])
+    .fresh()
+    .with_flops(Flops::Formula(matmul_flops)),
     def(
         "einsum",
         &[super::var("values"), req_c("equation")],
         infer_einsum,
         eval_einsum,
-    ),
+    )
+    .with_flops(Flops::Formula(einsum_flops)),
     def(
         "layer_norm",
         &[
@@ -645,11 +721,12 @@ pub static DEFS: &[OpDef] = &[
             opt_c("axes"),
             opt("gamma"),
             opt("beta"),
-            opt_c("epsilon"),
+            opt_c("epsilon").or(DefaultValue::Float(1e-5)),
         ],
         infer_layer_norm,
         eval_layer_norm,
-    ),
+    )
+    .with_flops(Flops::PerOutput(8)),
     def(
         "batch_norm",
         &[
@@ -658,16 +735,24 @@ pub static DEFS: &[OpDef] = &[
             req("variance"),
             opt("gamma"),
             opt("beta"),
-            opt_c("epsilon"),
+            opt_c("epsilon").or(DefaultValue::Float(1e-5)),
         ],
         infer_batch_norm,
         eval_batch_norm,
-    ),
+    )
+    .with_flops(Flops::PerOutput(8)),
     def(
         "softmax",
-        &[req("x"), opt_c("axis")],
+        &[req("x"), opt_c("axis").or(DefaultValue::Int(-1))],
         infer_softmax,
         eval_softmax,
-    ),
-    def("gelu", &[req("x"), opt_c("mode")], infer_gelu, eval_gelu),
+    )
+    .with_flops(Flops::PerOutput(5)),
+    def(
+        "gelu",
+        &[req("x"), opt_c("mode").or(DefaultValue::Str("EXACT"))],
+        infer_gelu,
+        eval_gelu,
+    )
+    .with_flops(Flops::PerOutput(8)),
 ];

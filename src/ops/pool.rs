@@ -6,6 +6,7 @@
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{float_only, tensor, InferCx};
 use super::nn::conv_pads;
+use super::DefaultValue;
 use super::{opt_c, req, req_c, ver as v, InputSpec, OpDef};
 use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels::{self, data::strides};
@@ -93,7 +94,7 @@ fn infer_pool(cx: &InferCx) -> Result<Vec<ValueType>> {
         cx.opt_ints("strides")?,
         pt,
         cx.opt_ints("pad")?,
-        cx.opt_bool("ceil_mode")?.unwrap_or(false),
+        cx.bool_or_default("ceil_mode")?,
     )?;
     let mut s = x.shape[..2].to_vec();
     s.extend(w.out.iter().map(|&d| Dim::Fixed(d)));
@@ -114,8 +115,9 @@ fn eval_pool(cx: &EvalCx) -> Result<Vec<RValue>> {
         cx.opt_ints("strides")?,
         pt,
         cx.opt_ints("pad")?,
-        cx.opt_bool("ceil_mode")?.unwrap_or(false),
+        cx.bool_or_default("ceil_mode")?,
     )?;
+    // max_pool and l2_pool have no such parameter: absent means false for them too.
     let exclude = cx
         .opt_bool("exclude_padding_from_average")?
         .unwrap_or(false);
@@ -251,9 +253,9 @@ fn eval_lrn(cx: &EvalCx) -> Result<Vec<RValue>> {
     let size = cx.int("size")?;
     ensure!(size > 0, "local_response_norm: size {size}");
     let size = size as usize;
-    let alpha = cx.opt_f64("alpha")?.unwrap_or(1e-4);
-    let beta = cx.opt_f64("beta")?.unwrap_or(0.75);
-    let k = cx.opt_f64("k")?.unwrap_or(1.0);
+    let alpha = cx.f64_or_default("alpha")?;
+    let beta = cx.f64_or_default("beta")?;
+    let k = cx.f64_or_default("k")?;
     let (n, c, inner) = (d[0], d[1], d[2..].iter().product::<usize>());
     let v = kernels::to_vec::<f64>(x)?;
     let mut out = vec![0f64; v.len()];
@@ -289,7 +291,7 @@ const POOL: &[InputSpec] = &[
     opt_c("strides"),
     req_c("pad_type"),
     opt_c("pad"),
-    opt_c("ceil_mode"),
+    opt_c("ceil_mode").or(DefaultValue::Bool(false)),
 ];
 const AVG: &[InputSpec] = &[
     req("x"),
@@ -297,17 +299,17 @@ const AVG: &[InputSpec] = &[
     opt_c("strides"),
     req_c("pad_type"),
     opt_c("pad"),
-    opt_c("ceil_mode"),
-    opt_c("exclude_padding_from_average"),
+    opt_c("ceil_mode").or(DefaultValue::Bool(false)),
+    opt_c("exclude_padding_from_average").or(DefaultValue::Bool(false)),
 ];
 const INST: &[InputSpec] = &[req("x"), opt_c("gamma"), opt_c("beta"), opt_c("epsilon")];
 const L2N: &[InputSpec] = &[req("x"), opt_c("epsilon")];
 const LRN: &[InputSpec] = &[
     req("x"),
     req_c("size"),
-    opt_c("alpha"),
-    opt_c("beta"),
-    opt_c("k"),
+    opt_c("alpha").or(DefaultValue::Float(1e-4)),
+    opt_c("beta").or(DefaultValue::Float(0.75)),
+    opt_c("k").or(DefaultValue::Float(1.0)),
 ];
 
 pub static DEFS: &[OpDef] = &[

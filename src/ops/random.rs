@@ -12,6 +12,7 @@
 
 use super::eval::{EvalCx, ExecEnv, RValue};
 use super::infer::{tensor, InferCx};
+use super::DefaultValue;
 use super::{opt_c, req, InputSpec, OpDef};
 use crate::ir::{DType, Dim, ValueType};
 use crate::kernels;
@@ -171,12 +172,12 @@ fn infer_categorical(cx: &InferCx) -> Result<Vec<ValueType>> {
         "`x` must be fp16 or fp32, is {x}"
     );
     ensure!(x.rank() >= 1, "`x` must have a category axis, is {x}");
-    let mode = cx.opt_str("mode")?.unwrap_or("logits");
+    let mode = cx.str_or_default("mode")?;
     ensure!(
         mode == "logits" || mode == "probs",
         "`mode` must be `logits` or `probs`, is `{mode}`"
     );
-    let size = cx.opt_int("size")?.unwrap_or(1);
+    let size = cx.int_or_default("size")?;
     ensure!(size > 0, "`size` must be positive, is {size}");
     let mut shape = x.shape[..x.rank() - 1].to_vec();
     shape.push(Dim::Fixed(size as usize));
@@ -188,8 +189,8 @@ fn eval_categorical(cx: &EvalCx) -> Result<Vec<RValue>> {
     let dims = x.dims().to_vec();
     let k = *dims.last().ok_or_else(|| anyhow!("`x` is a scalar"))?;
     ensure!(k > 0, "`x` has no categories");
-    let size = cx.opt_int("size")?.unwrap_or(1) as usize;
-    let logits = cx.opt_str("mode")?.unwrap_or("logits") == "logits";
+    let size = cx.int_or_default("size")? as usize;
+    let logits = cx.str_or_default("mode")? == "logits";
     let v = kernels::to_vec::<f64>(x)?;
     let mut r = rng(cx)?;
     let mut out = Vec::with_capacity(v.len() / k * size);
@@ -233,7 +234,12 @@ fn eval_categorical(cx: &EvalCx) -> Result<Vec<RValue>> {
 const BERNOULLI_IN: &[InputSpec] = &[req("shape"), opt_c("prob"), opt_c("seed")];
 const NORMAL_IN: &[InputSpec] = &[req("shape"), opt_c("mean"), opt_c("stddev"), opt_c("seed")];
 const UNIFORM_IN: &[InputSpec] = &[req("shape"), opt_c("low"), opt_c("high"), opt_c("seed")];
-const CATEGORICAL_IN: &[InputSpec] = &[req("x"), opt_c("mode"), opt_c("size"), opt_c("seed")];
+const CATEGORICAL_IN: &[InputSpec] = &[
+    req("x"),
+    opt_c("mode").or(DefaultValue::Str("logits")),
+    opt_c("size").or(DefaultValue::Int(1)),
+    opt_c("seed"),
+];
 
 pub const DEFS: &[OpDef] = &[
     super::def(

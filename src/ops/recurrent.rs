@@ -13,6 +13,7 @@
 
 use super::eval::{EvalCx, RValue};
 use super::infer::{tensor, InferCx};
+use super::DefaultValue;
 use super::{opt, opt_c, req, ver as v, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, ValueType};
 use crate::kernels;
@@ -79,7 +80,7 @@ fn infer_recurrent(cx: &InferCx) -> Result<Vec<ValueType>> {
             wi[1]
         );
     }
-    let dir = cx.opt_str("direction")?.unwrap_or("forward");
+    let dir = cx.str_or_default("direction")?;
     let dirs = match (dir, op) {
         ("forward" | "reverse", _) => 1,
         ("bidirectional", "lstm") => {
@@ -114,7 +115,7 @@ fn infer_recurrent(cx: &InferCx) -> Result<Vec<ValueType>> {
             activation(op, a)?;
         }
     }
-    let seq = cx.opt_bool("output_sequence")?.unwrap_or(false);
+    let seq = cx.bool_or_default("output_sequence")?;
     let (s, b) = (x.shape[0].clone(), x.shape[1].clone());
     let hs = Dim::Fixed(dirs * h);
     for p in ["initial_h", "initial_c"] {
@@ -264,8 +265,8 @@ fn eval_recurrent(cx: &EvalCx) -> Result<Vec<RValue>> {
         clip: cx.opt_f64("clip")?,
         reset_after: cx.opt_bool("reset_after")?.unwrap_or(false),
     };
-    let dir = cx.opt_str("direction")?.unwrap_or("forward");
-    let seq = cx.opt_bool("output_sequence")?.unwrap_or(false);
+    let dir = cx.str_or_default("direction")?;
+    let seq = cx.bool_or_default("output_sequence")?;
     let dirs: Vec<(Dir, bool)> = match dir {
         "forward" => vec![(dir_of("")?, false)],
         "reverse" => vec![(dir_of("")?, true)],
@@ -323,8 +324,8 @@ const RNN: &[InputSpec] = &[
     req("weight_ih"),
     req("weight_hh"),
     opt("bias"),
-    opt_c("direction"),
-    opt_c("output_sequence"),
+    opt_c("direction").or(DefaultValue::Str("forward")),
+    opt_c("output_sequence").or(DefaultValue::Bool(false)),
     opt_c("activation"),
 ];
 const GRU: &[InputSpec] = &[
@@ -333,8 +334,8 @@ const GRU: &[InputSpec] = &[
     req("weight_ih"),
     req("weight_hh"),
     opt("bias"),
-    opt_c("direction"),
-    opt_c("output_sequence"),
+    opt_c("direction").or(DefaultValue::Str("forward")),
+    opt_c("output_sequence").or(DefaultValue::Bool(false)),
     opt_c("recurrent_activation"),
     opt_c("activation"),
 ];
@@ -344,8 +345,8 @@ const GRU18: &[InputSpec] = &[
     req("weight_ih"),
     req("weight_hh"),
     opt("bias"),
-    opt_c("direction"),
-    opt_c("output_sequence"),
+    opt_c("direction").or(DefaultValue::Str("forward")),
+    opt_c("output_sequence").or(DefaultValue::Bool(false)),
     opt_c("recurrent_activation"),
     opt_c("activation"),
     opt_c("reset_after"),
@@ -363,8 +364,8 @@ const LSTM: &[InputSpec] = &[
     opt("weight_hh_back"),
     opt("bias_back"),
     opt("peephole_back"),
-    opt_c("direction"),
-    opt_c("output_sequence"),
+    opt_c("direction").or(DefaultValue::Str("forward")),
+    opt_c("output_sequence").or(DefaultValue::Bool(false)),
     opt_c("recurrent_activation"),
     opt_c("cell_activation"),
     opt_c("activation"),

@@ -5,6 +5,8 @@
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
 use super::nn::{norm_axes, sorted_axes};
+use super::placement::Flops;
+use super::DefaultValue;
 use super::{def, ver};
 use super::{opt_c, req, InputSpec, OpDef};
 use crate::ir::{Dim, Opset::Ios15 as I15, Opset::Ios17 as I17, ValueType};
@@ -13,7 +15,7 @@ use anyhow::Result;
 
 fn infer_reduce(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
+    let keep = cx.bool_or_default("keep_dims")?;
     let axes = norm_axes(cx, "axes", x.rank())?.unwrap_or((0..x.rank()).collect());
     let mut s = Vec::new();
     for (i, d) in x.shape.iter().enumerate() {
@@ -30,8 +32,8 @@ fn infer_reduce(cx: &InferCx) -> Result<Vec<ValueType>> {
 
 fn infer_argmax(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
+    let keep = cx.bool_or_default("keep_dims")?;
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
     let mut s = x.shape.clone();
     if keep {
         s[a] = Dim::Fixed(1);
@@ -50,18 +52,26 @@ fn arg_dtype(name: Option<&str>) -> Result<crate::ir::DType> {
     }
 }
 
-const REDUCE: &[InputSpec] = &[req("x"), opt_c("axes"), opt_c("keep_dims")];
-const ARGRED: &[InputSpec] = &[req("x"), opt_c("axis"), opt_c("keep_dims")];
+const REDUCE: &[InputSpec] = &[
+    req("x"),
+    opt_c("axes"),
+    opt_c("keep_dims").or(DefaultValue::Bool(false)),
+];
+const ARGRED: &[InputSpec] = &[
+    req("x"),
+    opt_c("axis").or(DefaultValue::Int(-1)),
+    opt_c("keep_dims").or(DefaultValue::Bool(false)),
+];
 const ARGRED17: &[InputSpec] = &[
     req("x"),
-    opt_c("axis"),
-    opt_c("keep_dims"),
+    opt_c("axis").or(DefaultValue::Int(-1)),
+    opt_c("keep_dims").or(DefaultValue::Bool(false)),
     opt_c("output_dtype"),
 ];
 
 fn reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
+    let keep = cx.bool_or_default("keep_dims")?;
     let axes = sorted_axes(cx, "axes", x.rank())?;
     one(kernels::reduce(x, &axes, keep, how)?)
 }
@@ -97,8 +107,8 @@ fn eval_reduce_log_sum(cx: &EvalCx) -> Result<Vec<RValue>> {
 }
 fn arg_reduce(cx: &EvalCx, how: Reduce) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let keep = cx.opt_bool("keep_dims")?.unwrap_or(false);
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
+    let keep = cx.bool_or_default("keep_dims")?;
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
     let y = kernels::reduce(x, &[a], keep, how)?;
     let to = cx.out_dtype(0)?;
     one(if y.dtype() == to {
@@ -115,26 +125,28 @@ fn eval_reduce_argmin(cx: &EvalCx) -> Result<Vec<RValue>> {
 }
 
 pub static DEFS: &[OpDef] = &[
-    def("reduce_mean", REDUCE, infer_reduce, eval_reduce_mean),
-    def("reduce_sum", REDUCE, infer_reduce, eval_reduce_sum),
-    def("reduce_max", REDUCE, infer_reduce, eval_reduce_max),
-    def("reduce_min", REDUCE, infer_reduce, eval_reduce_min),
-    def("reduce_prod", REDUCE, infer_reduce, eval_reduce_prod),
-    def("reduce_l2_norm", REDUCE, infer_reduce, eval_reduce_l2_norm),
+    def("reduce_mean", REDUCE, infer_reduce, eval_reduce_mean).with_flops(Flops::PerInput),
+    def("reduce_sum", REDUCE, infer_reduce, eval_reduce_sum).with_flops(Flops::PerInput),
+    def("reduce_max", REDUCE, infer_reduce, eval_reduce_max).with_flops(Flops::PerInput),
+    def("reduce_min", REDUCE, infer_reduce, eval_reduce_min).with_flops(Flops::PerInput),
+    def("reduce_prod", REDUCE, infer_reduce, eval_reduce_prod).with_flops(Flops::PerInput),
+    def("reduce_l2_norm", REDUCE, infer_reduce, eval_reduce_l2_norm).with_flops(Flops::PerInput),
     def(
         "reduce_log_sum_exp",
         REDUCE,
         infer_reduce,
         eval_reduce_log_sum_exp,
-    ),
-    def("reduce_l1_norm", REDUCE, infer_reduce, eval_reduce_l1_norm),
+    )
+    .with_flops(Flops::PerInput),
+    def("reduce_l1_norm", REDUCE, infer_reduce, eval_reduce_l1_norm).with_flops(Flops::PerInput),
     def(
         "reduce_sum_square",
         REDUCE,
         infer_reduce,
         eval_reduce_sum_square,
-    ),
-    def("reduce_log_sum", REDUCE, infer_reduce, eval_reduce_log_sum),
+    )
+    .with_flops(Flops::PerInput),
+    def("reduce_log_sum", REDUCE, infer_reduce, eval_reduce_log_sum).with_flops(Flops::PerInput),
     ver(
         "reduce_argmax",
         I15,
@@ -142,7 +154,8 @@ pub static DEFS: &[OpDef] = &[
         ARGRED,
         infer_argmax,
         eval_reduce_argmax,
-    ),
+    )
+    .with_flops(Flops::PerInput),
     ver(
         "reduce_argmax",
         I17,
@@ -150,7 +163,8 @@ pub static DEFS: &[OpDef] = &[
         ARGRED17,
         infer_argmax,
         eval_reduce_argmax,
-    ),
+    )
+    .with_flops(Flops::PerInput),
     ver(
         "reduce_argmin",
         I15,
@@ -158,7 +172,8 @@ pub static DEFS: &[OpDef] = &[
         ARGRED,
         infer_argmax,
         eval_reduce_argmin,
-    ),
+    )
+    .with_flops(Flops::PerInput),
     ver(
         "reduce_argmin",
         I17,
@@ -166,5 +181,6 @@ pub static DEFS: &[OpDef] = &[
         ARGRED17,
         infer_argmax,
         eval_reduce_argmin,
-    ),
+    )
+    .with_flops(Flops::PerInput),
 ];

@@ -20,6 +20,7 @@
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{float_only, tensor, InferCx};
+use super::DefaultValue;
 use super::{opt_c, req, req_c, ver as v, InputSpec, OpDef};
 use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels;
@@ -309,12 +310,11 @@ fn infer_crop_resize(cx: &InferCx) -> Result<Vec<ValueType>> {
     ensure!(x.rank() == 4, "`crop_resize`: x {x} must be rank 4");
     let (n, k) = crop_boxes_shape(cx)?;
     crop_modes(
-        cx.opt_str("box_coordinate_mode")?
-            .unwrap_or("CORNERS_HEIGHT_FIRST"),
-        cx.opt_str("sampling_mode")?.unwrap_or("DEFAULT"),
+        cx.str_or_default("box_coordinate_mode")?,
+        cx.str_or_default("sampling_mode")?,
     )?;
-    let th = cx.opt_int("target_height")?.unwrap_or(1);
-    let tw = cx.opt_int("target_width")?.unwrap_or(1);
+    let th = cx.int_or_default("target_height")?;
+    let tw = cx.int_or_default("target_width")?;
     ensure!(th > 0 && tw > 0, "`crop_resize`: target size {th} x {tw}");
     let (th, tw) = (Dim::Fixed(th as usize), Dim::Fixed(tw as usize));
     let c = x.shape[1].clone();
@@ -337,15 +337,13 @@ fn eval_crop_resize(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let xd = x.dims().to_vec();
     let (bsz, ch, h, w) = (xd[0], xd[1], xd[2], xd[3]);
-    let bm = cx
-        .opt_str("box_coordinate_mode")?
-        .unwrap_or("CORNERS_HEIGHT_FIRST");
-    let sm = cx.opt_str("sampling_mode")?.unwrap_or("DEFAULT");
+    let bm = cx.str_or_default("box_coordinate_mode")?;
+    let sm = cx.str_or_default("sampling_mode")?;
     crop_modes(bm, sm)?;
-    let th = cx.opt_int("target_height")?.unwrap_or(1) as usize;
-    let tw = cx.opt_int("target_width")?.unwrap_or(1) as usize;
-    let norm = cx.opt_bool("normalized_coordinates")?.unwrap_or(false);
-    let scale = cx.opt_f64("spatial_scale")?.unwrap_or(1.0);
+    let th = cx.int_or_default("target_height")? as usize;
+    let tw = cx.int_or_default("target_width")? as usize;
+    let norm = cx.bool_or_default("normalized_coordinates")?;
+    let scale = cx.f64_or_default("spatial_scale")?;
     let pad = cx.opt_f64("pad_value")?.unwrap_or(0.0);
     let ios17 = cx.opset >= Opset::Ios17;
     // (image indices, [h0, w0, h1, w1]) per box.
@@ -451,34 +449,34 @@ fn eval_crop_resize(cx: &EvalCx) -> Result<Vec<RValue>> {
 const CROP15: &[InputSpec] = &[
     req("x"),
     req("roi"),
-    opt_c("target_height"),
-    opt_c("target_width"),
-    opt_c("normalized_coordinates"),
-    opt_c("spatial_scale"),
-    opt_c("box_coordinate_mode"),
-    opt_c("sampling_mode"),
+    opt_c("target_height").or(DefaultValue::Int(1)),
+    opt_c("target_width").or(DefaultValue::Int(1)),
+    opt_c("normalized_coordinates").or(DefaultValue::Bool(false)),
+    opt_c("spatial_scale").or(DefaultValue::Float(1.0)),
+    opt_c("box_coordinate_mode").or(DefaultValue::Str("CORNERS_HEIGHT_FIRST")),
+    opt_c("sampling_mode").or(DefaultValue::Str("DEFAULT")),
 ];
 const CROP16: &[InputSpec] = &[
     req("x"),
     req("roi"),
-    opt_c("target_height"),
-    opt_c("target_width"),
-    opt_c("normalized_coordinates"),
-    opt_c("spatial_scale"),
-    opt_c("box_coordinate_mode"),
-    opt_c("sampling_mode"),
+    opt_c("target_height").or(DefaultValue::Int(1)),
+    opt_c("target_width").or(DefaultValue::Int(1)),
+    opt_c("normalized_coordinates").or(DefaultValue::Bool(false)),
+    opt_c("spatial_scale").or(DefaultValue::Float(1.0)),
+    opt_c("box_coordinate_mode").or(DefaultValue::Str("CORNERS_HEIGHT_FIRST")),
+    opt_c("sampling_mode").or(DefaultValue::Str("DEFAULT")),
     opt_c("pad_value"),
 ];
 const CROP17: &[InputSpec] = &[
     req("x"),
     req("boxes"),
     super::opt("box_indices"),
-    opt_c("target_height"),
-    opt_c("target_width"),
-    opt_c("normalized_coordinates"),
-    opt_c("spatial_scale"),
-    opt_c("box_coordinate_mode"),
-    opt_c("sampling_mode"),
+    opt_c("target_height").or(DefaultValue::Int(1)),
+    opt_c("target_width").or(DefaultValue::Int(1)),
+    opt_c("normalized_coordinates").or(DefaultValue::Bool(false)),
+    opt_c("spatial_scale").or(DefaultValue::Float(1.0)),
+    opt_c("box_coordinate_mode").or(DefaultValue::Str("CORNERS_HEIGHT_FIRST")),
+    opt_c("sampling_mode").or(DefaultValue::Str("DEFAULT")),
     opt_c("pad_value"),
 ];
 

@@ -13,6 +13,7 @@
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{float_only, tensor, InferCx};
+use super::DefaultValue;
 use super::{opt_c, req, req_c, ver as v, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, ValueType};
 use crate::kernels;
@@ -321,7 +322,7 @@ fn infer_resize(cx: &InferCx) -> Result<Vec<ValueType>> {
     };
     let nd = cx.int("resized_dims")?;
     ensure!(nd >= 0, "`resize`: resized_dims {nd}");
-    let im = cx.opt_str("interpolation_mode")?.unwrap_or("LINEAR");
+    let im = cx.str_or_default("interpolation_mode")?;
     ensure!(
         matches!(im, "LINEAR" | "NEAREST_NEIGHBOR"),
         "`resize`: unknown interpolation_mode `{im}` (LINEAR or NEAREST_NEIGHBOR)"
@@ -348,7 +349,7 @@ fn eval_resize(cx: &EvalCx) -> Result<Vec<RValue>> {
     let xs: Vec<Dim> = x.dims().iter().map(|&d| Dim::Fixed(d)).collect();
     let out = resize_targets(&xs, Some(shape.clone()), shape.len(), nd)?;
     let m = sampling("resize", cx.opt_str("sampling_mode")?)?;
-    let interp = match cx.opt_str("interpolation_mode")?.unwrap_or("LINEAR") {
+    let interp = match cx.str_or_default("interpolation_mode")? {
         "NEAREST_NEIGHBOR" => Interp::Nearest(&m),
         _ => Interp::Linear(&m),
     };
@@ -438,7 +439,7 @@ const RESIZE: &[InputSpec] = &[
     req("x"),
     req("shape"),
     req_c("resized_dims"),
-    opt_c("interpolation_mode"),
+    opt_c("interpolation_mode").or(DefaultValue::Str("LINEAR")),
     opt_c("sampling_mode"),
 ];
 const CROP: &[InputSpec] = &[req("x"), req_c("crop_height"), req_c("crop_width")];

@@ -5,6 +5,7 @@
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
+use super::DefaultValue;
 use super::{opt_c, req, ver as v, InputSpec, OpDef};
 use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels::{self, data::strides};
@@ -112,7 +113,7 @@ fn scatter_with(
     let mut v = kernels::to_vec::<f64>(data)?;
     let upd = kernels::to_vec::<f64>(cx.t("updates")?)?;
     let idx = cx.ints("indices")?;
-    let f = combine(cx.opt_str("mode")?.unwrap_or("add"))?;
+    let f = combine(cx.str_or_default("mode")?)?;
     let int = !kernels::data::is_float(data.dtype());
     for (u, &x) in upd.iter().enumerate() {
         let o = target(u, &idx)?;
@@ -128,7 +129,7 @@ fn scatter_with(
 
 fn eval_scatter(cx: &EvalCx) -> Result<Vec<RValue>> {
     let ds = cx.t("data")?.dims().to_vec();
-    let a = axis(cx.opt_int("axis")?.unwrap_or(0), ds.len())?;
+    let a = axis(cx.int_or_default("axis")?, ds.len())?;
     let us = cx.t("updates")?.dims().to_vec();
     let ni = cx.t("indices")?.elem_count();
     let mut want = ds[..a].to_vec();
@@ -150,7 +151,7 @@ fn eval_scatter(cx: &EvalCx) -> Result<Vec<RValue>> {
 
 fn eval_scatter_along_axis(cx: &EvalCx) -> Result<Vec<RValue>> {
     let ds = cx.t("data")?.dims().to_vec();
-    let a = axis(cx.opt_int("axis")?.unwrap_or(0), ds.len())?;
+    let a = axis(cx.int_or_default("axis")?, ds.len())?;
     let is = cx.t("indices")?.dims().to_vec();
     let us = cx.t("updates")?.dims().to_vec();
     ensure!(
@@ -200,34 +201,43 @@ fn eval_scatter_nd(cx: &EvalCx) -> Result<Vec<RValue>> {
 use Opset::{Ios15 as I15, Ios16 as I16, Ios17 as I17};
 
 const GND15: &[InputSpec] = &[req("x"), req("indices")];
-const GND16: &[InputSpec] = &[req("x"), req("indices"), opt_c("batch_dims")];
+const GND16: &[InputSpec] = &[
+    req("x"),
+    req("indices"),
+    opt_c("batch_dims").or(DefaultValue::Int(0)),
+];
 const GND17: &[InputSpec] = &[
     req("x"),
     req("indices"),
-    opt_c("batch_dims"),
+    opt_c("batch_dims").or(DefaultValue::Int(0)),
     opt_c("validate_indices"),
 ];
 const SC15: &[InputSpec] = &[
     req("data"),
     req("indices"),
     req("updates"),
-    opt_c("axis"),
-    opt_c("mode"),
+    opt_c("axis").or(DefaultValue::Int(0)),
+    opt_c("mode").or(DefaultValue::Str("add")),
 ];
 const SC17: &[InputSpec] = &[
     req("data"),
     req("indices"),
     req("updates"),
-    opt_c("axis"),
-    opt_c("mode"),
+    opt_c("axis").or(DefaultValue::Int(0)),
+    opt_c("mode").or(DefaultValue::Str("add")),
     opt_c("validate_indices"),
 ];
-const SND15: &[InputSpec] = &[req("data"), req("indices"), req("updates"), opt_c("mode")];
+const SND15: &[InputSpec] = &[
+    req("data"),
+    req("indices"),
+    req("updates"),
+    opt_c("mode").or(DefaultValue::Str("add")),
+];
 const SND17: &[InputSpec] = &[
     req("data"),
     req("indices"),
     req("updates"),
-    opt_c("mode"),
+    opt_c("mode").or(DefaultValue::Str("add")),
     opt_c("validate_indices"),
 ];
 

@@ -4,6 +4,8 @@
 use super::def;
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
+use super::placement::Flops;
+use super::DefaultValue;
 use super::{opt, opt_c, req, req_c, var, OpDef};
 use crate::ir::{DType, Dim, ValueType};
 use crate::kernels;
@@ -349,7 +351,7 @@ fn eval_concat(cx: &EvalCx) -> Result<Vec<RValue>> {
     let vals = cx.ts("values")?;
     let first = vals.first().ok_or_else(|| anyhow!("concat of nothing"))?;
     let a = axis(cx.int("axis")?, first.rank())?;
-    if cx.opt_bool("interleave")?.unwrap_or(false) {
+    if cx.bool_or_default("interleave")? {
         // Interleaving equal parts: stack on a new axis after `a`, then merge the two.
         let st = candle_core::Tensor::stack(&vals, a + 1)?;
         let mut s = first.dims().to_vec();
@@ -400,7 +402,7 @@ fn eval_fill(cx: &EvalCx) -> Result<Vec<RValue>> {
         .into_iter()
         .map(|d| usize::try_from(d).map_err(|_| anyhow!("fill to a negative dimension {d}")))
         .collect::<Result<_>>()?;
-    let v = cx.opt_f64("value")?.unwrap_or(0.0);
+    let v = cx.f64_or_default("value")?;
     one(kernels::index::full(&s, v, cx.out_dtype(0)?)?)
 }
 
@@ -445,37 +447,48 @@ pub static DEFS: &[OpDef] = &[
         &[req("x"), req("shape")],
         infer_reshape,
         eval_reshape,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "transpose",
         &[req("x"), req_c("perm")],
         infer_transpose,
         eval_transpose,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "expand_dims",
         &[req("x"), req_c("axes")],
         infer_expand_dims,
         eval_expand_dims,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "squeeze",
         &[req("x"), opt_c("axes")],
         infer_squeeze,
         eval_squeeze,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "concat",
-        &[var("values"), req_c("axis"), opt_c("interleave")],
+        &[
+            var("values"),
+            req_c("axis"),
+            opt_c("interleave").or(DefaultValue::Bool(false)),
+        ],
         infer_concat,
         eval_concat,
-    ),
+    )
+    .fresh()
+    .with_flops(Flops::None),
     def(
         "stack",
         &[var("values"), req_c("axis")],
         infer_stack,
         eval_stack,
-    ),
+    )
+    .with_flops(Flops::None),
     def(
         "split",
         &[
@@ -486,14 +499,21 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_split,
         eval_split,
-    ),
-    def("fill", &[req("shape"), opt("value")], infer_fill, eval_fill),
+    )
+    .with_flops(Flops::None),
+    def(
+        "fill",
+        &[req("shape"), opt("value").or(DefaultValue::Float(0.0))],
+        infer_fill,
+        eval_fill,
+    )
+    .with_flops(Flops::None),
     def(
         "range_1d",
         &[req("end"), req("start"), req("step")],
         infer_range,
         eval_range_1d,
     ),
-    def("tile", &[req("x"), req_c("reps")], infer_tile, eval_tile),
-    def("shape", &[req("x")], infer_shape, eval_shape),
+    def("tile", &[req("x"), req_c("reps")], infer_tile, eval_tile).with_flops(Flops::None),
+    def("shape", &[req("x")], infer_shape, eval_shape).with_flops(Flops::None),
 ];

@@ -9,6 +9,7 @@
 
 use super::eval::{one, Bound, EvalCx, EvalFn, RValue};
 use super::infer::{axis, tensor, InferCx};
+use super::placement::{Flops, LOAD_TIME};
 use super::{opt_c, req_c, ver as v, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, TensorType, ValueType};
 use crate::kernels;
@@ -167,6 +168,7 @@ fn run_dense(
         attributes: cx.attributes,
         outputs: &outs,
         env: None,
+        spec: cx.spec,
     };
     let r = f(&sub)?;
     Ok(r.first()
@@ -366,8 +368,12 @@ pub static DEFS: &[OpDef] = &[
         CAST,
         infer_cast,
         eval_cast,
-    ),
-    v("constexpr_cast", I18, None, CAST, infer_cast, eval_cast),
+    )
+    .with_flops(Flops::None)
+    .with_placement(&LOAD_TIME),
+    v("constexpr_cast", I18, None, CAST, infer_cast, eval_cast)
+        .with_flops(Flops::None)
+        .with_placement(&LOAD_TIME),
     v(
         "constexpr_sparse_to_dense",
         I16,
@@ -375,7 +381,9 @@ pub static DEFS: &[OpDef] = &[
         &[req_c("nonzero_data"), req_c("mask"), req_c("shape")],
         infer_sparse16,
         eval_sparse16,
-    ),
+    )
+    .with_flops(Flops::None)
+    .with_placement(&LOAD_TIME),
     v(
         "constexpr_sparse_to_dense",
         I18,
@@ -383,7 +391,9 @@ pub static DEFS: &[OpDef] = &[
         &[req_c("nonzero_data"), req_c("mask")],
         infer_sparse18,
         eval_sparse18,
-    ),
+    )
+    .with_flops(Flops::None)
+    .with_placement(&LOAD_TIME),
     v(
         "constexpr_lut_to_sparse",
         I18,
@@ -396,7 +406,9 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_lut_to_sparse,
         eval_lut_to_sparse,
-    ),
+    )
+    .with_flops(Flops::None)
+    .with_placement(&LOAD_TIME),
     v(
         "constexpr_sparse_blockwise_shift_scale",
         I18,
@@ -409,5 +421,7 @@ pub static DEFS: &[OpDef] = &[
         ],
         infer_sparse_shift_scale,
         eval_sparse_shift_scale,
-    ),
+    )
+    .with_flops(Flops::None)
+    .with_placement(&LOAD_TIME),
 ];

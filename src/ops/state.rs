@@ -5,6 +5,8 @@
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::InferCx;
+use super::placement::{Flops, STATE_MACHINERY};
+use super::DefaultValue;
 use super::{opt_c, req, InputSpec, OpDef};
 use crate::ir::{Dim, Opset, ValueType};
 use crate::kernels;
@@ -90,7 +92,8 @@ const SLICE_UPDATE: &[InputSpec] = &[
     req("update"),
     req("begin"),
     req("end"),
-    opt_c("stride"),
+    // Its inference runs slice_by_index's on this context, which reads the default.
+    opt_c("stride").or(DefaultValue::Ints(1)),
     opt_c("begin_mask"),
     opt_c("end_mask"),
     opt_c("squeeze_mask"),
@@ -175,6 +178,11 @@ pub static DEFS: &[OpDef] = &[
         inputs: &[req("input")],
         infer: infer_read_state,
         eval: Some(eval_read_state),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
+        placement: Some(&STATE_MACHINERY),
+        flops: Flops::None,
     },
     OpDef {
         name: "coreml_update_state",
@@ -183,6 +191,11 @@ pub static DEFS: &[OpDef] = &[
         inputs: &[req("state"), req("value")],
         infer: infer_update_state,
         eval: Some(eval_update_state),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
+        placement: Some(&STATE_MACHINERY),
+        flops: Flops::None,
     },
     OpDef {
         name: "write_state",
@@ -191,6 +204,11 @@ pub static DEFS: &[OpDef] = &[
         inputs: &[req("input"), req("data")],
         infer: infer_write_state,
         eval: Some(eval_write_state),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
+        placement: None,
+        flops: Flops::PerOutput(1),
     },
     OpDef {
         name: "slice_update",
@@ -199,5 +217,10 @@ pub static DEFS: &[OpDef] = &[
         inputs: SLICE_UPDATE,
         infer: infer_slice_update,
         eval: Some(eval_slice_update),
+        weight: None,
+        f32_inputs: &[],
+        fresh: false,
+        placement: Some(&STATE_MACHINERY),
+        flops: Flops::None,
     },
 ];

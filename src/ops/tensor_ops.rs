@@ -8,6 +8,7 @@
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
+use super::DefaultValue;
 use super::{opt_c, req, req_c, var, ver as v, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, ValueType};
 use crate::kernels::{self, data::strides};
@@ -30,9 +31,9 @@ fn lanes(shape: &[usize], a: usize) -> (usize, usize, usize) {
 
 fn eval_cumsum(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let a = axis(cx.opt_int("axis")?.unwrap_or(0), x.rank())?;
-    let excl = cx.opt_bool("exclusive")?.unwrap_or(false);
-    let rev = cx.opt_bool("reverse")?.unwrap_or(false);
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
+    let excl = cx.bool_or_default("exclusive")?;
+    let rev = cx.bool_or_default("reverse")?;
     let mut v = kernels::to_vec::<f64>(x)?;
     let (outer, n, inner) = lanes(x.dims(), a);
     for o in 0..outer {
@@ -58,12 +59,12 @@ fn eval_cumsum(cx: &EvalCx) -> Result<Vec<RValue>> {
 // ---- topk / argsort ----
 
 fn topk_k(cx: &InferCx) -> Result<i64> {
-    Ok(cx.opt_int("k")?.unwrap_or(1))
+    cx.int_or_default("k")
 }
 
 fn infer_topk(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
     let k = topk_k(cx)?;
     let mut s = x.shape.clone();
     s[a] = match (&x.shape[a], k) {
@@ -116,10 +117,10 @@ fn order(v: &[f64], shape: &[usize], a: usize, ascending: bool) -> Vec<Vec<usize
 
 fn eval_topk(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
-    let asc = cx.opt_bool("ascending")?.unwrap_or(false);
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
+    let asc = cx.bool_or_default("ascending")?;
     let (outer, n, inner) = lanes(x.dims(), a);
-    let k = match cx.opt_int("k")?.unwrap_or(1) {
+    let k = match cx.int_or_default("k")? {
         -1 => n,
         k => k as usize,
     };
@@ -153,14 +154,14 @@ fn eval_topk(cx: &EvalCx) -> Result<Vec<RValue>> {
 
 fn infer_argsort(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
+    axis(cx.int_or_default("axis")?, x.rank())?;
     Ok(vec![tensor(DType::I32, x.shape.clone())])
 }
 
 fn eval_argsort(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), x.rank())?;
-    let asc = cx.opt_bool("ascending")?.unwrap_or(false);
+    let a = axis(cx.int_or_default("axis")?, x.rank())?;
+    let asc = cx.bool_or_default("ascending")?;
     let (outer, n, inner) = lanes(x.dims(), a);
     let ord = order(&kernels::to_vec::<f64>(x)?, x.dims(), a, asc);
     let mut idx = vec![0i32; x.elem_count()];
@@ -193,7 +194,7 @@ fn infer_fill_like(cx: &InferCx) -> Result<Vec<ValueType>> {
 
 fn eval_fill_like(cx: &EvalCx) -> Result<Vec<RValue>> {
     let r = cx.t("ref_tensor")?;
-    let val = cx.opt_f64("value")?.unwrap_or(0.0);
+    let val = cx.f64_or_default("value")?;
     one(kernels::index::full(r.dims(), val, cx.out_dtype(0)?)?)
 }
 
@@ -215,7 +216,7 @@ fn infer_one_hot(cx: &InferCx) -> Result<Vec<ValueType>> {
         Some(d) => Dim::Fixed(d as usize),
         None => Dim::Unknown,
     };
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), i.rank() + 1)?;
+    let a = axis(cx.int_or_default("axis")?, i.rank() + 1)?;
     let mut s = i.shape.clone();
     s.insert(a, depth);
     Ok(vec![tensor(dt, s)])
@@ -227,9 +228,9 @@ fn eval_one_hot(cx: &EvalCx) -> Result<Vec<RValue>> {
     let depth = cx.int("one_hot_vector_size")?;
     ensure!(depth >= 0, "one_hot_vector_size {depth}");
     let depth = depth as usize;
-    let on = cx.opt_f64("on_value")?.unwrap_or(1.0);
-    let off = cx.opt_f64("off_value")?.unwrap_or(0.0);
-    let a = axis(cx.opt_int("axis")?.unwrap_or(-1), it.rank() + 1)?;
+    let on = cx.f64_or_default("on_value")?;
+    let off = cx.f64_or_default("off_value")?;
+    let a = axis(cx.int_or_default("axis")?, it.rank() + 1)?;
     let mut shape = it.dims().to_vec();
     shape.insert(a, depth);
     let (outer, inner) = (
@@ -296,8 +297,8 @@ fn eval_reverse(cx: &EvalCx) -> Result<Vec<RValue>> {
 fn eval_reverse_sequence(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let s = x.dims().to_vec();
-    let sa = axis(cx.opt_int("seq_axis")?.unwrap_or(0), s.len())?;
-    let ba = axis(cx.opt_int("batch_axis")?.unwrap_or(0), s.len())?;
+    let sa = axis(cx.int_or_default("seq_axis")?, s.len())?;
+    let ba = axis(cx.int_or_default("batch_axis")?, s.len())?;
     let lens = cx.ints("lengths")?;
     ensure!(
         lens.len() == s[ba],
@@ -324,7 +325,7 @@ fn eval_reverse_sequence(cx: &EvalCx) -> Result<Vec<RValue>> {
 
 fn infer_flatten2d(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    let a = axis(cx.opt_int("axis")?.unwrap_or(1), x.rank() + 1)?;
+    let a = axis(cx.int_or_default("axis")?, x.rank() + 1)?;
     let prod = |d: &[Dim]| -> Dim {
         d.iter()
             .try_fold(1usize, |p, d| match d {
@@ -341,7 +342,7 @@ fn infer_flatten2d(cx: &InferCx) -> Result<Vec<ValueType>> {
 
 fn eval_flatten2d(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let a = axis(cx.opt_int("axis")?.unwrap_or(1), x.rank() + 1)?;
+    let a = axis(cx.int_or_default("axis")?, x.rank() + 1)?;
     let (o, i): (usize, usize) = (
         x.dims()[..a].iter().product(),
         x.dims()[a..].iter().product(),
@@ -415,7 +416,7 @@ fn infer_sliding_windows(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
     let a = axis(cx.int("axis")?, x.rank())?;
     let size = cx.int("size")?;
-    let stride = cx.opt_int("stride")?.unwrap_or(1);
+    let stride = cx.int_or_default("stride")?;
     ensure!(
         size > 0 && stride > 0,
         "sliding_windows: size {size}, stride {stride}"
@@ -439,7 +440,7 @@ fn eval_sliding_windows(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let a = axis(cx.int("axis")?, x.rank())?;
     let size = cx.int("size")? as usize;
-    let stride = cx.opt_int("stride")?.unwrap_or(1) as usize;
+    let stride = cx.int_or_default("stride")? as usize;
     let n = x.dims()[a];
     ensure!(
         size <= n,
@@ -659,34 +660,39 @@ use Opset::{Ios15 as I15, Ios16 as I16, Ios17 as I17};
 
 const CUMSUM: &[InputSpec] = &[
     req("x"),
-    opt_c("axis"),
-    opt_c("exclusive"),
-    opt_c("reverse"),
+    opt_c("axis").or(DefaultValue::Int(0)),
+    opt_c("exclusive").or(DefaultValue::Bool(false)),
+    opt_c("reverse").or(DefaultValue::Bool(false)),
 ];
-const TOPK15: &[InputSpec] = &[req("x"), opt_c("k"), opt_c("axis"), opt_c("ascending")];
+const TOPK15: &[InputSpec] = &[
+    req("x"),
+    opt_c("k").or(DefaultValue::Int(1)),
+    opt_c("axis").or(DefaultValue::Int(-1)),
+    opt_c("ascending").or(DefaultValue::Bool(false)),
+];
 const TOPK16: &[InputSpec] = &[
     req("x"),
-    opt_c("k"),
-    opt_c("axis"),
-    opt_c("ascending"),
+    opt_c("k").or(DefaultValue::Int(1)),
+    opt_c("axis").or(DefaultValue::Int(-1)),
+    opt_c("ascending").or(DefaultValue::Bool(false)),
     opt_c("sort"),
-    opt_c("return_indices"),
+    opt_c("return_indices").or(DefaultValue::Bool(true)),
 ];
 const TOPK17: &[InputSpec] = &[
     req("x"),
-    opt_c("k"),
-    opt_c("axis"),
-    opt_c("ascending"),
+    opt_c("k").or(DefaultValue::Int(1)),
+    opt_c("axis").or(DefaultValue::Int(-1)),
+    opt_c("ascending").or(DefaultValue::Bool(false)),
     opt_c("sort"),
-    opt_c("return_indices"),
+    opt_c("return_indices").or(DefaultValue::Bool(true)),
     opt_c("output_indices_dtype"),
 ];
 const REVERSE: &[InputSpec] = &[req("x"), opt_c("axes")];
 const REVSEQ: &[InputSpec] = &[
     req("x"),
     req("lengths"),
-    opt_c("seq_axis"),
-    opt_c("batch_axis"),
+    opt_c("seq_axis").or(DefaultValue::Int(0)),
+    opt_c("batch_axis").or(DefaultValue::Int(0)),
 ];
 const RESHAPE_LIKE: &[InputSpec] = &[
     req("x"),
@@ -695,7 +701,12 @@ const RESHAPE_LIKE: &[InputSpec] = &[
     var("ends"),
     var("end_masks"),
 ];
-const SLIDING: &[InputSpec] = &[req("x"), req_c("axis"), req_c("size"), opt_c("stride")];
+const SLIDING: &[InputSpec] = &[
+    req("x"),
+    req_c("axis"),
+    req_c("size"),
+    opt_c("stride").or(DefaultValue::Int(1)),
+];
 
 pub static DEFS: &[OpDef] = &[
     v("cumsum", I15, None, CUMSUM, infer_same, eval_cumsum),
@@ -706,7 +717,11 @@ pub static DEFS: &[OpDef] = &[
         "argsort",
         I15,
         None,
-        &[req("x"), opt_c("axis"), opt_c("ascending")],
+        &[
+            req("x"),
+            opt_c("axis").or(DefaultValue::Int(-1)),
+            opt_c("ascending").or(DefaultValue::Bool(false)),
+        ],
         infer_argsort,
         eval_argsort,
     ),
@@ -714,7 +729,10 @@ pub static DEFS: &[OpDef] = &[
         "fill_like",
         I16,
         None,
-        &[req("ref_tensor"), opt_c("value")],
+        &[
+            req("ref_tensor"),
+            opt_c("value").or(DefaultValue::Float(0.0)),
+        ],
         infer_fill_like,
         eval_fill_like,
     ),
@@ -725,9 +743,9 @@ pub static DEFS: &[OpDef] = &[
         &[
             req("indices"),
             req("one_hot_vector_size"),
-            opt_c("axis"),
-            opt_c("on_value"),
-            opt_c("off_value"),
+            opt_c("axis").or(DefaultValue::Int(-1)),
+            opt_c("on_value").or(DefaultValue::Float(1.0)),
+            opt_c("off_value").or(DefaultValue::Float(0.0)),
         ],
         infer_one_hot,
         eval_one_hot,
@@ -762,7 +780,7 @@ pub static DEFS: &[OpDef] = &[
         "flatten2d",
         I15,
         None,
-        &[req("x"), opt_c("axis")],
+        &[req("x"), opt_c("axis").or(DefaultValue::Int(1))],
         infer_flatten2d,
         eval_flatten2d,
     ),

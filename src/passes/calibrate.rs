@@ -13,6 +13,7 @@ use super::select::{is_positional, Selection};
 use crate::ir::{Arg, DType, Model, Operation, Value, ValueType, Var};
 use crate::ir::{ArrayDType, Feature};
 use crate::ops::builder::infer_op;
+use crate::ops::{Axis, WeightLayout};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -39,12 +40,18 @@ pub struct Probe {
 }
 
 /// The consumer's weight parameter and its input's channel axis (`None` = last).
+/// Only weights laid out `[C_out, C_in, …]` (conv, linear): their axis 1 is what the
+/// statistics weight.
 fn consumer(op: &Operation) -> Option<(&'static str, Option<usize>)> {
-    match op.op_type.as_str() {
-        "conv" => Some(("weight", Some(1))),
-        "linear" => Some(("weight", None)),
-        _ => None,
+    let w = crate::ops::weight(&op.op_type)?;
+    if w.layout != WeightLayout::OutIn {
+        return None;
     }
+    let axis = match w.x_channel_axis {
+        Axis::At(a) => Some(a),
+        Axis::Last => None,
+    };
+    Some((w.input, axis))
 }
 
 /// Returns a copy of `model` whose main function also outputs, for every selected weight

@@ -55,13 +55,9 @@ pub struct Outcome {
     pub regrouped: Vec<crate::report::RegroupedChain>,
 }
 
-/// Which input of a consumer holds its weight, and whether output channels are on axis 0.
+/// Which input of a consumer holds its weight (its op definition says).
 fn weight_input(op: &Operation) -> Option<&'static str> {
-    match op.op_type.as_str() {
-        "conv" | "linear" | "conv_transpose" => Some("weight"),
-        "matmul" => Some("y"),
-        _ => None,
-    }
+    crate::ops::weight(&op.op_type).map(|w| w.input)
 }
 
 pub fn mode_name(m: &Method) -> String {
@@ -296,7 +292,9 @@ fn plan_jobs(model: &Model, method: &Method, sel: &Selection) -> Result<(Vec<Job
             if is_positional(&c.name) {
                 continue;
             }
-            if op.op_type == "matmul" {
+            if crate::ops::weight(&op.op_type)
+                .is_some_and(|w| w.layout == crate::ops::WeightLayout::Operand)
+            {
                 bail!("op `{}`: compressing a matmul operand is not supported (weights of conv/linear are)", op.name);
             }
             if let Some(why) = indivisible(method, &t.shape) {

@@ -27,6 +27,7 @@ use super::calibrate::Calibration;
 use super::compress::{selected_weights, Method, Selection};
 use super::lut::LutGranularity;
 use crate::ir::{Arg, Bytes, DType, Function, Model, Operation, Tensor, Value};
+use crate::ops::WeightLayout;
 use anyhow::{bail, Result};
 use std::collections::{BTreeSet, HashMap};
 
@@ -105,11 +106,8 @@ fn var_of(op: &Operation, param: &str) -> Option<String> {
     }
 }
 
-/// `groups` of a conv is 1 (inline or a const); other op types have no groups.
+/// `groups` of the op is 1 (inline or a const) or absent (ops without groups).
 fn ungrouped(f: &Function, consts: &HashMap<String, usize>, op: &Operation) -> bool {
-    if op.op_type != "conv" {
-        return true;
-    }
     let v = match op.arg("groups") {
         None => return true,
         Some(Arg::Value(v)) => Some(v),
@@ -162,10 +160,15 @@ fn find_chains(f: &Function, selected: &BTreeSet<String>) -> Vec<Chain> {
     };
     let mut out = Vec::new();
     for (pi, p) in ops.iter().enumerate() {
-        if !matches!(p.op_type.as_str(), "conv" | "linear") || p.outputs.len() != 1 {
+        // Weights laid out [C_out, C_in, …] (conv, linear): rows are output channels.
+        let Some(wp) = crate::ops::weight(&p.op_type).filter(|w| w.layout == WeightLayout::OutIn)
+        else {
+            continue;
+        };
+        if p.outputs.len() != 1 {
             continue;
         }
-        let Some(w1) = const_in(p, "weight") else {
+        let Some(w1) = const_in(p, wp.input) else {
             continue;
         };
         if !selected.contains(&ops[w1].name) || !ungrouped(f, &consts, p) {
@@ -206,7 +209,7 @@ fn find_chains(f: &Function, selected: &BTreeSet<String>) -> Vec<Chain> {
         if c.op_type != p.op_type || var_of(c, "x").as_deref() != Some(act) {
             continue;
         }
-        let Some(w2) = const_in(c, "weight") else {
+        let Some(w2) = const_in(c, wp.input) else {
             continue;
         };
         if !ungrouped(f, &consts, c) {

@@ -58,6 +58,7 @@ pub fn fuse_blends(steps: &mut Vec<Step>, outputs: &[Src]) {
             i,
             Step {
                 op_type: FUSED.to_string(),
+                def: None,
                 name: add.name.clone(),
                 eval: eval_mul_mul_add,
                 args,

@@ -181,6 +181,7 @@ fn match_chain(
     }
     let step = Step {
         op_type: FUSED.to_string(),
+        def: None,
         name: mm2.name.clone(),
         eval: eval_fused_attention,
         args,

@@ -18,10 +18,14 @@ use std::collections::HashMap;
 /// Constant index → the constexpr op (type, arguments) that folded into it.
 pub type Origins = HashMap<usize, (String, Vec<(String, Vec<Src>)>)>;
 
-/// (op type, parameter) pairs whose evaluation accepts a packed weight.
-const PACKED_PARAMS: &[(&str, &str)] = &[("linear", "weight"), ("conv", "weight")];
+/// Whether `st`'s evaluation takes parameter `p` packed (its definition's weight says so).
+fn takes_packed(st: &Step, p: &str) -> bool {
+    st.def
+        .and_then(|d| d.weight)
+        .is_some_and(|w| w.packed && w.input == p)
+}
 
-/// Packs every constant read only through [`PACKED_PARAMS`].
+/// Packs every constant read only where [`takes_packed`].
 pub fn pack_weights(
     consts: &mut [Const],
     steps: &[Step],
@@ -31,7 +35,7 @@ pub fn pack_weights(
     let mut only = vec![None::<bool>; consts.len()];
     for st in steps {
         for (p, srcs) in &st.args {
-            let ok = PACKED_PARAMS.contains(&(st.op_type.as_str(), p.as_str()));
+            let ok = takes_packed(st, p);
             for s in srcs {
                 if let Src::Const(i) = s {
                     only[*i] = Some(only[*i].unwrap_or(true) && ok);
@@ -190,7 +194,8 @@ pub fn streamed_bytes(consts: &[Const], steps: &[Step]) -> usize {
     let mut seen = vec![false; consts.len()];
     let mut total = 0;
     for st in steps {
-        let contraction = matches!(st.op_type.as_str(), "linear" | "conv" | "matmul");
+        // Contractions: ops that compute in f32 from their operands.
+        let contraction = st.def.is_some_and(|d| !d.f32_inputs.is_empty());
         for (_, srcs) in &st.args {
             for s in srcs {
                 let Src::Const(i) = *s else { continue };

@@ -87,6 +87,7 @@ pub fn make_cx<'a>(
         attributes: &st.attributes,
         outputs: &st.out_types,
         env: None,
+        spec: st.def.map_or(&[], |d| d.inputs),
     })
 }
 
@@ -331,6 +332,7 @@ fn compile_body(
         let mut step = Step {
             op_type: op.op_type.clone(),
             name: op.name.clone(),
+            def: Some(def),
             eval,
             args,
             attributes: op.attributes.clone(),
@@ -532,19 +534,17 @@ fn drop_unused_consts(consts: &mut [Const], steps: &[Step], outputs: &[(String, 
     }
 }
 
-/// Parameters whose evaluation reads its input only through `EvalCx::f32` (contractions
-/// compute in f32).
-const F32_PARAMS: &[(&str, &str)] = &[
-    ("linear", "weight"),
-    ("linear", "bias"),
-    ("conv", "weight"),
-    ("conv", "bias"),
-    ("matmul", "x"),
-    ("matmul", "y"),
-    (super::fusion::FUSED, "x"),
-    (super::fusion::FUSED, "y"),
-    (super::fusion::FUSED, "v"),
-];
+/// Parameters of the fused attention step read only through `EvalCx::f32`; an op's own
+/// are in its definition ([`crate::ops::OpDef::f32_inputs`]).
+const FUSED_F32_PARAMS: &[&str] = &["x", "y", "v"];
+
+/// Whether `st` reads parameter `p` only through `EvalCx::f32` (contractions compute in f32).
+fn reads_f32(st: &Step, p: &str) -> bool {
+    match st.def {
+        Some(d) => d.f32_inputs.contains(&p),
+        None => st.op_type == super::fusion::FUSED && FUSED_F32_PARAMS.contains(&p),
+    }
+}
 
 /// Converts constants that only feed contractions to f32 now, once, and keeps only that
 /// copy: an fp16 weight then costs 4 bytes an element instead of 2 + 4, and no run
@@ -557,7 +557,7 @@ fn widen_weights(
     let mut only_f32 = vec![true; consts.len()];
     for st in steps {
         for (p, srcs) in &st.args {
-            let ok = F32_PARAMS.contains(&(st.op_type.as_str(), p.as_str()));
+            let ok = reads_f32(st, p);
             for s in srcs {
                 if let Src::Const(i) = s {
                     only_f32[*i] &= ok;

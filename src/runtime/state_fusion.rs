@@ -59,10 +59,13 @@ pub fn hands_out_view(st: &Step) -> bool {
     st.eval as usize == view as usize
 }
 
-/// Op types whose evaluation always returns new storage, never a view of an input: a value
-/// they compute from the slice no longer shares the state's storage. Every other op may
-/// (reshape, transpose, slice, squeeze, a same-dtype cast ...), so aliasing follows it.
-const FRESH: &[&str] = &["conv", "linear", "matmul", "concat", super::fusion::FUSED];
+/// Whether `st`'s evaluation always returns new storage, never a view of an input (its
+/// definition's `fresh`, or the fused attention): a value it computes from the slice no
+/// longer shares the state's storage. Every other op may (reshape, transpose, slice,
+/// squeeze, a same-dtype cast ...), so aliasing follows it.
+fn fresh(st: &Step) -> bool {
+    st.def.is_some_and(|d| d.fresh) || st.op_type == super::fusion::FUSED
+}
 
 /// Lets each fused update hand out its slice as a view when that is unobservable: every
 /// step reading a value that may share the slice's storage runs before the next step that
@@ -89,7 +92,7 @@ pub fn allow_views(steps: &mut [Step], outputs: &[Src]) {
                 // usize::MAX: a block output.
                 if r >= next {
                     safe = false;
-                } else if !FRESH.contains(&steps[r].op_type.as_str()) {
+                } else if !fresh(&steps[r]) {
                     stack.extend(steps[r].outs.iter().copied());
                 }
             }
@@ -185,6 +188,7 @@ fn match_chain(
     }
     let step = Step {
         op_type: FUSED.to_string(),
+        def: None,
         name: su.name.clone(),
         eval: crate::ops::eval_state_slice_update,
         args,

@@ -7,7 +7,7 @@
 
 use crate::ir::{Opset, Value, ValueType};
 use crate::ops::eval::EvalFn;
-use crate::ops::RValue;
+use crate::ops::{OpDef, RValue};
 use anyhow::{ensure, Result};
 use candle_core::Tensor;
 use std::collections::{BTreeMap, HashMap};
@@ -35,6 +35,8 @@ pub enum Src {
 pub struct Step {
     pub op_type: String,
     pub name: String,
+    /// The op's definition; `None` for the runtime's fused steps.
+    pub def: Option<&'static OpDef>,
     pub eval: EvalFn,
     pub args: Vec<(String, Vec<Src>)>,
     pub attributes: BTreeMap<String, Value>,

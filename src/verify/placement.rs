@@ -10,7 +10,10 @@
 
 use super::analysis::{index, is_constexpr, FnIndex};
 use crate::ir::{Arg, DType, Dim, Model, Operation, TensorType, Value};
+use crate::ops::placement::{Flops, Placement, Unit, LOAD_TIME, STATE_MACHINERY};
+use crate::ops::{ArgInfo, InferCx, OpDef};
 use crate::report::{ComputeUnit, PlacementReport, PlacementRow, RuleInfo, UnitTotal};
+use std::borrow::Cow;
 
 /// What a rule sees of one op.
 pub struct OpView<'a> {
@@ -31,12 +34,60 @@ impl OpView<'_> {
         self.runtime_tensors()
             .chain(self.const_inputs.iter().map(|(_, t)| t))
     }
+    /// The op's definition (the function's opset's version of it).
+    fn def(&self) -> Option<&'static OpDef> {
+        crate::ops::lookup(&self.op.op_type, self.fx.function.opset)
+            .or_else(|| crate::ops::earliest(&self.op.op_type))
+    }
+    /// Whether the op's definition carries placement rule `rule`.
+    fn carries(&self, rule: &Placement) -> bool {
+        self.def()
+            .and_then(|d| d.placement)
+            .is_some_and(|p| p.rule == rule.rule)
+    }
+    /// What type inference would see of the op: its bindings' types and constant values.
+    fn infer_cx(&self) -> InferCx<'_> {
+        let mut args = std::collections::BTreeMap::new();
+        for (param, binds) in &self.op.inputs {
+            let infos = binds
+                .iter()
+                .filter_map(|b| match b {
+                    Arg::Value(v) => Some(ArgInfo {
+                        ty: Cow::Owned(v.value_type()),
+                        val: Some(v),
+                    }),
+                    Arg::Var(n) => self.fx.types.get(n.as_str()).map(|t| ArgInfo {
+                        ty: Cow::Borrowed(*t),
+                        val: self.fx.const_value(b),
+                    }),
+                })
+                .collect();
+            args.insert(param.as_str(), infos);
+        }
+        InferCx {
+            op_type: &self.op.op_type,
+            op_name: &self.op.name,
+            opset: self.fx.function.opset,
+            args,
+            attributes: &self.op.attributes,
+            blocks: vec![],
+            spec: self.def().map_or(&[], |d| d.inputs),
+        }
+    }
     /// Ops producing any input variable.
     fn input_producers(&self) -> impl Iterator<Item = &Operation> {
         self.op.inputs.values().flatten().filter_map(|a| match a {
             Arg::Var(n) => self.fx.producer_of(n),
             Arg::Value(_) => None,
         })
+    }
+}
+
+/// The report's unit of an op definition's placement unit.
+const fn unit(u: Unit) -> ComputeUnit {
+    match u {
+        Unit::LoadTime => ComputeUnit::LoadTime,
+        Unit::Cpu => ComputeUnit::Cpu,
     }
 }
 
@@ -53,10 +104,10 @@ pub struct Rule {
 /// The rule table, in the order rows list fired rules.
 pub static RULES: &[Rule] = &[
     Rule {
-        id: "load_time_constant",
-        effect: Some(ComputeUnit::LoadTime),
-        statement: "const and constexpr_* ops are materialised when the model loads; they run on no unit",
-        source: "coremltools docs, Optimization / What's New (iOS16: 'ahead-of-runtime weight decompression to float16'); constexpr op docs in coremltools mil/ops/defs/iOS16/constexpr_ops.py",
+        id: LOAD_TIME.rule,
+        effect: Some(unit(LOAD_TIME.unit)),
+        statement: LOAD_TIME.statement,
+        source: LOAD_TIME.source,
         fires: load_time_constant,
     },
     Rule {
@@ -83,7 +134,7 @@ pub static RULES: &[Rule] = &[
     Rule {
         id: "ane_output_channels",
         effect: Some(ComputeUnit::Gpu),
-        statement: "a conv/linear/matmul with more than 32,768 fp16 output channels (over the ANE's 64 KB output-channel budget, e.g. an unsplit 51,866-wide vocab head) cannot be one ANE op",
+        statement: "a conv/conv_transpose/linear/matmul with more than 32,768 fp16 output channels (over the ANE's 64 KB output-channel budget, e.g. an unsplit 51,866-wide vocab head) cannot be one ANE op",
         source: "milkit design budget of 64 KB = 32,768 fp16 channels; ANE ports split LM heads into chunks (maderix/ANE PR #26; Apple, Deploying Transformers on the Apple Neural Engine: chunk large tensors)",
         fires: ane_output_channels,
     },
@@ -102,10 +153,10 @@ pub static RULES: &[Rule] = &[
         fires: lut_keeps_ane,
     },
     Rule {
-        id: "state_machinery",
-        effect: Some(ComputeUnit::Cpu),
-        statement: "state read/update machinery (read_state, coreml_update_state, slice_update) runs on the CPU",
-        source: "observed placement of stateful KV-cache graphs (MLComputePlan); not an Apple-documented guarantee",
+        id: STATE_MACHINERY.rule,
+        effect: Some(unit(STATE_MACHINERY.unit)),
+        statement: STATE_MACHINERY.statement,
+        source: STATE_MACHINERY.source,
         fires: state_machinery,
     },
     Rule {
@@ -125,7 +176,7 @@ pub static RULES: &[Rule] = &[
 ];
 
 fn load_time_constant(v: &OpView) -> bool {
-    v.op.op_type == "const" || is_constexpr(&v.op.op_type)
+    v.carries(&LOAD_TIME)
 }
 
 fn fp32_compute(v: &OpView) -> bool {
@@ -149,14 +200,13 @@ fn dim_over_16384(v: &OpView) -> bool {
     })
 }
 
-/// Output channels of a conv (axis 1), linear or matmul (last axis).
+/// Output channels of an op with a weight (conv, conv_transpose, linear, matmul), on the
+/// output axis its definition names.
 pub fn output_channels(v: &OpView) -> Option<usize> {
     let out = v.outputs.first()?;
-    let axis = match v.op.op_type.as_str() {
-        "conv" => 1,
-        "linear" | "matmul" => out.rank().checked_sub(1)?,
-        _ => return None,
-    };
+    let axis = crate::ops::weight(&v.op.op_type)?
+        .out_channel_axis
+        .of(out.rank())?;
     match out.shape.get(axis)? {
         Dim::Fixed(n) => Some(*n),
         Dim::Unknown => None,
@@ -197,10 +247,7 @@ fn lut_keeps_ane(v: &OpView) -> bool {
 }
 
 fn state_machinery(v: &OpView) -> bool {
-    matches!(
-        v.op.op_type.as_str(),
-        "read_state" | "coreml_update_state" | "slice_update"
-    )
+    v.carries(&STATE_MACHINERY)
 }
 
 fn int32_arithmetic(v: &OpView) -> bool {
@@ -282,133 +329,19 @@ fn bytes(t: &TensorType) -> u64 {
     t.dtype.storage_bytes(t.num_elements().unwrap_or(0)) as u64
 }
 
-fn const_bool(v: &OpView, name: &str) -> bool {
-    v.op.arg(name)
-        .and_then(|a| v.fx.const_value(a))
-        .and_then(|c| c.as_tensor())
-        .and_then(|t| t.to_i64_vec().ok())
-        .is_some_and(|b| b.first() == Some(&1))
-}
-
-/// 2 · the product of the sizes of every distinct subscript (one multiply-add per point of
-/// the iteration space).
-fn einsum_flops(v: &OpView) -> u64 {
-    let Some(eq) =
-        v.op.arg("equation")
-            .and_then(|a| v.fx.const_value(a))
-            .and_then(|c| c.as_str())
-    else {
-        return 0;
-    };
-    let lhs = eq.split("->").next().unwrap_or("");
-    let mut sizes: std::collections::BTreeMap<char, usize> = Default::default();
-    for (term, arg) in lhs.split(',').zip(
-        v.op.inputs
-            .get("values")
-            .map(|b| b.as_slice())
-            .unwrap_or(&[]),
-    ) {
-        let ty = match arg {
-            Arg::Var(n) => {
-                v.fx.types
-                    .get(n.as_str())
-                    .and_then(|t| t.as_tensor())
-                    .cloned()
-            }
-            Arg::Value(val) => val.value_type().as_tensor().cloned(),
-        };
-        let Some(shape) = ty.and_then(|t| t.fixed_shape()) else {
-            return 0;
-        };
-        for (c, d) in term.chars().zip(shape) {
-            let e = sizes.entry(c).or_insert(d);
-            *e = (*e).max(d);
-        }
-    }
-    2 * sizes.values().map(|&d| d as u64).product::<u64>()
-}
-
 /// Estimated (FLOPs, bytes moved) of one run of the op.
 pub fn cost(v: &OpView) -> (u64, u64) {
     if load_time_constant(v) {
         return (0, 0);
     }
     let moved: u64 = v.all_tensors().map(bytes).sum();
-    let out = v.outputs.first();
-    let out_elems = out.map(elems).unwrap_or(0);
-    let weight = |name: &str| {
-        v.const_inputs
-            .iter()
-            .find(|(p, _)| p == name)
-            .map(|(_, t)| t)
-    };
-    let flops = match v.op.op_type.as_str() {
-        "conv" => {
-            // 2 · outputs · (C_in / groups) · kernel area; the weight is [C_out, C_in/groups, k...].
-            let per_out: u64 = weight("weight")
-                .or_else(|| v.runtime_inputs.get(1))
-                .and_then(|w| w.fixed_shape())
-                .map(|s| s.iter().skip(1).product::<usize>() as u64)
-                .unwrap_or(0);
-            2 * out_elems * per_out
-        }
-        "linear" => {
-            let k = weight("weight")
-                .and_then(|w| w.fixed_shape())
-                .and_then(|s| s.get(1).copied())
-                .unwrap_or(0);
-            2 * out_elems * k as u64
-        }
-        "matmul" => {
-            let x = v.op.arg("x").and_then(|a| match a {
-                Arg::Var(n) => {
-                    v.fx.types
-                        .get(n.as_str())
-                        .and_then(|t| t.as_tensor())
-                        .cloned()
-                }
-                Arg::Value(val) => val.value_type().as_tensor().cloned(),
-            });
-            let tx = const_bool(v, "transpose_x");
-            let k = x.and_then(|x| x.fixed_shape()).and_then(|s| {
-                let n = s.len();
-                if n == 1 {
-                    Some(s[0])
-                } else if tx {
-                    s.get(n - 2).copied()
-                } else {
-                    s.last().copied()
-                }
-            });
-            2 * out_elems * k.unwrap_or(0) as u64
-        }
-        "einsum" => einsum_flops(v),
-        "softmax" => 5 * out_elems,
-        "layer_norm" | "batch_norm" => 8 * out_elems,
-        "gelu" | "silu" | "erf" | "tanh" | "sigmoid" | "exp" | "log" | "sqrt" | "rsqrt" | "pow"
-        | "sin" | "cos" => 8 * out_elems,
-        t if t.starts_with("reduce_") => v.runtime_inputs.first().map(elems).unwrap_or(0),
-        "reshape"
-        | "transpose"
-        | "expand_dims"
-        | "squeeze"
-        | "concat"
-        | "split"
-        | "stack"
-        | "slice_by_index"
-        | "slice_by_size"
-        | "gather"
-        | "gather_along_axis"
-        | "tile"
-        | "pad"
-        | "identity"
-        | "read_state"
-        | "coreml_update_state"
-        | "slice_update"
-        | "shape"
-        | "fill"
-        | "cast" => 0,
-        _ => out_elems,
+    let out_elems = v.outputs.first().map(elems).unwrap_or(0);
+    // Ops milkit has no definition of count one operation per output element.
+    let flops = match v.def().map_or(Flops::PerOutput(1), |d| d.flops) {
+        Flops::None => 0,
+        Flops::PerOutput(n) => n * out_elems,
+        Flops::PerInput => v.runtime_inputs.first().map(elems).unwrap_or(0),
+        Flops::Formula(f) => f(&v.infer_cx(), out_elems).unwrap_or(0),
     };
     (flops, moved)
 }

@@ -18,8 +18,9 @@ use super::decoder_spec::{check, head_op_names, HEAD_OPS_KEY, P};
 pub use super::decoder_spec::{
     CrossKv, DecoderDims, DecoderOptions, KvCache, CROSS_KV_NAMES, PER_HEAD_ALIGNMENT_OUTPUT,
 };
-use super::graph::{add, attention, conv1x1, gelu, int, ints, layer_norm_c, reshape, WeightSource};
+use super::graph::{attention, WeightSource};
 use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Value, ValueType};
+use crate::ops::builder::{int, ints};
 use crate::ops::{Builder, In, V};
 use anyhow::{bail, Context, Result};
 
@@ -158,19 +159,17 @@ pub fn build_decoder(
     // Token + position embedding → [1, d, 1, 1].
     let tok = embed(&mut b, w, "embed_tokens", dims.vocab, d, &var("input_ids")?)?;
     let pos = embed(&mut b, w, "embed_positions", s, d, &var("cache_length")?)?;
-    let h = add(&mut b, "embed", &tok, &pos)?;
-    let mut h = reshape(&mut b, "embed_bc1s", &h, &[1, d as i32, 1, 1])?;
+    let h = b.add("embed", &tok, &pos)?;
+    let mut h = b.reshape("embed_bc1s", &h, &[1, d as i32, 1, 1])?;
 
-    let pad = reshape(
-        &mut b,
+    let pad = b.reshape(
         "decoder_key_padding_mask_4d",
         &var("decoder_key_padding_mask")?,
         &[1, 1, 1, s as i32],
     )?;
     let self_kv = match opts.kv_cache {
         KvCache::Io => {
-            let mask = reshape(
-                &mut b,
+            let mask = b.reshape(
                 "kv_cache_update_mask_4d",
                 &var("kv_cache_update_mask")?,
                 &[1, 1, 1, s as i32],
@@ -225,18 +224,17 @@ pub fn build_decoder(
         let lp = format!("{P}.layers.{l}");
         let n = format!("layers_{l}");
         let ln_w = |b: &mut Builder, what: &str, x: &V| -> Result<V> {
-            layer_norm_c(
-                b,
+            b.layer_norm(
                 &format!("{n}_{what}"),
                 x,
+                &[1],
                 vec1(w, &format!("{lp}.{what}.weight"), d)?,
                 vec1(w, &format!("{lp}.{what}.bias"), d)?,
-                LN_EPS,
+                Value::f16_scalar(LN_EPS),
             )
         };
         let out_proj = |b: &mut Builder, what: &str, x: &V| -> Result<V> {
-            conv1x1(
-                b,
+            b.conv(
                 &format!("{n}_{what}_out_proj"),
                 x,
                 w4(w, &format!("{lp}.{what}.out_proj.weight"), d, d)?,
@@ -277,7 +275,7 @@ pub fn build_decoder(
             Some(&pad),
         )?;
         let o = out_proj(&mut b, "self_attn", &ctx)?;
-        h = add(&mut b, &format!("{n}_self_attn_residual"), &h, &o)?;
+        h = b.add(&format!("{n}_self_attn_residual"), &h, &o)?;
 
         // Cross-attention on the encoder output.
         let x = ln_w(&mut b, "encoder_attn_layer_norm", &h)?;
@@ -329,34 +327,32 @@ pub fn build_decoder(
             )?);
         }
         let o = out_proj(&mut b, "encoder_attn", &ctx)?;
-        h = add(&mut b, &format!("{n}_encoder_attn_residual"), &h, &o)?;
+        h = b.add(&format!("{n}_encoder_attn_residual"), &h, &o)?;
 
         // Feed-forward.
         let x = ln_w(&mut b, "final_layer_norm", &h)?;
-        let f = conv1x1(
-            &mut b,
+        let f = b.conv(
             &format!("{n}_fc1"),
             &x,
             w4(w, &format!("{lp}.fc1.weight"), dims.ffn, d)?,
             Some(vec1(w, &format!("{lp}.fc1.bias"), dims.ffn)?),
         )?;
-        let f = gelu(&mut b, &format!("{n}_fc1_gelu"), &f)?;
-        let f = conv1x1(
-            &mut b,
+        let f = b.gelu(&format!("{n}_fc1_gelu"), &f, "EXACT")?;
+        let f = b.conv(
             &format!("{n}_fc2"),
             &f,
             w4(w, &format!("{lp}.fc2.weight"), d, dims.ffn)?,
             Some(vec1(w, &format!("{lp}.fc2.bias"), d)?),
         )?;
-        h = add(&mut b, &format!("{n}_mlp_residual"), &h, &f)?;
+        h = b.add(&format!("{n}_mlp_residual"), &h, &f)?;
     }
-    let h = layer_norm_c(
-        &mut b,
+    let h = b.layer_norm(
         "layer_norm",
         &h,
+        &[1],
         vec1(w, &format!("{P}.layer_norm.weight"), d)?,
         vec1(w, &format!("{P}.layer_norm.bias"), d)?,
-        LN_EPS,
+        Value::f16_scalar(LN_EPS),
     )?;
     let mut outs = vec![head(&mut b, w, &h, d, dims.vocab, opts.head_chunks)?];
     if opts.kv_cache == KvCache::Io {

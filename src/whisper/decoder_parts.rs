@@ -4,8 +4,9 @@
 //! `gather`, the untied vocabulary head, and the CrossKV model.
 
 use super::decoder_spec::{check, finish_model, DecoderDims, DecoderOptions, CROSS_KV_NAMES, P};
-use super::graph::{add, conv1x1, int, ints, query_scale, reshape, scaled, weight, WeightSource};
+use super::graph::{query_scale, scaled, weight, WeightSource};
 use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Tensor, Value, ValueType};
+use crate::ops::builder::{int, ints};
 use crate::ops::{Builder, In, V};
 use anyhow::{ensure, Result};
 
@@ -33,10 +34,9 @@ pub(super) fn query(
     if exact {
         let wq = scaled(w, &format!("{hf}.weight"), &[d, d, 1, 1], s)?;
         let bq = scaled(w, &format!("{hf}.bias"), &[d], s)?;
-        return conv1x1(b, name, x, wq, Some(bq));
+        return b.conv(name, x, wq, Some(bq));
     }
-    let q = conv1x1(
-        b,
+    let q = b.conv(
         name,
         x,
         w4(w, &format!("{hf}.weight"), d, d)?,
@@ -59,15 +59,13 @@ pub(super) fn key_value(
     hf: &str,
     d: usize,
 ) -> Result<(V, V)> {
-    let k = conv1x1(
-        b,
+    let k = b.conv(
         &format!("{n}_k_proj"),
         x,
         w4(w, &format!("{hf}.k_proj.weight"), d, d)?,
         None,
     )?;
-    let v = conv1x1(
-        b,
+    let v = b.conv(
         &format!("{n}_v_proj"),
         x,
         w4(w, &format!("{hf}.v_proj.weight"), d, d)?,
@@ -129,7 +127,7 @@ impl SelfKv {
                 for (what, cache, new) in [("key", &keys[l], k), ("value", &values[l], v)] {
                     let old = mul(b, &format!("{n}_{what}_cache_kept"), cache, keep)?;
                     let put = mul(b, &format!("{n}_{what}_cache_new"), new, mask)?;
-                    out.push(add(b, &format!("{n}_{what}_cache_merged"), &old, &put)?);
+                    out.push(b.add(&format!("{n}_{what}_cache_merged"), &old, &put)?);
                 }
                 Ok((out[0].clone(), out[1].clone()))
             }
@@ -255,7 +253,7 @@ pub(super) fn head(
             vec![r1 - r0, d, 1, 1],
             bytes,
         )?);
-        parts.push(conv1x1(b, name, h, t, None)?);
+        parts.push(b.conv(name, h, t, None)?);
     }
     let logits = if parts.len() == 1 {
         parts.remove(0)
@@ -266,7 +264,7 @@ pub(super) fn head(
             vec![("values", In::Vs(parts)), ("axis", int(1))],
         )?
     };
-    reshape(b, "logits_1_1_v", &logits, &[1, 1, vocab as i32])
+    b.reshape("logits_1_1_v", &logits, &[1, 1, vocab as i32])
 }
 
 /// Embedding row `index` of table `name` ([rows, d] fp16) by `gather` → [1, d].

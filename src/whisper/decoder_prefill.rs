@@ -11,8 +11,9 @@
 //! free of the 1500-position projections.
 
 use super::decoder_spec::{finish_model, DecoderDims};
-use super::graph::{int, ints, reshape, WeightSource};
+use super::graph::WeightSource;
 use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Tensor, Value, ValueType};
+use crate::ops::builder::{int, ints};
 use crate::ops::{Builder, In};
 use anyhow::{bail, ensure, Context, Result};
 use half::f16;
@@ -394,8 +395,7 @@ pub fn build_prefill(
                 ("axis", int(0)),
             ],
         )?;
-        outs.push(reshape(
-            &mut b,
+        outs.push(b.reshape(
             &format!("{name}_bc1s"),
             &g,
             &[1, dl as i32, 1, PREFILL_LEN as i32],

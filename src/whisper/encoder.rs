@@ -2,11 +2,9 @@
 //! GELU, a fixed positional embedding added once, pre-norm transformer layers whose linears
 //! are 1x1 `conv`s, and a final layer norm. Two I/O ABIs: whisper.cpp's and WhisperKit's.
 
-use super::graph::{
-    add, attention, conv1x1, gelu, int, ints, layer_norm_c, query_scale, reshape, scaled, weight,
-    WeightSource,
-};
+use super::graph::{attention, query_scale, scaled, weight, WeightSource};
 use crate::ir::{ArrayDType, DType, Description, Feature, Model, Opset, Tensor, Value, ValueType};
+use crate::ops::builder::{int, ints};
 use crate::ops::{Builder, In};
 use anyhow::{bail, Result};
 use half::f16;
@@ -135,7 +133,7 @@ pub fn build_encoder(
                 ("groups", int(1)),
             ],
         )?;
-        gelu(b, &format!("{name}_gelu"), &y)
+        b.gelu(&format!("{name}_gelu"), &y, "EXACT")
     };
     let h = stem(&mut b, "conv1", &x, dims.n_mels, 1)?;
     let h = stem(&mut b, "conv2", &h, d, 2)?;
@@ -158,19 +156,19 @@ pub fn build_encoder(
         "embed_positions",
         Value::Tensor(Tensor::f16(&[1, d, 1, dims.n_ctx], &pt)),
     );
-    let mut h = add(&mut b, "add_positions", &h, &pos)?;
+    let mut h = b.add("add_positions", &h, &pos)?;
 
     let (qs, exact) = query_scale(dh);
     for l in 0..dims.layers {
         let lp = format!("{p}.layers.{l}");
         let n = format!("layers_{l}");
-        let ln = layer_norm_c(
-            &mut b,
+        let ln = b.layer_norm(
             &format!("{n}_self_attn_layer_norm"),
             &h,
+            &[1],
             weight(w, &format!("{lp}.self_attn_layer_norm.weight"), &[d])?,
             weight(w, &format!("{lp}.self_attn_layer_norm.bias"), &[d])?,
-            LN_EPS,
+            Value::f16_scalar(LN_EPS),
         )?;
         let a = format!("{lp}.self_attn");
         let (qw, qb) = if exact {
@@ -184,7 +182,7 @@ pub fn build_encoder(
                 weight(w, &format!("{a}.q_proj.bias"), &[d])?,
             )
         };
-        let mut q = conv1x1(&mut b, &format!("{n}_self_attn_q_proj"), &ln, qw, Some(qb))?;
+        let mut q = b.conv(&format!("{n}_self_attn_q_proj"), &ln, qw, Some(qb))?;
         if !exact {
             let s = b.konst(&format!("{n}_q_scale"), Value::f16_scalar(qs));
             q = b.op1(
@@ -194,15 +192,13 @@ pub fn build_encoder(
             )?;
         }
         // No key bias: a constant added to every key shifts all logits of a query equally.
-        let k = conv1x1(
-            &mut b,
+        let k = b.conv(
             &format!("{n}_self_attn_k_proj"),
             &ln,
             weight(w, &format!("{a}.k_proj.weight"), &[d, d, 1, 1])?,
             None,
         )?;
-        let v = conv1x1(
-            &mut b,
+        let v = b.conv(
             &format!("{n}_self_attn_v_proj"),
             &ln,
             weight(w, &format!("{a}.v_proj.weight"), &[d, d, 1, 1])?,
@@ -218,51 +214,48 @@ pub fn build_encoder(
             d,
             None,
         )?;
-        let o = conv1x1(
-            &mut b,
+        let o = b.conv(
             &format!("{n}_self_attn_out_proj"),
             &ctx,
             weight(w, &format!("{a}.out_proj.weight"), &[d, d, 1, 1])?,
             Some(weight(w, &format!("{a}.out_proj.bias"), &[d])?),
         )?;
-        h = add(&mut b, &format!("{n}_attn_residual"), &h, &o)?;
-        let ln2 = layer_norm_c(
-            &mut b,
+        h = b.add(&format!("{n}_attn_residual"), &h, &o)?;
+        let ln2 = b.layer_norm(
             &format!("{n}_final_layer_norm"),
             &h,
+            &[1],
             weight(w, &format!("{lp}.final_layer_norm.weight"), &[d])?,
             weight(w, &format!("{lp}.final_layer_norm.bias"), &[d])?,
-            LN_EPS,
+            Value::f16_scalar(LN_EPS),
         )?;
-        let f = conv1x1(
-            &mut b,
+        let f = b.conv(
             &format!("{n}_fc1"),
             &ln2,
             weight(w, &format!("{lp}.fc1.weight"), &[dims.ffn, d, 1, 1])?,
             Some(weight(w, &format!("{lp}.fc1.bias"), &[dims.ffn])?),
         )?;
-        let f = gelu(&mut b, &format!("{n}_fc1_gelu"), &f)?;
-        let f = conv1x1(
-            &mut b,
+        let f = b.gelu(&format!("{n}_fc1_gelu"), &f, "EXACT")?;
+        let f = b.conv(
             &format!("{n}_fc2"),
             &f,
             weight(w, &format!("{lp}.fc2.weight"), &[d, dims.ffn, 1, 1])?,
             Some(weight(w, &format!("{lp}.fc2.bias"), &[d])?),
         )?;
-        h = add(&mut b, &format!("{n}_mlp_residual"), &h, &f)?;
+        h = b.add(&format!("{n}_mlp_residual"), &h, &f)?;
         progress(l + 1, dims.layers);
     }
-    let h = layer_norm_c(
-        &mut b,
+    let h = b.layer_norm(
         "layer_norm",
         &h,
+        &[1],
         weight(w, &format!("{p}.layer_norm.weight"), &[d])?,
         weight(w, &format!("{p}.layer_norm.bias"), &[d])?,
-        LN_EPS,
+        Value::f16_scalar(LN_EPS),
     )?;
     let out = match abi {
         EncoderAbi::WhisperCpp => {
-            let s = reshape(&mut b, "output_bcs", &h, &[1, d as i32, dims.n_ctx as i32])?;
+            let s = b.reshape("output_bcs", &h, &[1, d as i32, dims.n_ctx as i32])?;
             let t = b.op1(
                 "transpose",
                 "output_bsc",

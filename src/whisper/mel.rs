@@ -13,8 +13,8 @@
 use super::audio::{MelFilters, HOP_LENGTH, N_FFT, N_FRAMES, N_FREQS, N_SAMPLES};
 use super::config::WhisperConfig;
 use super::decoder::finish_model;
-use super::graph::{int, ints, reshape};
 use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Tensor, Value, ValueType};
+use crate::ops::builder::{int, ints};
 use crate::ops::{Builder, In, V};
 use anyhow::{ensure, Context, Result};
 use half::f16;
@@ -62,7 +62,7 @@ pub fn build_mel(filters: &MelFilters, opset: Opset) -> Result<Model> {
     let fout = Feature::new(MEL_OUTPUT, ArrayDType::F16, &[1, n_mels, 1, N_FRAMES]);
     let mut b = Builder::new(opset);
     let audio = b.input(MEL_INPUT, ValueType::Tensor(fin.tensor_type()));
-    let x = reshape(&mut b, "audio_1_1_n", &audio, &[1, 1, N_SAMPLES as i32])?;
+    let x = b.reshape("audio_1_1_n", &audio, &[1, 1, N_SAMPLES as i32])?;
     let half = (N_FFT / 2) as i32;
     let x = b.op1(
         "pad",
@@ -179,12 +179,7 @@ pub fn build_mel(filters: &MelFilters, opset: Opset) -> Result<Model> {
         "mel_fp16",
         vec![("x", In::V(y)), ("dtype", In::C(Value::str("fp16")))],
     )?;
-    let y = reshape(
-        &mut b,
-        "mel_bc1s",
-        &y,
-        &[1, n_mels as i32, 1, N_FRAMES as i32],
-    )?;
+    let y = b.reshape("mel_bc1s", &y, &[1, n_mels as i32, 1, N_FRAMES as i32])?;
     let (inputs, block) = b.finish(&[(y, MEL_OUTPUT)])?;
     let mut description = Description {
         inputs: vec![fin],
