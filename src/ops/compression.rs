@@ -8,7 +8,7 @@ use super::placement::{Flops, LOAD_TIME};
 use super::{opt_c, req_c, InputSpec, OpDef};
 use crate::ir::{DType, Dim, Opset, ValueType};
 use crate::kernels;
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{anyhow, bail, ensure, Result};
 use rayon::prelude::*;
 
 fn const_shape(cx: &InferCx, name: &str) -> Result<Vec<usize>> {
@@ -156,6 +156,134 @@ fn values(cx: &EvalCx, name: &str) -> Result<Vec<f32>> {
     kernels::to_f32_vec(cx.t(name)?)
 }
 
+// ---- the one decode of the iOS18 compressed forms: the interpreter's evaluation below and
+// the compression passes' decoders (`passes::lut::decode_lut`, `passes::quant::decode_blockwise`)
+// both call these, so how a parameter grid tiles a weight is stated once ----
+
+/// Decodes a tensor of `shape` whose parameters form a grid of `grid` (same rank, each grid
+/// dim dividing the shape's: a LUT's tables, a shift/scale's scales): `value(i, g)` gives the
+/// element of flat row-major index `i` from the parameters of grid cell `g` (flat, row-major
+/// in `grid`). `what` names the op in errors.
+pub fn decode_grid<T: Copy + Default + Send>(
+    what: &str,
+    shape: &[usize],
+    grid: &[usize],
+    value: impl Fn(usize, usize) -> T + Sync,
+) -> Result<Vec<T>> {
+    ensure!(
+        !shape.is_empty() && grid.len() == shape.len(),
+        "{what}: parameter grid {grid:?} and weight shape {shape:?} differ in rank"
+    );
+    let mut blocks = Vec::with_capacity(shape.len());
+    for (a, (&d, &g)) in shape.iter().zip(grid).enumerate() {
+        ensure!(
+            g > 0 && d % g == 0,
+            "{what}: axis {a}: weight dim {d} is not a multiple of parameter dim {g}"
+        );
+        blocks.push(d / g);
+    }
+    let numel: usize = shape.iter().product();
+    if numel == 0 {
+        return Ok(Vec::new());
+    }
+    // Trailing size-1 axes (linear weights stored as [out, in, 1, 1]) change no flat index
+    // (their grid dims are 1 too); without them rows stay long, keeping the per-row index
+    // arithmetic and rayon's per-task cost off the per-element path.
+    let rank = shape.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
+    let (shape, grid, blocks) = (&shape[..rank], &grid[..rank], &blocks[..rank]);
+    let gstride = strides(grid);
+    let last = shape[rank - 1];
+    let last_map: Vec<usize> = (0..last)
+        .map(|i| (i / blocks[rank - 1]) * gstride[rank - 1])
+        .collect();
+    let outer = &shape[..rank - 1];
+    let mut out = vec![T::default(); numel];
+    out.par_chunks_mut(last)
+        .enumerate()
+        .with_min_len((4096 / last).max(1))
+        .for_each(|(row, dst)| {
+            // Grid cell contributed by the outer axes of this row.
+            let (mut rem, mut base) = (row, 0usize);
+            for a in (0..outer.len()).rev() {
+                let i = rem % outer[a];
+                rem /= outer[a];
+                base += (i / blocks[a]) * gstride[a];
+            }
+            for (j, (o, &m)) in dst.iter_mut().zip(&last_map).enumerate() {
+                *o = value(row * last + j, base + m);
+            }
+        });
+    Ok(out)
+}
+
+/// iOS18 `constexpr_lut_to_dense` with scalar palettization (`lut` of shape `[b_0, …,
+/// b_{r-1}, 2^nbits, 1]`, each `b_a` dividing `shape[a]`): `out[i] = lut[cell(i), codes[i]]`.
+/// The entries keep their type (fp16 stays fp16: no rounding).
+pub fn decode_lut<T: Copy + Default + Send + Sync>(
+    codes: &[u8],
+    shape: &[usize],
+    lut: &[T],
+    lut_shape: &[usize],
+) -> Result<Vec<T>> {
+    const WHAT: &str = "constexpr_lut_to_dense";
+    let r = shape.len();
+    let numel: usize = shape.iter().product();
+    ensure!(
+        r >= 1 && codes.len() == numel,
+        "{WHAT}: {} indices for shape {shape:?}",
+        codes.len()
+    );
+    ensure!(
+        lut_shape.len() == r + 2,
+        "{WHAT}: lut shape {lut_shape:?} must have rank {} (indices rank + 2)",
+        r + 2
+    );
+    ensure!(
+        lut_shape[r + 1] == 1,
+        "{WHAT}: vector palettization (lut last dim {}) is not scalar",
+        lut_shape[r + 1]
+    );
+    let entries = lut_shape[r];
+    ensure!(
+        entries.is_power_of_two() && entries <= 256,
+        "{WHAT}: palette size {entries} is not 2^nbits with nbits ≤ 8"
+    );
+    ensure!(
+        lut.len() == lut_shape.iter().product::<usize>(),
+        "{WHAT}: lut has {} values for shape {lut_shape:?}",
+        lut.len()
+    );
+    if let Some((i, &bad)) = codes
+        .iter()
+        .enumerate()
+        .find(|(_, &v)| v as usize >= entries)
+    {
+        bail!("{WHAT}: index {i} is {bad}, but the palette has {entries} entries");
+    }
+    decode_grid(WHAT, shape, &lut_shape[..r], |i, g| {
+        lut[g * entries + codes[i] as usize]
+    })
+}
+
+/// iOS18 `constexpr_blockwise_shift_scale`: `out[i] = round(scale[cell(i)] · (data[i] −
+/// offset[cell(i)]))`, computed in f32 and rounded once by `round` (to the output dtype),
+/// `scale` (and `offset`, when given) row-major in `scale_shape`.
+pub fn decode_shift_scale<T: Copy + Default + Send>(
+    shape: &[usize],
+    scale_shape: &[usize],
+    data: impl Fn(usize) -> f32 + Sync,
+    scale: impl Fn(usize) -> f32 + Sync,
+    offset: Option<&(dyn Fn(usize) -> f32 + Sync)>,
+    round: impl Fn(f32) -> T + Sync,
+) -> Result<Vec<T>> {
+    decode_grid(
+        "constexpr_blockwise_shift_scale",
+        shape,
+        scale_shape,
+        |i, g| round(scale(g) * (data(i) - offset.map_or(0.0, |o| o(g)))),
+    )
+}
+
 /// iOS18 LUT: `out[o] = lut[group(i), indices[i], o[va] % vs]` where `i` is `o` with the
 /// vector axis divided by the vector size.
 pub(super) fn eval_lut18(cx: &EvalCx) -> Result<Vec<RValue>> {
@@ -171,6 +299,12 @@ pub(super) fn eval_lut18(cx: &EvalCx) -> Result<Vec<RValue>> {
         "lut {lshape:?} for indices {ishape:?}"
     );
     let (palette, vs) = (lshape[r], lshape[r + 1]);
+    if vs == 1 {
+        return out0(
+            cx,
+            kernels::from_vec(decode_lut(&codes, &ishape, &lut, &lshape)?, &ishape)?,
+        );
+    }
     let block: Vec<usize> = (0..r)
         .map(|k| (ishape[k] / lshape[k].max(1)).max(1))
         .collect();
@@ -264,31 +398,21 @@ pub(super) fn eval_shift_scale(cx: &EvalCx) -> Result<Vec<RValue>> {
     } else {
         None
     };
-    let r = shape.len();
     ensure!(
-        r >= 1 && sshape.len() == r,
+        data.len() == shape.iter().product::<usize>()
+            && scale.len() == sshape.iter().product::<usize>()
+            && offset.as_ref().is_none_or(|o| o.len() == scale.len()),
         "scale {sshape:?} for data {shape:?}"
     );
-    let block: Vec<usize> = (0..r)
-        .map(|k| (shape[k] / sshape[k].max(1)).max(1))
-        .collect();
-    let sst = strides(&sshape);
-    let last = shape[r - 1];
-    let mut out = vec![0f32; data.len()];
-    out.par_chunks_mut(last.max(1))
-        .enumerate()
-        .for_each(|(row, dst)| {
-            let (mut soff, mut rem) = (0usize, row);
-            for k in (0..r - 1).rev() {
-                soff += (rem % shape[k]) / block[k] * sst[k];
-                rem /= shape[k];
-            }
-            let src = &data[row * last..(row + 1) * last];
-            for (j, d) in dst.iter_mut().enumerate() {
-                let b = soff + j / block[r - 1];
-                *d = scale[b] * (src[j] - offset.as_ref().map_or(0.0, |o| o[b]));
-            }
-        });
+    let off = offset.as_ref().map(|o| move |g: usize| o[g]);
+    let out = decode_shift_scale(
+        &shape,
+        &sshape,
+        |i| data[i],
+        |g| scale[g],
+        off.as_ref().map(|f| f as &(dyn Fn(usize) -> f32 + Sync)),
+        |v| v,
+    )?;
     out0(cx, kernels::from_vec(out, &shape)?)
 }
 

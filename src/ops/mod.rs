@@ -33,6 +33,7 @@ mod state;
 mod tensor_ops;
 
 pub use builder::{Builder, In, V};
+pub use compression::{decode_grid, decode_lut, decode_shift_scale};
 pub use eval::{DictKeys, DictVal, EvalCx, EvalFn, ExecEnv, ListVal, RValue, StateCell};
 pub use infer::{ArgInfo, BlockSig, InferCx};
 pub use state::{eval_state_slice_update, eval_state_slice_update_view};

@@ -418,91 +418,15 @@ pub fn apply_row_scale(mut dense: Vec<f16>, scale: &[f16]) -> Result<Vec<f16>> {
 }
 
 /// Core ML's materialization of `constexpr_lut_to_dense` for scalar palettization
-/// (`lut` of shape `[b_0, …, b_{K-1}, 2^nbits, 1]`, each `b_a` dividing `shape[a]`).
+/// (`lut` of shape `[b_0, …, b_{K-1}, 2^nbits, 1]`, each `b_a` dividing `shape[a]`): the
+/// op's own decode ([`crate::ops::decode_lut`]), which the interpreter runs too.
 pub fn decode_lut(
     indices: &[u8],
     shape: &[usize],
     lut: &[f16],
     lut_shape: &[usize],
 ) -> Result<Vec<f16>> {
-    let rank = shape.len();
-    let numel: usize = shape.iter().product();
-    ensure!(
-        rank >= 1 && indices.len() == numel,
-        "decode_lut: {} indices for shape {shape:?}",
-        indices.len()
-    );
-    ensure!(
-        lut_shape.len() == rank + 2,
-        "decode_lut: lut shape {lut_shape:?} must have rank {} (indices rank + 2)",
-        rank + 2
-    );
-    ensure!(
-        lut_shape[rank + 1] == 1,
-        "decode_lut: vector palettization (lut last dim {}) is not supported",
-        lut_shape[rank + 1]
-    );
-    let entries = lut_shape[rank];
-    ensure!(
-        entries.is_power_of_two() && entries <= 256,
-        "decode_lut: palette size {entries} is not 2^nbits with nbits ≤ 8"
-    );
-    ensure!(
-        lut.len() == lut_shape.iter().product::<usize>(),
-        "decode_lut: lut has {} values for shape {lut_shape:?}",
-        lut.len()
-    );
-    let mut blocks = Vec::with_capacity(rank);
-    for a in 0..rank {
-        ensure!(
-            lut_shape[a] > 0 && shape[a].is_multiple_of(lut_shape[a]),
-            "decode_lut: axis {a}: indices dim {} is not a multiple of lut dim {}",
-            shape[a],
-            lut_shape[a]
-        );
-        blocks.push(shape[a] / lut_shape[a]);
-    }
-    if let Some((i, &bad)) = indices
-        .iter()
-        .enumerate()
-        .find(|(_, &v)| v as usize >= entries)
-    {
-        bail!("decode_lut: index {i} is {bad}, but the palette has {entries} entries");
-    }
-    if numel == 0 {
-        return Ok(Vec::new());
-    }
-    // Trailing size-1 axes change no flat index (their grid dims are 1 as well); without them
-    // rows stay long, keeping per-row work and rayon's per-task cost off the per-element path.
-    let rank = super::quant::effective_rank(shape);
-    let (shape, blocks) = (&shape[..rank], &blocks[..rank]);
-    // Row-major strides of the table grid (the first `rank` dims of lut).
-    let mut gstride = vec![entries; rank];
-    for a in (0..rank - 1).rev() {
-        gstride[a] = gstride[a + 1] * lut_shape[a + 1];
-    }
-    let last = shape[rank - 1];
-    let last_map: Vec<usize> = (0..last)
-        .map(|i| (i / blocks[rank - 1]) * gstride[rank - 1])
-        .collect();
-    let outer = &shape[..rank - 1];
-    let mut out = vec![f16::ZERO; numel];
-    out.par_chunks_mut(last)
-        .zip(indices.par_chunks(last))
-        .enumerate()
-        .with_min_len((4096 / last).max(1))
-        .for_each(|(row, (dst, idx))| {
-            let (mut rem, mut base) = (row, 0usize);
-            for a in (0..outer.len()).rev() {
-                let i = rem % outer[a];
-                rem /= outer[a];
-                base += (i / blocks[a]) * gstride[a];
-            }
-            for ((o, &ix), &m) in dst.iter_mut().zip(idx).zip(&last_map) {
-                *o = lut[base + m + ix as usize];
-            }
-        });
-    Ok(out)
+    crate::ops::decode_lut(indices, shape, lut, lut_shape)
 }
 
 #[cfg(test)]

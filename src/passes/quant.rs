@@ -219,8 +219,11 @@ pub fn quantize_packed(
 }
 
 /// Core ML's materialization of `constexpr_blockwise_shift_scale` with integer `data` (and
-/// integer `offset` of the same dtype) and fp16 `scale`: `fp16(scale · fp16(data − offset))`,
-/// each scale covering a block of `shape[a] / scale_shape[a]` along every axis `a`.
+/// integer `offset` of the same dtype) and fp16 `scale`: `fp16(scale · (data − offset))`,
+/// each scale covering a block of `shape[a] / scale_shape[a]` along every axis `a` — the op's
+/// own decode ([`crate::ops::decode_shift_scale`]), which the interpreter runs too. `data −
+/// offset` is a small integer (exact in f32) and its product with an fp16 scale is exact, so
+/// the one rounding is numpy's.
 pub fn decode_blockwise(
     data: &QuantValues,
     shape: &[usize],
@@ -233,10 +236,6 @@ pub fn decode_blockwise(
         data.len() == numel,
         "decode_blockwise: data has {} elements, shape {shape:?} needs {numel}",
         data.len()
-    );
-    ensure!(
-        scale_shape.len() == shape.len(),
-        "decode_blockwise: scale shape {scale_shape:?} and data shape {shape:?} differ in rank"
     );
     let nscale: usize = scale_shape.iter().product();
     ensure!(
@@ -251,58 +250,15 @@ pub fn decode_blockwise(
             o.len()
         );
     }
-    let mut blocks = Vec::with_capacity(shape.len());
-    for (a, (&d, &s)) in shape.iter().zip(scale_shape).enumerate() {
-        ensure!(
-            s > 0 && d % s == 0,
-            "decode_blockwise: axis {a}: data dim {d} is not a multiple of scale dim {s}"
-        );
-        blocks.push(d / s);
-    }
-    if numel == 0 {
-        return Ok(Vec::new());
-    }
-    // Trailing size-1 axes (linear weights stored as [out, in, 1, 1]) change no flat index;
-    // without them rows stay long, so the per-row index arithmetic and rayon's per-task cost
-    // stay off the per-element path.
-    let rank = effective_rank(shape);
-    let (shape, scale_shape, blocks) = (&shape[..rank], &scale_shape[..rank], &blocks[..rank]);
-    // Map every flat element to its scale index: row-major strides of the scale tensor.
-    let mut sstride = vec![1usize; rank];
-    for a in (0..rank.saturating_sub(1)).rev() {
-        sstride[a] = sstride[a + 1] * scale_shape[a + 1];
-    }
-    let last = shape[rank - 1];
-    let last_map: Vec<usize> = (0..last)
-        .map(|i| (i / blocks[rank - 1]) * sstride[rank - 1])
-        .collect();
-    let outer = &shape[..rank - 1];
-    let mut out = vec![f16::ZERO; numel];
-    out.par_chunks_mut(last)
-        .enumerate()
-        .with_min_len((4096 / last).max(1))
-        .for_each(|(row, dst)| {
-            // Scale index contributed by the outer axes of this row.
-            let (mut rem, mut base) = (row, 0usize);
-            for a in (0..outer.len()).rev() {
-                let idx = rem % outer[a];
-                rem /= outer[a];
-                base += (idx / blocks[a]) * sstride[a];
-            }
-            for (i, o) in dst.iter_mut().enumerate() {
-                let s = base + last_map[i];
-                let q = data.get(row * last + i) - offset.map_or(0, |o| o.get(s));
-                // q − offset is a small integer (exact in fp16), and the f32 product of it with
-                // an fp16 scale is exact, so this is the single fp16 rounding numpy does.
-                *o = to_f16(scale[s].to_f32() * q as f32);
-            }
-        });
-    Ok(out)
-}
-
-/// Rank of `shape` without its trailing size-1 axes (at least 1).
-pub(crate) fn effective_rank(shape: &[usize]) -> usize {
-    shape.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1)
+    let off = offset.map(|o| move |g: usize| o.get(g) as f32);
+    crate::ops::decode_shift_scale(
+        shape,
+        scale_shape,
+        |i| data.get(i) as f32,
+        |g| scale[g].to_f32(),
+        off.as_ref().map(|f| f as &(dyn Fn(usize) -> f32 + Sync)),
+        to_f16,
+    )
 }
 
 /// rms(orig − decoded) / rms(orig), in f64. Zero when both are identical (even if all zero).
