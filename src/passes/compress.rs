@@ -6,7 +6,7 @@
 //! the positional embedding, never skips silently.
 
 use super::calibrate::Calibration;
-use super::feedback::{feedback_factor, palettize_with_feedback, quantize_with_feedback};
+use super::feedback::{feedback_factor, palettize_with_feedback, quantize_packed_with_feedback};
 use super::lut::{palettize, LutConfig, LutGranularity, LutMode};
 use super::quant::{quantize_packed, QuantConfig, QuantDtype, QuantGranularity};
 pub use super::select::{is_positional, Selection};
@@ -469,7 +469,7 @@ fn replace(
         }
         Method::Quantize(cfg) => {
             let q = match factor {
-                Some(u) => quantize_with_feedback(&w, &t.shape, cfg, u)?,
+                Some(u) => quantize_packed_with_feedback(&w, &t.shape, cfg, u)?,
                 None => quantize_packed(&w, &t.shape, cfg)?,
             };
             let dd = match q.dtype {

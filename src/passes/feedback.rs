@@ -13,7 +13,9 @@
 //! w[k] −= (e / U[j, j]) · U[j, k] for k > j, so one factorization serves all rows.
 
 use super::lut::{palettize, LutConfig, Palettized};
-use super::quant::{quantize, relative_rms_error, PackedQuantized, QuantConfig, QuantValues};
+use super::quant::{
+    quantize, relative_rms_error, PackedQuantized, QuantConfig, QuantValues, Quantized,
+};
 use anyhow::{ensure, Result};
 use half::f16;
 use rayon::prelude::*;
@@ -212,12 +214,13 @@ pub fn palettize_with_feedback(
 /// Linear quantization with error feedback: scales (and offsets) as [`quantize`] sets them
 /// from the weight, then each element's code is `clamp(round(v / s) + offset)` of the value
 /// the column sweep has carried to it, decoding as Core ML does, `fp16(s · (code − offset))`.
+/// Returns the result and the relative RMS error of its decode.
 pub fn quantize_with_feedback(
     weight: &[f16],
     shape: &[usize],
     cfg: &QuantConfig,
     u: &[f64],
-) -> Result<PackedQuantized> {
+) -> Result<(Quantized, f64)> {
     let q = quantize(weight, shape, cfg)?;
     let rows = shape[0];
     let n = weight.len() / rows;
@@ -237,8 +240,9 @@ pub fn quantize_with_feedback(
         if s == 0.0 {
             return (off, 0.0);
         }
-        let code = ((v / f64::from(s)).round_ties_even() as i64 + i64::from(off))
-            .clamp(i64::from(lo), i64::from(hi)) as i32;
+        // As the plain path rounds: the f32 quotient rounded to fp16, then to an integer.
+        let t = f16::from_f32(v as f32 / s).to_f32().round_ties_even();
+        let code = (t as i64 + i64::from(off)).clamp(i64::from(lo), i64::from(hi)) as i32;
         let dec = f16::from_f32(s * (code - off) as f32).to_f64();
         (code, dec)
     })?;
@@ -247,67 +251,30 @@ pub fn quantize_with_feedback(
     } else {
         QuantValues::Unsigned(codes.iter().map(|&c| c as u8).collect())
     };
-    let out = super::quant::Quantized { data, ..q };
+    let out = Quantized { data, ..q };
     let rel_rms_error = relative_rms_error(weight, &out.decode()?)?;
-    Ok(PackedQuantized {
-        dtype: out.dtype,
-        shape: out.shape.clone(),
-        data: out.data.to_storage_bytes(out.dtype)?,
-        scale: out.scale.clone(),
-        scale_shape: out.scale_shape.clone(),
-        offset: out
-            .offset
-            .as_ref()
-            .map(|o| o.to_storage_bytes(out.dtype))
-            .transpose()?,
-        rel_rms_error,
-    })
+    Ok((out, rel_rms_error))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_factor_squares_to_the_inverse_of_the_damped_gram_matrix() {
-        let n = 7;
-        // H = AᵀA for a fixed A: positive definite.
-        let a: Vec<f64> = (0..n * 9)
-            .map(|i| ((i * 37 % 23) as f64) / 7.0 - 1.5)
-            .collect();
-        let mut h = vec![0f32; n * n];
-        for i in 0..n {
-            for k in 0..n {
-                h[i * n + k] = (0..9).map(|m| a[m * n + i] * a[m * n + k]).sum::<f64>() as f32;
-            }
-        }
-        let u = feedback_factor(&h, n, 0.0).unwrap();
-        for i in 0..n {
-            for k in 0..i {
-                assert_eq!(u[i * n + k], 0.0, "U is upper triangular");
-            }
-        }
-        // (UᵀU) · H = I within float64 round-off.
-        for i in 0..n {
-            for k in 0..n {
-                let mut s = 0.0;
-                for m in 0..n {
-                    let utu: f64 = (0..n).map(|p| u[p * n + i] * u[p * n + m]).sum();
-                    s += utu * f64::from(h[m * n + k]);
-                }
-                let want = if i == k { 1.0 } else { 0.0 };
-                assert!((s - want).abs() < 1e-6, "({i},{k}) = {s}");
-            }
-        }
-    }
-
-    #[test]
-    fn a_gram_matrix_that_is_not_square_is_refused() {
-        let msg = feedback_factor(&[1.0; 6], 2, 0.01).unwrap_err().to_string();
-        assert!(msg.contains("not 2 × 2"), "{msg}");
-        let msg = feedback_factor(&[f32::NAN, 0.0, 0.0, 1.0], 2, 0.01)
-            .unwrap_err()
-            .to_string();
-        assert!(msg.contains("non-finite"), "{msg}");
-    }
+/// [`quantize_with_feedback`] in the storage form the compression pass writes.
+pub fn quantize_packed_with_feedback(
+    weight: &[f16],
+    shape: &[usize],
+    cfg: &QuantConfig,
+    u: &[f64],
+) -> Result<PackedQuantized> {
+    let (q, rel_rms_error) = quantize_with_feedback(weight, shape, cfg, u)?;
+    Ok(PackedQuantized {
+        dtype: q.dtype,
+        data: q.data.to_storage_bytes(q.dtype)?,
+        offset: q
+            .offset
+            .as_ref()
+            .map(|o| o.to_storage_bytes(q.dtype))
+            .transpose()?,
+        shape: q.shape,
+        scale: q.scale,
+        scale_shape: q.scale_shape,
+        rel_rms_error,
+    })
 }
