@@ -207,7 +207,11 @@ fn folder_plan_routes_statistics_and_fixes_widths() {
     }
     let mut meta = BTreeMap::new();
     meta.insert(COMPONENT_KEY.to_string(), "encoder".to_string());
-    let cal = Calibration { moments, meta };
+    let cal = Calibration {
+        moments,
+        meta,
+        ..Default::default()
+    };
     // Round trip keeps the component.
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("s.safetensors");

@@ -101,6 +101,20 @@ pub struct CompressFlags {
     /// model computes the same function; calibration statistics follow the reordering.
     #[arg(long)]
     pub outlier_grouping: bool,
+    /// Error feedback while rounding (GPTQ-style; needs --calibration statistics from this
+    /// milkit's `calibrate`, which record each input's Gram matrix XᵀX): the tables (or
+    /// int4/int8 scales) are set as usual, then each weight's input columns are rounded in
+    /// order and every column's rounding error is pushed onto the columns not yet rounded,
+    /// so the layer's output on the calibration audio moves least. Applies to linear ops and
+    /// 1×1 convs; convs with wider kernels are compressed without it (the report's mode
+    /// says `-error-feedback` where it was used). The output is the same standard constexpr
+    /// ops.
+    #[arg(long)]
+    pub error_feedback: bool,
+    /// With --error-feedback: the damping added to the Gram matrix's diagonal, as a share of
+    /// its mean diagonal.
+    #[arg(long, default_value_t = 0.01, requires = "error_feedback")]
+    pub damping: f64,
 }
 
 impl CompressFlags {
@@ -177,6 +191,7 @@ impl CompressFlags {
             target_bits: self.target_bits,
             nbits: Default::default(),
             regroup: self.outlier_grouping,
+            error_feedback: self.error_feedback.then_some(self.damping),
         }))
     }
 

@@ -53,6 +53,8 @@ fn recipe_flags(
         head_only: c.head_only,
         per_channel_scale: c.per_channel_scale,
         outlier_grouping: c.outlier_grouping,
+        error_feedback: c.error_feedback,
+        damping: c.damping.unwrap_or(0.01),
         target_bits: c.target_bits,
         calibration: calibration.to_vec(),
     })

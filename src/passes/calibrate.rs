@@ -8,6 +8,11 @@
 //! Why the diagonal of XᵀX: for an output y = W·x, the error a weight change ΔW causes is
 //! E‖ΔW·x‖² = Σᵢⱼₖ ΔWᵢⱼ ΔWᵢₖ E[xⱼxₖ]; keeping only the diagonal gives Σᵢⱼ ΔWᵢⱼ² E[xⱼ²], a
 //! squared error weighted per input channel — exactly what weighted 1-D k-means minimises.
+//!
+//! The full matrix (the Gram matrix H = XᵀX / n, [`Gram`]) is recorded too, for every weight
+//! whose consumer reads one input vector per output position (linear, and conv with a 1×1
+//! kernel): error feedback while rounding ([`super::feedback`]) needs the off-diagonal
+//! terms. Weights whose consumers read the same input share one matrix.
 
 use super::select::{is_positional, Selection};
 use crate::ir::{Arg, DType, Model, Operation, Value, ValueType, Var};
@@ -15,14 +20,21 @@ use crate::ir::{ArrayDType, Feature};
 use crate::ops::builder::infer_op;
 use crate::ops::{Axis, WeightLayout};
 use anyhow::{bail, ensure, Context, Result};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
 /// Metadata key naming the component the statistics were measured on.
 pub const COMPONENT_KEY: &str = "milkit.calibration.component";
 
 /// Prefix of the outputs [`instrument`] adds.
 pub const PROBE_PREFIX: &str = "calib__";
+
+/// Prefix of the tensor names of Gram matrices in the statistics file.
+pub const GRAM_TENSOR_PREFIX: &str = "gram:";
+
+/// Prefix of the metadata keys naming, per weight, the Gram tensor of its input.
+pub const GRAM_META_PREFIX: &str = "milkit.calibration.gram:";
 
 /// One instrumented weight.
 #[derive(Clone, Debug)]
@@ -37,6 +49,9 @@ pub struct Probe {
     pub channels: usize,
     /// Input positions summed per run (all axes but the channel axis).
     pub positions: u64,
+    /// The extra output holding XᵀX of this run (fp32 [channels, channels]), when the
+    /// consumer reads one input vector per output position; shared by consumers of one input.
+    pub gram: Option<String>,
 }
 
 /// The consumer's weight parameter and its input's channel axis (`None` = last).
@@ -88,6 +103,8 @@ pub fn instrument(model: &Model, sel: &Selection) -> Result<(Model, Vec<Probe>)>
     }
     let mut added = Vec::new();
     let mut probes = Vec::new();
+    // Input variable → the output holding its Gram matrix.
+    let mut gram_of_input: HashMap<String, String> = HashMap::new();
     for op in &f.block.operations {
         let Some((param, axis)) = consumer(op) else {
             continue;
@@ -163,6 +180,49 @@ pub fn instrument(model: &Model, sel: &Selection) -> Result<(Model, Vec<Probe>)>
                 ],
             ),
         ];
+        // The Gram matrix: the input as a [positions, channels] (or [channels, positions])
+        // matrix times its own transpose. Only for one input vector per output position
+        // (a 1×1 kernel), and when the channel axis is last or has only unit axes before it.
+        let pointwise = t.shape.iter().skip(2).all(|&d| d == 1);
+        let lead_units = shape[..ax].iter().all(|&d| d == 1);
+        let mut gram = None;
+        if pointwise && (ax + 1 == shape.len() || lead_units) {
+            if let Some(g) = gram_of_input.get(x.as_str()) {
+                gram = Some(g.clone());
+            } else {
+                let g = format!("{base}__gram");
+                let flat = format!("{g}__flat");
+                let channels_last = ax + 1 == shape.len();
+                let flat_shape = if channels_last {
+                    [positions as i32, channels as i32]
+                } else {
+                    [channels as i32, positions as i32]
+                };
+                new_ops.push(probe_op(
+                    "reshape",
+                    &flat,
+                    vec![
+                        ("x", Arg::Var(x32.clone())),
+                        ("shape", Arg::Value(Value::i32s(&flat_shape))),
+                    ],
+                ));
+                new_ops.push(probe_op(
+                    "matmul",
+                    &g,
+                    vec![
+                        ("x", Arg::Var(flat.clone())),
+                        ("y", Arg::Var(flat.clone())),
+                        ("transpose_x", Arg::Value(Value::bool_scalar(channels_last))),
+                        (
+                            "transpose_y",
+                            Arg::Value(Value::bool_scalar(!channels_last)),
+                        ),
+                    ],
+                ));
+                gram_of_input.insert(x.clone(), g.clone());
+                gram = Some(g);
+            }
+        }
         for o in &mut new_ops {
             let tys = infer_op(o, f.opset, &scope)
                 .with_context(|| format!("instrumenting op `{}`", op.name))?;
@@ -176,6 +236,7 @@ pub fn instrument(model: &Model, sel: &Selection) -> Result<(Model, Vec<Probe>)>
             output: base,
             channels,
             positions,
+            gram,
         });
     }
     ensure!(
@@ -184,11 +245,22 @@ pub fn instrument(model: &Model, sel: &Selection) -> Result<(Model, Vec<Probe>)>
         sel.op_types
     );
     f.block.operations.extend(added);
+    let mut gram_outputs = HashSet::new();
     for p in &probes {
         f.block.outputs.push(p.output.clone());
         m.description
             .outputs
             .push(Feature::new(&p.output, ArrayDType::F32, &[p.channels]));
+        if let Some(g) = &p.gram {
+            if gram_outputs.insert(g.clone()) {
+                f.block.outputs.push(g.clone());
+                m.description.outputs.push(Feature::new(
+                    g,
+                    ArrayDType::F32,
+                    &[p.channels, p.channels],
+                ));
+            }
+        }
     }
     Ok((m, probes))
 }
@@ -210,10 +282,14 @@ fn probe_op(op_type: &str, out: &str, inputs: Vec<(&str, Arg)>) -> Operation {
     }
 }
 
-/// Running sums of x² per input channel, per weight, in f64.
+/// Running sums of x² per input channel, per weight, and of XᵀX per shared input, in f64.
 #[derive(Clone, Debug, Default)]
 pub struct Moments {
     sums: BTreeMap<String, (Vec<f64>, u64)>,
+    /// Gram output name → (running XᵀX, positions).
+    grams: BTreeMap<String, (Vec<f64>, u64)>,
+    /// Weight → the Gram output of its input.
+    gram_of: BTreeMap<String, String>,
     /// Runs accumulated (encoder windows, decoder steps).
     pub runs: u64,
 }
@@ -246,6 +322,33 @@ impl Moments {
             }
             e.1 += p.positions;
         }
+        let mut done = HashSet::new();
+        for p in probes {
+            let Some(g) = &p.gram else { continue };
+            self.gram_of.insert(p.weight.clone(), g.clone());
+            if !done.insert(g.as_str()) {
+                continue;
+            }
+            let v = outputs
+                .get(g)
+                .with_context(|| format!("the run returned no `{g}`"))?;
+            ensure!(
+                v.len() == p.channels * p.channels,
+                "`{g}` has {} values, expected {} × {}",
+                v.len(),
+                p.channels,
+                p.channels
+            );
+            let e = self
+                .grams
+                .entry(g.clone())
+                .or_insert_with(|| (vec![0.0; v.len()], 0));
+            ensure!(e.0.len() == v.len(), "Gram `{g}` seen with two widths");
+            for (s, x) in e.0.iter_mut().zip(v) {
+                *s += *x as f64;
+            }
+            e.1 += p.positions;
+        }
         self.runs += 1;
         Ok(())
     }
@@ -260,10 +363,54 @@ impl Moments {
                 (k.clone(), s.iter().map(|v| (v / n) as f32).collect())
             })
             .collect();
+        let shared: BTreeMap<&String, Arc<Gram>> = self
+            .grams
+            .iter()
+            .map(|(k, (s, n))| {
+                let n = (*n).max(1) as f64;
+                let dim = (s.len() as f64).sqrt().round() as usize;
+                let data = s.iter().map(|v| (v / n) as f32).collect();
+                (k, Arc::new(Gram { dim, data }))
+            })
+            .collect();
+        let grams = self
+            .gram_of
+            .iter()
+            .filter_map(|(w, g)| shared.get(g).map(|a| (w.clone(), Arc::clone(a))))
+            .collect();
         let mut meta = BTreeMap::new();
         meta.insert("milkit.calibration.runs".into(), self.runs.to_string());
         meta.insert("milkit.calibration.source".into(), source.to_string());
-        Calibration { moments, meta }
+        Calibration {
+            moments,
+            grams,
+            meta,
+        }
+    }
+}
+
+/// The mean outer product of one weight's input vectors, H = XᵀX / n (fp32, row-major
+/// `dim` × `dim`): what error feedback while rounding needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gram {
+    pub dim: usize,
+    pub data: Vec<f32>,
+}
+
+impl Gram {
+    /// The same matrix with rows and columns reordered: new (i, k) = old (perm[i], perm[k]).
+    pub fn permuted(&self, perm: &[usize]) -> Result<Gram> {
+        ensure!(
+            perm.len() == self.dim,
+            "a {}-channel Gram matrix cannot take a {}-channel reordering",
+            self.dim,
+            perm.len()
+        );
+        let n = self.dim;
+        let data = (0..n * n)
+            .map(|idx| self.data[perm[idx / n] * n + perm[idx % n]])
+            .collect();
+        Ok(Gram { dim: n, data })
     }
 }
 
@@ -272,26 +419,50 @@ impl Moments {
 pub struct Calibration {
     /// Weight constant name → E[x²] per input channel.
     pub moments: BTreeMap<String, Vec<f32>>,
+    /// Weight constant name → the Gram matrix of its input (weights reading one input share
+    /// one); absent for weights whose consumer is not pointwise, and in files written before.
+    pub grams: BTreeMap<String, Arc<Gram>>,
     /// Provenance written into the file's metadata.
     pub meta: BTreeMap<String, String>,
 }
 
 impl Calibration {
-    /// Writes the statistics as safetensors (one fp32 vector per weight name).
+    /// Writes the statistics as safetensors: one fp32 vector per weight name, one fp32
+    /// `[dim, dim]` matrix `gram:<first weight>` per shared Gram matrix, and per weight with a
+    /// matrix the metadata key `milkit.calibration.gram:<weight>` naming its tensor.
     pub fn save(&self, path: &Path, force: bool) -> Result<()> {
-        let bytes: Vec<(String, Vec<u8>, usize)> = self
+        let mut bytes: Vec<(String, Vec<u8>, Vec<usize>)> = self
             .moments
             .iter()
-            .map(|(k, v)| (k.clone(), bytemuck::cast_slice(v).to_vec(), v.len()))
+            .map(|(k, v)| (k.clone(), bytemuck::cast_slice(v).to_vec(), vec![v.len()]))
             .collect();
+        let mut meta = self.meta.clone();
+        meta.retain(|k, _| !k.starts_with(GRAM_META_PREFIX));
+        let mut written: HashMap<*const Gram, String> = HashMap::new();
+        for (w, g) in &self.grams {
+            let name = match written.get(&Arc::as_ptr(g)) {
+                Some(n) => n.clone(),
+                None => {
+                    let n = format!("{GRAM_TENSOR_PREFIX}{w}");
+                    bytes.push((
+                        n.clone(),
+                        bytemuck::cast_slice(&g.data).to_vec(),
+                        vec![g.dim, g.dim],
+                    ));
+                    written.insert(Arc::as_ptr(g), n.clone());
+                    n
+                }
+            };
+            meta.insert(format!("{GRAM_META_PREFIX}{w}"), name);
+        }
         let views = bytes
             .iter()
-            .map(|(k, b, n)| {
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![*n], b)
+            .map(|(k, b, shape)| {
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)
                     .map(|v| (k.clone(), v))
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let data = safetensors::serialize(views, Some(self.meta.clone().into_iter().collect()))
+        let data = safetensors::serialize(views, Some(meta.into_iter().collect()))
             .context("serializing calibration statistics")?;
         crate::package::fsio::write_file_atomically(path, &data, force)
     }
@@ -313,7 +484,39 @@ impl Calibration {
         let st = safetensors::SafeTensors::deserialize(&data)
             .with_context(|| format!("{} is not a safetensors file", path.display()))?;
         let mut moments = BTreeMap::new();
+        let mut gram_tensors: HashMap<String, Arc<Gram>> = HashMap::new();
         for (name, t) in st.tensors() {
+            let v: Vec<f32> = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let nonfinite = v.iter().filter(|x| !x.is_finite()).count();
+            if name.starts_with(GRAM_TENSOR_PREFIX) {
+                let sh = t.shape();
+                ensure!(
+                    t.dtype() == safetensors::Dtype::F32 && sh.len() == 2 && sh[0] == sh[1],
+                    "{}: Gram tensor `{name}` is {:?} {:?}, expected a square fp32 matrix",
+                    path.display(),
+                    t.dtype(),
+                    sh
+                );
+                ensure!(
+                    nonfinite == 0,
+                    "{}: Gram matrix `{name}` holds {nonfinite} non-finite value(s) (NaN or ±Inf) \
+                     of {}; measure the statistics again",
+                    path.display(),
+                    v.len()
+                );
+                gram_tensors.insert(
+                    name,
+                    Arc::new(Gram {
+                        dim: sh[0],
+                        data: v,
+                    }),
+                );
+                continue;
+            }
             ensure!(
                 t.dtype() == safetensors::Dtype::F32 && t.shape().len() == 1,
                 "{}: tensor `{name}` is {:?} {:?}, expected a 1-D fp32 vector",
@@ -321,12 +524,6 @@ impl Calibration {
                 t.dtype(),
                 t.shape()
             );
-            let v: Vec<f32> = t
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            let nonfinite = v.iter().filter(|x| !x.is_finite()).count();
             ensure!(
                 nonfinite == 0,
                 "{}: `{name}` holds {nonfinite} non-finite second moment(s) (NaN or ±Inf) \
@@ -343,12 +540,55 @@ impl Calibration {
             );
             moments.insert(name, v);
         }
-        let meta = meta
+        let meta: BTreeMap<String, String> = meta
             .metadata()
             .clone()
             .map(|m| m.into_iter().collect())
             .unwrap_or_default();
-        Ok(Calibration { moments, meta })
+        let mut grams = BTreeMap::new();
+        for (k, tensor) in &meta {
+            let Some(weight) = k.strip_prefix(GRAM_META_PREFIX) else {
+                continue;
+            };
+            let g = gram_tensors.get(tensor).with_context(|| {
+                format!(
+                    "{}: metadata `{k}` names the Gram tensor `{tensor}`, which the file lacks",
+                    path.display()
+                )
+            })?;
+            if let Some(m) = moments.get(weight) {
+                ensure!(
+                    m.len() == g.dim,
+                    "{}: weight `{weight}` has {} channels but its Gram matrix `{tensor}` is {} × {}",
+                    path.display(),
+                    m.len(),
+                    g.dim,
+                    g.dim
+                );
+            }
+            grams.insert(weight.to_string(), Arc::clone(g));
+        }
+        Ok(Calibration {
+            moments,
+            grams,
+            meta,
+        })
+    }
+
+    /// The Gram matrix of weight `weight`'s input, checked against the weight's shape
+    /// ([out, in, 1…]): `None` when the statistics have none for it.
+    pub fn gram(&self, weight: &str, shape: &[usize]) -> Result<Option<&Gram>> {
+        let Some(g) = self.grams.get(weight) else {
+            return Ok(None);
+        };
+        let rest: usize = shape.iter().skip(1).product();
+        ensure!(
+            shape.len() >= 2 && rest == g.dim,
+            "the Gram matrix for `{weight}` is {} × {} but the weight is {shape:?}; calibrate the same model",
+            g.dim,
+            g.dim
+        );
+        Ok(Some(g))
     }
 
     /// The importance of each element of one output row of weight `weight` (shape

@@ -6,6 +6,7 @@
 //! the positional embedding, never skips silently.
 
 use super::calibrate::Calibration;
+use super::feedback::{feedback_factor, palettize_with_feedback, quantize_packed_with_feedback};
 use super::lut::{palettize, LutConfig, LutGranularity, LutMode};
 use super::quant::{quantize_packed, QuantConfig, QuantDtype, QuantGranularity};
 pub use super::select::{is_positional, Selection};
@@ -159,14 +160,35 @@ pub fn compress_mixed(
     calibration: Option<&Calibration>,
     nbits: &BTreeMap<String, u32>,
 ) -> Result<Outcome> {
+    compress_with(model, method, sel, calibration, nbits, None)
+}
+
+/// [`compress_mixed`], optionally with error feedback while rounding
+/// ([`super::feedback`]): with `error_feedback` = Some(damping), every weight whose
+/// statistics hold its input's Gram matrix is rounded column by column with the error
+/// pushed onto the columns not yet rounded (palettization: tables fitted first, indices by
+/// the sweep; linear quantization: scales as usual, codes by the sweep). Weights without a
+/// matrix (convs with wider kernels) are compressed as without it; their mode says which.
+pub fn compress_with(
+    model: &mut Model,
+    method: &Method,
+    sel: &Selection,
+    calibration: Option<&Calibration>,
+    nbits: &BTreeMap<String, u32>,
+    error_feedback: Option<f64>,
+) -> Result<Outcome> {
     if !nbits.is_empty() && !matches!(method, Method::Palettize(_)) {
         bail!("per-weight bit widths apply to palettization only");
+    }
+    if error_feedback.is_some() && calibration.is_none() {
+        bail!("error feedback needs calibration statistics with Gram matrices (--calibration from `milkit calibrate`)");
     }
     if calibration.is_some() {
         match method {
             Method::Palettize(c) if c.mode == LutMode::Kmeans => {}
+            Method::Quantize(_) if error_feedback.is_some() => {}
             _ => bail!(
-                "calibration statistics apply to k-means palettization only (--palettize kmeans)"
+                "calibration statistics apply to k-means palettization (--palettize kmeans), or to linear quantization with --error-feedback"
             ),
         }
     }
@@ -197,6 +219,8 @@ pub fn compress_mixed(
                 unreachable!("selected consts are tensors")
             };
             let importance = match calibration {
+                // Linear quantization takes no per-element weights (only the Gram matrix).
+                Some(_) if matches!(method, Method::Quantize(_)) => None,
                 Some(cal) => Some(cal.importance(&c.name, &t.shape)?.with_context(|| {
                     format!(
                         "no calibration statistics for weight `{}` (op `{}`); run `milkit calibrate` on this model",
@@ -209,7 +233,16 @@ pub fn compress_mixed(
                 (Method::Palettize(cfg), Some(&b)) => Method::Palettize(LutConfig { nbits: b, ..*cfg }),
                 _ => *method,
             };
-            let (ops, rec) = replace(c, t, &method, importance.as_deref())
+            let factor = match (error_feedback, calibration) {
+                (Some(damping), Some(cal)) => match cal.gram(&c.name, &t.shape)? {
+                    Some(g) => Some(feedback_factor(&g.data, g.dim, damping).with_context(|| {
+                        format!("error feedback for `{}` (op `{}`)", c.name, j.op)
+                    })?),
+                    None => None,
+                },
+                _ => None,
+            };
+            let (ops, rec) = replace(c, t, &method, importance.as_deref(), factor.as_deref())
                 .with_context(|| format!("compressing `{}` of op `{}`", c.name, j.op))?;
             Ok((
                 j.const_idx,
@@ -387,6 +420,7 @@ fn replace(
     t: &Tensor,
     method: &Method,
     importance: Option<&[f32]>,
+    factor: Option<&[f64]>,
 ) -> Result<(Vec<Operation>, Compressed)> {
     let w = f16_values(t);
     let before = t.data.len() as u64;
@@ -400,7 +434,10 @@ fn replace(
     // Each method measures its error from its own codes, without a decoded copy of the weight.
     let (op_type, err, after) = match method {
         Method::Palettize(cfg) => {
-            let p = palettize(&w, &t.shape, cfg, importance)?;
+            let p = match factor {
+                Some(u) => palettize_with_feedback(&w, &t.shape, cfg, importance, u)?,
+                None => palettize(&w, &t.shape, cfg, importance)?,
+            };
             let idx_dtype = match p.nbits {
                 1 => DType::U1,
                 2 => DType::U2,
@@ -429,7 +466,10 @@ fn replace(
             ("constexpr_lut_to_dense", err, after)
         }
         Method::Quantize(cfg) => {
-            let q = quantize_packed(&w, &t.shape, cfg)?;
+            let q = match factor {
+                Some(u) => quantize_packed_with_feedback(&w, &t.shape, cfg, u)?,
+                None => quantize_packed(&w, &t.shape, cfg)?,
+            };
             let dd = match q.dtype {
                 QuantDtype::Int4 => DType::I4,
                 QuantDtype::Uint4 => DType::U4,
@@ -501,7 +541,11 @@ fn replace(
             op_type: String::new(),
             weight: c.name.clone(),
             shape: t.shape.clone(),
-            mode: mode_name(method),
+            mode: if factor.is_some() {
+                format!("{}-error-feedback", mode_name(method))
+            } else {
+                mode_name(method)
+            },
             bytes_before: before,
             bytes_after: after,
             rel_rms_error: err,

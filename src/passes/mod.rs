@@ -4,6 +4,7 @@
 pub mod calibrate;
 pub mod compress;
 mod compress_report;
+pub mod feedback;
 pub mod finite;
 pub mod kmeans;
 pub mod lut;

@@ -28,7 +28,7 @@ use super::compress::{selected_weights, Method, Selection};
 use super::lut::LutGranularity;
 use crate::ir::{Arg, Bytes, DType, Function, Model, Operation, Tensor, Value};
 use crate::ops::WeightLayout;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::collections::{BTreeSet, HashMap};
 
 /// One reordered chain (the report's record: producer and consumer ops and weights, the
@@ -81,6 +81,19 @@ pub fn regroup(
                     );
                 }
                 *m = r.0.iter().map(|&p| m[p]).collect();
+                cal_changed = true;
+            }
+            // The consumer's input Gram matrix moves with its columns (rows and columns).
+            if let Some(g) = cal
+                .as_mut()
+                .and_then(|c| c.grams.get_mut(&r.1.consumer_weight))
+            {
+                *g = std::sync::Arc::new(g.permuted(&r.0).with_context(|| {
+                    format!(
+                        "reordering the Gram matrix of `{}`; calibrate the same model",
+                        r.1.consumer_weight
+                    )
+                })?);
                 cal_changed = true;
             }
             done.push(r.1);

@@ -141,8 +141,10 @@ pub fn probe_values(
     probes: &[Probe],
     outs: Vec<(String, Tensor)>,
 ) -> Result<BTreeMap<String, Vec<f32>>> {
-    let wanted: std::collections::HashSet<&str> =
-        probes.iter().map(|p| p.output.as_str()).collect();
+    let wanted: std::collections::HashSet<&str> = probes
+        .iter()
+        .flat_map(|p| std::iter::once(p.output.as_str()).chain(p.gram.as_deref()))
+        .collect();
     let mut m = BTreeMap::new();
     for (name, t) in outs {
         if wanted.contains(name.as_str()) {

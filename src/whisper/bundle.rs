@@ -18,7 +18,7 @@ use crate::ir::{Model, Opset};
 use crate::package::fsio::write_package_atomically;
 use crate::package::save::write_package_dir_new;
 use crate::passes::calibrate::Calibration;
-use crate::passes::compress::{compress_mixed, Method, Outcome, Selection};
+use crate::passes::compress::{compress_with, Method, Outcome, Selection};
 use crate::passes::lut::{LutConfig, LutMode};
 use crate::passes::mixed::{plan_bits, plan_bits_joint, MixedPlan, PlanPart, DEFAULT_CANDIDATES};
 use crate::passes::regroup::{regroup, Regrouped};
@@ -96,6 +96,10 @@ pub struct Compression {
     pub nbits: BTreeMap<String, u32>,
     /// Outlier-aware grouping before compressing ([`regroup`]).
     pub regroup: bool,
+    /// Error feedback while rounding with this damping (share of the mean diagonal of the
+    /// input Gram matrix), for the weights whose statistics hold that matrix
+    /// ([`crate::passes::feedback`]).
+    pub error_feedback: Option<f64>,
 }
 
 impl Compression {
@@ -109,6 +113,7 @@ impl Compression {
             target_bits: None,
             nbits: BTreeMap::new(),
             regroup: false,
+            error_feedback: None,
         }
     }
 
@@ -158,7 +163,7 @@ impl Compression {
             let cfg = self.mixed_base()?;
             nbits = plan_bits(m, cfg, &p.sel, cal, target, &DEFAULT_CANDIDATES)?.nbits();
         }
-        let mut out = compress_mixed(m, &self.method, &p.sel, cal, &nbits)?;
+        let mut out = compress_with(m, &self.method, &p.sel, cal, &nbits, self.error_feedback)?;
         out.regrouped = p.regrouped;
         Ok(out)
     }

@@ -78,6 +78,11 @@ pub struct RecipeCompression {
     /// are alike (outlier-aware grouping; function-preserving).
     #[serde(default)]
     pub outlier_grouping: bool,
+    /// Error feedback while rounding (GPTQ-style), from the statistics' Gram matrices.
+    #[serde(default)]
+    pub error_feedback: bool,
+    /// Its damping (share of the Gram matrix's mean diagonal); default 0.01.
+    pub damping: Option<f64>,
     /// Mixed precision: an average-bits budget over the component's selected weights (each
     /// weight at 2/3/4/6/8 bits, chosen on the `--calibration` statistics measured on this
     /// component when given).
