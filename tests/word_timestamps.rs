@@ -14,6 +14,7 @@ use milkit::ir::Opset;
 use milkit::runtime::{Session, Tensor};
 use milkit::transcribe::decoder::{Cross, TextDecoder};
 use milkit::whisper::audio::{self, MelFilters, HOP_LENGTH};
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::decoder::{
     alignment_heads_from_json, build_decoder, min_head_chunks, CrossKv, DecoderDims,
     DecoderOptions, KvCache, PER_HEAD_ALIGNMENT_OUTPUT,
@@ -47,8 +48,13 @@ struct Model {
 
 impl Model {
     fn build(ckpt: &Path, per_head: bool) -> Model {
-        let enc =
-            export_encoder(ckpt, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+        let enc = export_encoder(
+            &Checkpoint::open(ckpt).unwrap(),
+            EncoderAbi::WhisperKit,
+            Opset::Ios18,
+            &mut |_, _| {},
+        )
+        .unwrap();
         let (cfg, w) = WhisperWeights::open(ckpt).unwrap();
         let dims = DecoderDims::from_config(&cfg);
         let gen = json(&ckpt.join("generation_config.json"));

@@ -6,6 +6,7 @@ use super::progress;
 use anyhow::{bail, Result};
 use clap::ValueEnum;
 use milkit::whisper::bundle::{write_folder, Part, PartSpec, MODEL_FILES};
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::decoder::CrossKv;
 use milkit::whisper::decoder_export::DecoderExport;
 use milkit::whisper::encoder::EncoderAbi;
@@ -120,7 +121,8 @@ pub fn run(a: &ExportArgs, model: &Path, path: &Path) -> Result<u8> {
         &[]
     };
     let sp = progress::spinner("exporting", a.quiet);
-    let report = write_folder(model, &a.out, &parts, copy, a.force, &mut |msg| {
+    let ckpt = Checkpoint::open(model)?;
+    let report = write_folder(&ckpt, &a.out, &parts, copy, a.force, &mut |msg| {
         sp.set_message(msg.to_string())
     })?;
     sp.finish_and_clear();

@@ -1,14 +1,15 @@
-//! From a Hugging Face checkpoint directory to MIL models: checks the checkpoint for the
-//! component, maps config dimensions to graph dimensions, and feeds weights to the graph
-//! builders.
+//! From an opened checkpoint ([`Checkpoint`]) to the audio-side MIL models: checks the
+//! checkpoint for the component, maps config dimensions to graph dimensions, and feeds
+//! weights (or the mel filter bank) to the graph builders.
 
+use super::checkpoint::Checkpoint;
 use super::config::WhisperConfig;
 use super::encoder::{build_encoder, EncoderAbi, EncoderDims};
 use super::graph::WeightSource;
+use super::mel::build_mel;
 use super::weights::{Component, WhisperWeights};
 use crate::ir::{Bytes, Model, Opset};
 use anyhow::{Context, Result};
-use std::path::Path;
 
 impl WeightSource for WhisperWeights {
     fn f16(&self, name: &str) -> Result<(Vec<usize>, Bytes)> {
@@ -30,38 +31,36 @@ impl EncoderDims {
     }
 }
 
-/// Opens a checkpoint and checks that every tensor `component` needs is present and shaped.
-pub fn open_checked(
-    model_dir: &Path,
-    component: Component,
-) -> Result<(WhisperConfig, WhisperWeights)> {
-    let (cfg, w) = WhisperWeights::open(model_dir)?;
-    w.check(&cfg, component)?;
-    Ok((cfg, w))
+/// Names `m` after the checkpoint it was built from (the `milkit.source` metadata).
+pub fn tag(mut m: Model, ckpt: &Checkpoint) -> Model {
+    m.description
+        .user_defined
+        .insert("milkit.source".into(), ckpt.source_name());
+    m
 }
 
-/// Builds the encoder model from a checkpoint directory.
+/// Builds the encoder model of a checkpoint.
 pub fn export_encoder(
-    model_dir: &Path,
+    ckpt: &Checkpoint,
     abi: EncoderAbi,
     opset: Opset,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Model> {
-    let (cfg, w) = open_checked(model_dir, Component::Encoder)?;
-    let mut m = build_encoder(&EncoderDims::from_config(&cfg), &w, abi, opset, progress)
-        .with_context(|| format!("building the encoder of {}", model_dir.display()))?;
-    m.description
-        .user_defined
-        .insert("milkit.source".into(), source_name(model_dir));
-    Ok(m)
+    let w = ckpt.checked_weights(Component::Encoder)?;
+    let m = build_encoder(
+        &EncoderDims::from_config(ckpt.config()),
+        w,
+        abi,
+        opset,
+        progress,
+    )
+    .with_context(|| format!("building the encoder of {}", ckpt.dir().display()))?;
+    Ok(tag(m, ckpt))
 }
 
-/// The checkpoint's directory name (not its full path, so outputs don't depend on where the
-/// checkpoint lives).
-pub fn source_name(model_dir: &Path) -> String {
-    model_dir
-        .canonicalize()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| model_dir.display().to_string())
+/// Builds the MelSpectrogram model of a checkpoint (see [`Checkpoint::mel_filters`]).
+pub fn export_mel(ckpt: &Checkpoint, opset: Opset) -> Result<Model> {
+    let m = build_mel(ckpt.mel_filters()?, opset)
+        .with_context(|| format!("building the mel spectrogram of {}", ckpt.dir().display()))?;
+    Ok(tag(m, ckpt))
 }

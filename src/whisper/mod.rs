@@ -11,6 +11,7 @@ pub mod decoder_prefill;
 pub mod decoder_spec;
 pub mod encoder;
 pub mod export;
+pub mod file_reads;
 pub mod generate;
 pub mod graph;
 pub mod head_pad;

@@ -177,6 +177,7 @@ impl WhisperWeights {
 
     /// Opens one weights file: `*.safetensors`, or anything else as a PyTorch zip checkpoint.
     pub fn open_file(path: &Path) -> Result<WhisperWeights> {
+        super::file_reads::note(path);
         let mut w = WhisperWeights {
             origin: path.to_path_buf(),
             files: Vec::new(),
@@ -188,6 +189,7 @@ impl WhisperWeights {
 
     /// Opens a sharded checkpoint from its `*.index.json` (`{"weight_map": {name: shard}}`).
     pub fn open_index(index: &Path) -> Result<WhisperWeights> {
+        super::file_reads::note(index);
         let text = std::fs::read_to_string(index)
             .with_context(|| format!("cannot read shard index {}", index.display()))?;
         let json: serde_json::Value = serde_json::from_str(&text)
