@@ -5,6 +5,9 @@
 //! measured on (Whisper's encoder and decoder share weight names).
 
 mod common;
+use milkit::convert::bundle::{plan_folder_bits, route_statistics, BundleOptions, Compression};
+use milkit::convert::decoder_export::{export_decoder, DecoderExport};
+use milkit::convert::export::export_encoder;
 use milkit::ir::{Model, Opset};
 use milkit::package::save_package;
 use milkit::passes::calibrate::{Calibration, COMPONENT_KEY};
@@ -12,11 +15,8 @@ use milkit::passes::compress::{compress_mixed, selected_weights, Method, Selecti
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::passes::mixed::{plan_bits_joint, PlanPart};
 use milkit::quality::bits::folder_bits;
-use milkit::whisper::bundle::{plan_folder_bits, route_statistics, BundleOptions, Compression};
 use milkit::whisper::checkpoint::Checkpoint;
-use milkit::whisper::decoder_export::{export_decoder, DecoderExport};
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -4,6 +4,7 @@
 
 mod common;
 use candle_core::{Device, Tensor};
+use milkit::convert::export::export_encoder;
 use milkit::ir::Opset;
 use milkit::passes::calibrate::{instrument, Calibration};
 use milkit::passes::compress::{compress, compress_calibrated, Method, Selection};
@@ -13,7 +14,6 @@ use milkit::runtime::Session;
 use milkit::whisper::audio::{load_wav, log_mel};
 use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use std::path::Path;
 
 fn lut4() -> Method {

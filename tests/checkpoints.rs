@@ -9,15 +9,15 @@ mod common;
 
 use common::programs::{f32s, host};
 use common::rng::Rng;
+use milkit::convert::bundle::{write_whisperkit_folder, BundleOptions, Compression};
+use milkit::convert::decoder_export::{export_decoder, DecoderExport};
 use milkit::ir::{ArrayDType, Model, Opset};
 use milkit::passes::compress::{Method, Selection};
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::runtime::{Session, Tensor};
-use milkit::whisper::bundle::{write_whisperkit_folder, BundleOptions, Compression};
 use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::config::{Preset, WhisperConfig};
 use milkit::whisper::decoder::{CrossKv, MASK_HIDDEN};
-use milkit::whisper::decoder_export::{export_decoder, DecoderExport};
 use milkit::whisper::file_reads;
 use milkit::whisper::head_pad::{pad_head_rows, PaddedHead, HEAD_PADDING_KEY};
 use milkit::whisper::synth::{synthesize_with, SynthDType, SynthOptions};

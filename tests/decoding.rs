@@ -7,9 +7,9 @@
 
 mod common;
 
+use milkit::convert::bundle::{write_whisperkit_folder, BundleOptions};
 use milkit::transcribe::{Compute, OpenOptions, TranscribeOptions, Transcriber};
 use milkit::whisper::audio::load_wav;
-use milkit::whisper::bundle::{write_whisperkit_folder, BundleOptions};
 use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::generate::Task;
 use milkit::whisper::wer::{rate, word_errors_with, Normalization};

@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use common::milkit;
 use common::programs::{f16_tensor, f32s, host, model, psnr, tin};
 use common::rng::Rng;
+use milkit::convert::export::export_encoder;
 use milkit::ir::{DType, Model, Opset, Value};
 use milkit::ops::{Builder, In};
 use milkit::passes::calibrate::Calibration;
@@ -20,7 +21,6 @@ use milkit::passes::regroup::{regroup, row_key};
 use milkit::runtime::Session;
 use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use milkit::whisper::synth::{synthesize_with, SynthDType, SynthOptions};
 use std::path::Path;
 

@@ -7,6 +7,7 @@
 
 mod common;
 
+use milkit::convert::export::export_encoder;
 use milkit::ir::Opset;
 use milkit::package::save_package;
 use milkit::transcribe::{TranscribeOptions, Transcriber};
@@ -16,7 +17,6 @@ use milkit::whisper::decoder::{
     DecoderOptions, KvCache,
 };
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use milkit::whisper::weights::WhisperWeights;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

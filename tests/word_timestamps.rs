@@ -10,6 +10,7 @@
 
 mod common;
 
+use milkit::convert::export::export_encoder;
 use milkit::ir::Opset;
 use milkit::runtime::{Session, Tensor};
 use milkit::transcribe::decoder::{Cross, TextDecoder};
@@ -20,7 +21,6 @@ use milkit::whisper::decoder::{
     DecoderOptions, KvCache, PER_HEAD_ALIGNMENT_OUTPUT,
 };
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use milkit::whisper::timing::{word_timestamps, Word};
 use milkit::whisper::tokenizer::Tokenizer;
 use milkit::whisper::weights::WhisperWeights;

@@ -3,13 +3,13 @@
 use super::progress;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use milkit::convert::bundle::Compression;
 use milkit::ir::Model;
 use milkit::package::{load_package, save_package};
 use milkit::passes::calibrate::Calibration;
 use milkit::passes::compress::{Method, Outcome, Selection};
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
-use milkit::whisper::bundle::Compression;
 use std::path::PathBuf;
 
 #[allow(clippy::enum_variant_names)] // the names are the CLI vocabulary (per-tensor, per-block, ...)

@@ -4,12 +4,12 @@ pub use super::export_args::ExportArgs;
 use super::export_args::{parse_target, report_folder, ComponentArg};
 use super::progress;
 use anyhow::{bail, Result};
+use milkit::convert::bundle::{build_part, write_whisperkit_folder, BundleOptions, Part, PartSpec};
+use milkit::convert::decoder_export::DecoderExport;
 use milkit::ir::Opset;
 use milkit::package::save_package;
-use milkit::whisper::bundle::{build_part, write_whisperkit_folder, BundleOptions, Part, PartSpec};
 use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::decoder::CrossKv;
-use milkit::whisper::decoder_export::DecoderExport;
 use std::path::Path;
 use std::time::Instant;
 

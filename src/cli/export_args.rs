@@ -5,8 +5,8 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use milkit::convert::bundle::BundleReport;
 use milkit::ir::Opset;
-use milkit::whisper::bundle::BundleReport;
 use milkit::whisper::decoder_spec::CrossKv;
 use milkit::whisper::encoder::EncoderAbi;
 use std::path::PathBuf;

@@ -5,12 +5,12 @@ use super::export_args::{parse_target, report_folder, ExportArgs};
 use super::progress;
 use anyhow::{bail, Result};
 use clap::ValueEnum;
-use milkit::whisper::bundle::{write_folder, Part, PartSpec, MODEL_FILES};
+use milkit::convert::bundle::{write_folder, Part, PartSpec, MODEL_FILES};
+use milkit::convert::decoder_export::DecoderExport;
+use milkit::convert::recipe::{Recipe, RecipeCompression};
 use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::decoder::CrossKv;
-use milkit::whisper::decoder_export::DecoderExport;
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::recipe::{Recipe, RecipeCompression};
 use std::path::{Path, PathBuf};
 
 fn enum_arg<T: ValueEnum>(what: &str, s: &str) -> Result<T> {

@@ -4,6 +4,9 @@
 //! encoder's states as cross-attention input: the inputs it sees in use).
 
 use super::eval::read_manifest;
+use crate::convert::bundle::{write_whisperkit_folder, BundleOptions};
+use crate::convert::decoder_export::{export_decoder, DecoderExport};
+use crate::convert::export::export_encoder;
 use crate::ir::Opset;
 use crate::passes::calibrate::{instrument, Calibration, Moments, Probe, COMPONENT_KEY};
 use crate::passes::compress::Selection;
@@ -11,11 +14,8 @@ use crate::runtime::{Session, Tensor};
 use crate::transcribe::decoder::TextDecoder;
 use crate::transcribe::{TranscribeOptions, Transcriber};
 use crate::whisper::audio::{load_wav, log_mel_windows, MelFilters};
-use crate::whisper::bundle::{write_whisperkit_folder, BundleOptions};
 use crate::whisper::checkpoint::Checkpoint;
-use crate::whisper::decoder_export::{export_decoder, DecoderExport};
 use crate::whisper::encoder::EncoderAbi;
-use crate::whisper::export::export_encoder;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -2,6 +2,7 @@
 //! GELU, a fixed positional embedding added once, pre-norm transformer layers whose linears
 //! are 1x1 `conv`s, and a final layer norm. Two I/O ABIs: whisper.cpp's and WhisperKit's.
 
+use super::config::WhisperConfig;
 use super::graph::{
     add, attention, conv1x1, gelu, int, ints, layer_norm_c, query_scale, reshape, scaled, weight,
     WeightSource,
@@ -297,4 +298,17 @@ pub fn build_encoder(
         .insert("milkit.version".into(), env!("CARGO_PKG_VERSION").into());
     let _ = DType::F16;
     Ok(Model::single(opset, inputs, block, description))
+}
+
+impl EncoderDims {
+    pub fn from_config(c: &WhisperConfig) -> EncoderDims {
+        EncoderDims {
+            d_model: c.d_model,
+            layers: c.encoder_layers,
+            heads: c.encoder_attention_heads,
+            ffn: c.encoder_ffn_dim,
+            n_mels: c.num_mel_bins,
+            n_ctx: c.max_source_positions,
+        }
+    }
 }

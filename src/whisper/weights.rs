@@ -9,6 +9,7 @@
 //! data and never executes it.
 
 use super::config::WhisperConfig;
+use super::graph::WeightSource;
 use crate::ir::Bytes;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use half::{bf16, f16};
@@ -601,5 +602,13 @@ fn canonical_name(name: &str) -> String {
         format!("model.{name}")
     } else {
         name.to_string()
+    }
+}
+
+/// The graph builders read a checkpoint's tensors through [`WeightSource`].
+impl WeightSource for WhisperWeights {
+    fn f16(&self, name: &str) -> Result<(Vec<usize>, Bytes)> {
+        let t = self.tensor_f16(name)?;
+        Ok((t.shape, t.data))
     }
 }

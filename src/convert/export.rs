@@ -1,35 +1,13 @@
 //! From an opened checkpoint ([`Checkpoint`]) to the audio-side MIL models: checks the
-//! checkpoint for the component, maps config dimensions to graph dimensions, and feeds
-//! weights (or the mel filter bank) to the graph builders.
+//! checkpoint for the component and feeds its dimensions and weights (or its mel filter
+//! bank) to the graph builders; every model is tagged with the checkpoint it came from.
 
-use super::checkpoint::Checkpoint;
-use super::config::WhisperConfig;
-use super::encoder::{build_encoder, EncoderAbi, EncoderDims};
-use super::graph::WeightSource;
-use super::mel::build_mel;
-use super::weights::{Component, WhisperWeights};
-use crate::ir::{Bytes, Model, Opset};
+use crate::ir::{Model, Opset};
+use crate::whisper::checkpoint::Checkpoint;
+use crate::whisper::encoder::{build_encoder, EncoderAbi, EncoderDims};
+use crate::whisper::mel::build_mel;
+use crate::whisper::weights::Component;
 use anyhow::{Context, Result};
-
-impl WeightSource for WhisperWeights {
-    fn f16(&self, name: &str) -> Result<(Vec<usize>, Bytes)> {
-        let t = self.tensor_f16(name)?;
-        Ok((t.shape, t.data))
-    }
-}
-
-impl EncoderDims {
-    pub fn from_config(c: &WhisperConfig) -> EncoderDims {
-        EncoderDims {
-            d_model: c.d_model,
-            layers: c.encoder_layers,
-            heads: c.encoder_attention_heads,
-            ffn: c.encoder_ffn_dim,
-            n_mels: c.num_mel_bins,
-            n_ctx: c.max_source_positions,
-        }
-    }
-}
 
 /// Names `m` after the checkpoint it was built from (the `milkit.source` metadata).
 pub fn tag(mut m: Model, ckpt: &Checkpoint) -> Model {

@@ -4,32 +4,17 @@
 //! from its generation config. Also names the vocabulary-head ops of a built decoder (the
 //! `milkit.head_ops` metadata), which is how `--head-only` compression finds them.
 
-use super::checkpoint::Checkpoint;
-use super::config::WhisperConfig;
-use super::decoder::{
-    build_cross_kv, build_decoder, CrossKv, DecoderDims, DecoderOptions, KvCache,
-};
-use super::decoder_prefill::{build_prefill, PrefillSpec};
-pub use super::decoder_spec::{head_op_names, HEAD_OPS_KEY};
 use super::export::tag;
-use super::weights::Component;
 use crate::ir::{Model, Opset};
 use crate::passes::compress::Selection;
+use crate::whisper::checkpoint::Checkpoint;
+use crate::whisper::decoder::{
+    build_cross_kv, build_decoder, CrossKv, DecoderDims, DecoderOptions, KvCache,
+};
+use crate::whisper::decoder_prefill::{build_prefill, PrefillSpec};
+pub use crate::whisper::decoder_spec::{head_op_names, head_ops, HEAD_OPS_KEY};
+use crate::whisper::weights::Component;
 use anyhow::{bail, Context, Result};
-
-impl DecoderDims {
-    pub fn from_config(c: &WhisperConfig) -> DecoderDims {
-        DecoderDims {
-            d_model: c.d_model,
-            layers: c.decoder_layers,
-            heads: c.decoder_attention_heads,
-            ffn: c.decoder_ffn_dim,
-            vocab: c.vocab_size,
-            n_text_ctx: c.max_target_positions,
-            n_audio_ctx: c.max_source_positions,
-        }
-    }
-}
 
 /// The choices of a decoder export (the CLI's `--stateful`, `--cross-kv`, `--head-chunks`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,17 +37,6 @@ impl Default for DecoderExport {
             per_head_alignment: false,
         }
     }
-}
-
-/// The vocabulary-head ops of a milkit decoder, from its `milkit.head_ops` metadata.
-pub fn head_ops(m: &Model) -> Result<Vec<String>> {
-    let Some(list) = m.description.user_defined.get(HEAD_OPS_KEY) else {
-        bail!(
-            "the package has no `{HEAD_OPS_KEY}` metadata: --head-only needs a text decoder \
-             exported by milkit (or name the head ops with --op-names)"
-        );
-    };
-    Ok(list.split(',').map(str::to_string).collect())
 }
 
 /// `base` narrowed to exactly the head ops of decoder `m` (their conv weights; nothing else,

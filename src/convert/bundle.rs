@@ -6,15 +6,11 @@
 //! generation_config.json, tokenizer.json and preprocessor_config.json. Folders are written
 //! atomically: into a temporary directory beside the target, renamed when complete.
 
-use super::checkpoint::{missing_tokenizer_error, Checkpoint};
-use super::decoder::CrossKv;
 use super::decoder_export::{
     export_cross_kv, export_decoder, export_prefill, head_only_selection, head_ops, DecoderExport,
     HEAD_OPS_KEY,
 };
-use super::encoder::EncoderAbi;
 use super::export::{export_encoder, export_mel};
-use super::head_pad::{pad_head_rows, row_multiple};
 use crate::ir::{Model, Opset};
 use crate::package::fsio::write_package_atomically;
 use crate::package::save::write_package_dir_new;
@@ -23,6 +19,10 @@ use crate::passes::compress::{compress_mixed, Method, Outcome, Selection};
 use crate::passes::lut::{LutConfig, LutMode};
 use crate::passes::mixed::{plan_bits, plan_bits_joint, MixedPlan, PlanPart, DEFAULT_CANDIDATES};
 use crate::passes::regroup::{regroup, Regrouped};
+use crate::whisper::checkpoint::{missing_tokenizer_error, Checkpoint};
+use crate::whisper::decoder::CrossKv;
+use crate::whisper::encoder::EncoderAbi;
+use crate::whisper::head_pad::{pad_head_rows, row_multiple};
 use anyhow::{bail, ensure, Context, Result};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
