@@ -1,9 +1,16 @@
 //! Conversion recipes (`models/*.toml`): which components to export, with which ABI, target
-//! and compression, written as files of one output directory.
+//! and compression, written as files of one output directory; and their translation into
+//! the build specs of [`super::bundle::write_folder`].
 
+use super::bundle::{Part, PartSpec};
+use super::compress::CompressFlags;
+use super::decoder_export::DecoderExport;
+use crate::ir::Opset;
+use crate::whisper::decoder::CrossKv;
+use crate::whisper::encoder::EncoderAbi;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A whole conversion.
 #[derive(Clone, Debug, Deserialize)]
@@ -47,41 +54,9 @@ pub struct RecipeComponent {
     /// Decoder: also output each alignment head's cross-attention row (for word timings).
     #[serde(default)]
     pub per_head_alignment: bool,
-    /// Compression of this component; absent = fp16.
-    pub compress: Option<RecipeCompression>,
-}
-
-/// Compression settings, in the vocabulary of the CLI flags.
-#[derive(Clone, Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct RecipeCompression {
-    pub palettize: Option<String>,
-    pub nbits: Option<u32>,
-    pub quantize: Option<String>,
-    pub granularity: Option<String>,
-    pub group_size: Option<usize>,
-    pub block_size: Option<usize>,
-    #[serde(default)]
-    pub asymmetric: bool,
-    pub op_types: Option<Vec<String>>,
-    pub op_names: Option<Vec<String>>,
-    pub weight_threshold: Option<usize>,
-    #[serde(default)]
-    pub skip_indivisible: bool,
-    /// Decoder: compress only the vocabulary head (one op per head chunk).
-    #[serde(default)]
-    pub head_only: bool,
-    /// Palettization: a per-output-channel fp16 scale before the tables (iOS18).
-    #[serde(default)]
-    pub per_channel_scale: bool,
-    /// Grouped-channel palettization: reorder MLP hidden channels so rows sharing a table
-    /// are alike (outlier-aware grouping; function-preserving).
-    #[serde(default)]
-    pub outlier_grouping: bool,
-    /// Mixed precision: an average-bits budget over the component's selected weights (each
-    /// weight at 2/3/4/6/8 bits, chosen on the `--calibration` statistics measured on this
-    /// component when given).
-    pub target_bits: Option<f64>,
+    /// Compression of this component, as the CLI flags say it (the same type, names and
+    /// defaults); absent = fp16.
+    pub compress: Option<CompressFlags>,
 }
 
 fn default_abi() -> String {
@@ -112,4 +87,71 @@ impl Recipe {
         }
         Ok(r)
     }
+}
+
+/// A deployment target by name: ios15..ios18 or macos12..macos15.
+pub fn parse_target(s: &str) -> Result<Opset> {
+    match Opset::from_target_name(s) {
+        Some(o) => Ok(o),
+        None => {
+            bail!("unknown target `{s}`: use ios15, ios16, ios17 or ios18 (or macos12..macos15)")
+        }
+    }
+}
+
+/// The build specs of a recipe's components, checked before anything is built.
+/// `calibration`: the `--calibration` files of the command line; each component takes the
+/// one measured on it.
+pub fn recipe_parts(
+    recipe: &Recipe,
+    path: &Path,
+    calibration: &[PathBuf],
+) -> Result<Vec<(String, PartSpec)>> {
+    let mut parts = Vec::new();
+    for c in &recipe.components {
+        let part = Part::parse(&c.component)?;
+        let compression = match &c.compress {
+            None => None,
+            Some(cc) => {
+                let flags = CompressFlags {
+                    calibration: calibration.to_vec(),
+                    ..cc.clone()
+                };
+                // Statistics measured on the encoder serve the encoder, and so on.
+                let measured_on = match part {
+                    Part::Encoder => Some("encoder"),
+                    Part::Decoder => Some("decoder"),
+                    _ => None,
+                };
+                let found = flags.compression_for(measured_on)?;
+                match found {
+                    Some(x) => Some(x),
+                    None => bail!(
+                        "{}: component `{}` has a [compress] table without palettize or quantize",
+                        path.display(),
+                        c.file
+                    ),
+                }
+            }
+        };
+        let spec = PartSpec {
+            part,
+            abi: EncoderAbi::parse(&c.abi)?,
+            opset: parse_target(&c.target)?,
+            decoder: DecoderExport {
+                stateful: c.stateful,
+                cross_kv: c
+                    .cross_kv
+                    .as_deref()
+                    .map(CrossKv::parse)
+                    .transpose()?
+                    .unwrap_or(CrossKv::InGraph),
+                head_chunks: c.head_chunks.unwrap_or(1),
+                per_head_alignment: c.per_head_alignment,
+            },
+            compression,
+        };
+        parts.push((c.file.clone(), spec));
+    }
+    Ok(parts)
 }
