@@ -2,7 +2,6 @@
 //! GELU, a fixed positional embedding added once, pre-norm transformer layers whose linears
 //! are 1x1 `conv`s, and a final layer norm. Two I/O ABIs: whisper.cpp's and WhisperKit's.
 
-use super::config::WhisperConfig;
 use super::graph::{
     add, attention, conv1x1, gelu, int, ints, layer_norm_c, query_scale, reshape, scaled, weight,
     WeightSource,
@@ -301,7 +300,7 @@ pub fn build_encoder(
 }
 
 impl EncoderDims {
-    pub fn from_config(c: &WhisperConfig) -> EncoderDims {
+    pub fn from_config(c: &super::config::WhisperConfig) -> EncoderDims {
         EncoderDims {
             d_model: c.d_model,
             layers: c.encoder_layers,
