@@ -8,11 +8,11 @@
 //! A harness returns `Ok` or the entry point's error (both are fine: errors are the expected
 //! answer to bad bytes); a panic, abort or hang is the finding. Entry points that read paths
 //! get the bytes through a file in a per-process scratch directory.
+use crate::convert::recipe::Recipe;
 use crate::package::blob::BlobReader;
 use crate::package::manifest::Manifest;
 use crate::whisper::audio::load_wav;
 use crate::whisper::config::{GenerationConfig, WhisperConfig};
-use crate::whisper::recipe::Recipe;
 use crate::whisper::tokenizer::Tokenizer;
 use crate::whisper::weights::WhisperWeights;
 use anyhow::{Context, Result};

@@ -5,6 +5,9 @@
 //! measured on (Whisper's encoder and decoder share weight names).
 
 mod common;
+use milkit::convert::bundle::{plan_folder_bits, route_statistics, BundleOptions, Compression};
+use milkit::convert::decoder_export::{export_decoder, DecoderExport};
+use milkit::convert::export::export_encoder;
 use milkit::ir::{Model, Opset};
 use milkit::package::save_package;
 use milkit::passes::calibrate::{Calibration, COMPONENT_KEY};
@@ -12,10 +15,8 @@ use milkit::passes::compress::{compress_mixed, selected_weights, Method, Selecti
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::passes::mixed::{plan_bits_joint, PlanPart};
 use milkit::quality::bits::folder_bits;
-use milkit::whisper::bundle::{plan_folder_bits, route_statistics, BundleOptions, Compression};
-use milkit::whisper::decoder_export::{export_decoder, DecoderExport};
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -30,8 +31,19 @@ fn lut(nbits: u32, group: usize) -> LutConfig {
 
 fn models(fx: &Path) -> (Model, Model) {
     let hf = fx.join("models/whisper-tiny.en");
-    let enc = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
-    let dec = export_decoder(&hf, &DecoderExport::default(), Opset::Ios18).unwrap();
+    let enc = export_encoder(
+        &Checkpoint::open(&hf).unwrap(),
+        EncoderAbi::WhisperKit,
+        Opset::Ios18,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let dec = export_decoder(
+        &Checkpoint::open(&hf).unwrap(),
+        &DecoderExport::default(),
+        Opset::Ios18,
+    )
+    .unwrap();
     (enc, dec)
 }
 
@@ -266,7 +278,7 @@ fn folder_plan_routes_statistics_and_fixes_widths() {
         .unwrap()
         .calibration
         .is_some());
-    let plans = plan_folder_bits(&hf, &mut opts, &mut |_| {})
+    let plans = plan_folder_bits(&Checkpoint::open(&hf).unwrap(), &mut opts, &mut |_| {})
         .unwrap()
         .expect("both parts ask for a budget");
     let (e, d) = (
@@ -281,7 +293,9 @@ fn folder_plan_routes_statistics_and_fixes_widths() {
     let mut bad = opts.clone();
     bad.decoder_compression.as_mut().unwrap().target_bits = Some(5.0);
     bad.encoder_compression.as_mut().unwrap().nbits.clear();
-    let err = plan_folder_bits(&hf, &mut bad, &mut |_| {}).err().unwrap();
+    let err = plan_folder_bits(&Checkpoint::open(&hf).unwrap(), &mut bad, &mut |_| {})
+        .err()
+        .unwrap();
     assert!(format!("{err:#}").contains("one budget"), "{err:#}");
 }
 
@@ -301,7 +315,12 @@ fn decoder_statistics_are_reproducible_and_cover_the_decoder() {
     // jfk.wav is ~22 words: at least that many tokens, far fewer than the 448 positions.
     assert!((22..448).contains(&runs), "{runs} decoder runs");
     // Every weight the compression pass takes in the decoder has statistics of its width.
-    let dec = export_decoder(&hf, &DecoderExport::default(), Opset::Ios18).unwrap();
+    let dec = export_decoder(
+        &Checkpoint::open(&hf).unwrap(),
+        &DecoderExport::default(),
+        Opset::Ios18,
+    )
+    .unwrap();
     let ws = selected_weights(&dec, &Method::Palettize(lut(4, 8)), &sel).unwrap();
     assert!(ws.iter().any(|w| w.weight == "lm_head_weight"));
     for w in &ws {

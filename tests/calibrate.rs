@@ -4,6 +4,7 @@
 
 mod common;
 use candle_core::{Device, Tensor};
+use milkit::convert::export::export_encoder;
 use milkit::ir::Opset;
 use milkit::passes::calibrate::{instrument, Calibration};
 use milkit::passes::compress::{compress, compress_calibrated, Method, Selection};
@@ -11,8 +12,8 @@ use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::quality::calibrate::{calibrate_encoder, probe_values};
 use milkit::runtime::Session;
 use milkit::whisper::audio::{load_wav, log_mel};
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use std::path::Path;
 
 fn lut4() -> Method {
@@ -54,7 +55,13 @@ fn psnr(reference: &[f32], out: &[f32]) -> f64 {
 fn probes_measure_the_consumer_input() {
     let Some(fx) = common::fixtures() else { return };
     let hf = fx.join("models/whisper-tiny.en");
-    let m = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+    let m = export_encoder(
+        &Checkpoint::open(&hf).unwrap(),
+        EncoderAbi::WhisperKit,
+        Opset::Ios18,
+        &mut |_, _| {},
+    )
+    .unwrap();
     let (inst, probes) = instrument(&m, &Selection::default()).unwrap();
     // Every weight the compression pass would take has a probe: tiny.en's 26.
     assert_eq!(probes.len(), 26);
@@ -99,7 +106,13 @@ fn probes_measure_the_consumer_input() {
 fn equal_statistics_change_nothing() {
     let Some(fx) = common::fixtures() else { return };
     let hf = fx.join("models/whisper-tiny.en");
-    let m = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+    let m = export_encoder(
+        &Checkpoint::open(&hf).unwrap(),
+        EncoderAbi::WhisperKit,
+        Opset::Ios18,
+        &mut |_, _| {},
+    )
+    .unwrap();
     let (_, probes) = instrument(&m, &Selection::default()).unwrap();
     let mut cal = Calibration::default();
     for p in &probes {
@@ -143,7 +156,13 @@ fn calibrated_kmeans_beats_plain_on_held_out_audio() {
     assert!(cal.save(&path, false).is_err(), "must refuse to overwrite");
     assert_eq!(Calibration::load(&path).unwrap().moments, cal.moments);
 
-    let m = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+    let m = export_encoder(
+        &Checkpoint::open(&hf).unwrap(),
+        EncoderAbi::WhisperKit,
+        Opset::Ios18,
+        &mut |_, _| {},
+    )
+    .unwrap();
     let mut plain = m.clone();
     let mut calibrated = m.clone();
     let op = compress(&mut plain, &lut4(), &sel).unwrap();
@@ -178,7 +197,13 @@ fn calibrated_kmeans_beats_plain_on_held_out_audio() {
 fn mixed_bits_stay_within_budget_and_never_below_base() {
     let Some(fx) = common::fixtures() else { return };
     let hf = fx.join("models/whisper-tiny.en");
-    let m = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+    let m = export_encoder(
+        &Checkpoint::open(&hf).unwrap(),
+        EncoderAbi::WhisperKit,
+        Opset::Ios18,
+        &mut |_, _| {},
+    )
+    .unwrap();
     let Method::Palettize(base) = lut4() else {
         unreachable!()
     };

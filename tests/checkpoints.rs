@@ -9,14 +9,16 @@ mod common;
 
 use common::programs::{f32s, host};
 use common::rng::Rng;
+use milkit::convert::bundle::{write_whisperkit_folder, BundleOptions, Compression};
+use milkit::convert::decoder_export::{export_decoder, DecoderExport};
 use milkit::ir::{ArrayDType, Model, Opset};
 use milkit::passes::compress::{Method, Selection};
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::runtime::{Session, Tensor};
-use milkit::whisper::bundle::Compression;
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::config::{Preset, WhisperConfig};
-use milkit::whisper::decoder::MASK_HIDDEN;
-use milkit::whisper::decoder_export::{export_decoder, DecoderExport};
+use milkit::whisper::decoder::{CrossKv, MASK_HIDDEN};
+use milkit::whisper::file_reads;
 use milkit::whisper::head_pad::{pad_head_rows, PaddedHead, HEAD_PADDING_KEY};
 use milkit::whisper::synth::{synthesize_with, SynthDType, SynthOptions};
 use milkit::whisper::tokenizer::Tokenizer;
@@ -115,7 +117,8 @@ fn a_padded_head_computes_the_unpadded_heads_logits_bit_for_bit() {
                 head_chunks: chunks,
                 ..Default::default()
             };
-            let plain = export_decoder(&model, &o, Opset::Ios18).unwrap();
+            let plain =
+                export_decoder(&Checkpoint::open(&model).unwrap(), &o, Opset::Ios18).unwrap();
             let mut padded = plain.clone();
             let done = pad_head_rows(&mut padded, 16).unwrap();
             // Every chunk whose rows 16 does not divide is padded to the next multiple.
@@ -154,7 +157,12 @@ fn a_padded_head_computes_the_unpadded_heads_logits_bit_for_bit() {
         if vocab % 2 == 0 {
             // Tables per 2 rows divide 51,866: padding to 16 first leaves every group of real
             // rows as it was, so the palettized logits agree bit for bit too.
-            let plain = export_decoder(&model, &Default::default(), Opset::Ios18).unwrap();
+            let plain = export_decoder(
+                &Checkpoint::open(&model).unwrap(),
+                &Default::default(),
+                Opset::Ios18,
+            )
+            .unwrap();
             let mut padded = plain.clone();
             pad_head_rows(&mut padded, 16).unwrap();
             let (mut p, mut q) = (plain.clone(), padded.clone());
@@ -180,7 +188,7 @@ fn grouped_palettization_pads_an_indivisible_head_by_itself() {
             head_chunks: chunks,
             ..Default::default()
         };
-        let plain = export_decoder(&model, &o, Opset::Ios18).unwrap();
+        let plain = export_decoder(&Checkpoint::open(&model).unwrap(), &o, Opset::Ios18).unwrap();
         let mut m = plain.clone();
         compress(&mut m, lut(16));
         let note = &m.description.user_defined[HEAD_PADDING_KEY];
@@ -213,7 +221,12 @@ fn grouped_palettization_pads_an_indivisible_head_by_itself() {
         );
     }
     // Per-block int4 blocks the input axis (d_model), which needs no padding.
-    let mut m = export_decoder(&model, &Default::default(), Opset::Ios18).unwrap();
+    let mut m = export_decoder(
+        &Checkpoint::open(&model).unwrap(),
+        &Default::default(),
+        Opset::Ios18,
+    )
+    .unwrap();
     let q = Method::Quantize(milkit::passes::quant::QuantConfig {
         dtype: milkit::passes::quant::QuantDtype::Int4,
         granularity: milkit::passes::quant::QuantGranularity::PerBlock(32),
@@ -539,7 +552,7 @@ fn fine_tuned_layouts_bare_keys_and_an_untied_head() {
     let Some(fx) = common::fixtures() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let orig = export_decoder(
-        &fx.join("models/whisper-tiny.en"),
+        &Checkpoint::open(&fx.join("models/whisper-tiny.en")).unwrap(),
         &Default::default(),
         Opset::Ios18,
     )
@@ -562,7 +575,12 @@ fn fine_tuned_layouts_bare_keys_and_an_untied_head() {
         v
     });
     set_config(&bare, "tie_word_embeddings", serde_json::json!(false));
-    let m = export_decoder(&bare, &Default::default(), Opset::Ios18).unwrap();
+    let m = export_decoder(
+        &Checkpoint::open(&bare).unwrap(),
+        &Default::default(),
+        Opset::Ios18,
+    )
+    .unwrap();
     // The embedding table is the original; the head is proj_out, not the embedding.
     assert_eq!(
         const_bytes(&m, "embed_tokens"),
@@ -581,7 +599,12 @@ fn fine_tuned_layouts_bare_keys_and_an_untied_head() {
     set_config(&noproj, "tie_word_embeddings", serde_json::json!(false));
     let e = format!(
         "{:#}",
-        export_decoder(&noproj, &Default::default(), Opset::Ios18).unwrap_err()
+        export_decoder(
+            &Checkpoint::open(&noproj).unwrap(),
+            &Default::default(),
+            Opset::Ios18
+        )
+        .unwrap_err()
     );
     assert!(
         e.contains("proj_out.weight") && e.contains("set tie_word_embeddings to true"),
@@ -598,7 +621,12 @@ fn fine_tuned_layouts_bare_keys_and_an_untied_head() {
     });
     let e = format!(
         "{:#}",
-        export_decoder(&both, &Default::default(), Opset::Ios18).unwrap_err()
+        export_decoder(
+            &Checkpoint::open(&both).unwrap(),
+            &Default::default(),
+            Opset::Ios18
+        )
+        .unwrap_err()
     );
     assert!(
         e.contains("model.encoder.conv1.weight")
@@ -710,4 +738,53 @@ fn missing_generation_config_is_derived_and_missing_tokenizer_refused_for_a_fold
         "--out",
         s(&pkg),
     ]));
+}
+
+/// `export --component all` through one opened checkpoint reads config.json, the generation
+/// config, the tokenizer (when the generation config is derived from it), the mel filters
+/// and the weights once each, for every part of the folder (before the Checkpoint, the
+/// exporters re-read config.json 4-10 times and the weights 2-4 times per folder).
+#[test]
+fn a_whole_folder_reads_each_checkpoint_file_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let multilingual = micro(dir.path(), Preset::Tiny);
+    let derived = dir.path().join("derived");
+    synthesize_with(&common::micro_config(), None, &derived, &opts()).unwrap();
+    for (model, cross_kv, expect) in [
+        (
+            &multilingual,
+            CrossKv::Precomputed,
+            &["config.json", "generation_config.json", "model.safetensors"][..],
+        ),
+        (
+            &derived,
+            CrossKv::InGraph,
+            &["config.json", "model.safetensors", "tokenizer.json"][..],
+        ),
+    ] {
+        file_reads::take();
+        let ckpt = Checkpoint::open(model).unwrap();
+        let opts = BundleOptions {
+            opset: Opset::Ios18,
+            decoder: DecoderExport {
+                cross_kv,
+                ..Default::default()
+            },
+            encoder_compression: None,
+            decoder_compression: None,
+        };
+        let out = dir.path().join("out");
+        let report = write_whisperkit_folder(&ckpt, &out, &opts, true, &mut |_| {}).unwrap();
+        let reads = file_reads::take();
+        for f in expect {
+            assert_eq!(
+                reads.get(*f),
+                Some(&1),
+                "{f} of {}: {reads:?}",
+                model.display()
+            );
+        }
+        assert!(reads.values().all(|&n| n == 1), "{reads:?}");
+        assert!(report.files.len() >= 6, "{:?}", report.files);
+    }
 }

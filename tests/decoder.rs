@@ -459,9 +459,10 @@ fn tiny_en_packages() {
 /// all-zero encoder output), at the row WhisperKit's task/language arithmetic selects.
 #[test]
 fn prefill_lookup_tables() {
+    use milkit::whisper::config::GenerationConfig;
     use milkit::whisper::decoder_prefill::{build_prefill, PrefillSpec};
     if let Some(fx) = common::fixtures() {
-        let g: serde_json::Value = serde_json::from_slice(
+        let g: GenerationConfig = serde_json::from_slice(
             &std::fs::read(fx.join("models/whisper-tiny.en/generation_config.json")).unwrap(),
         )
         .unwrap();
@@ -477,6 +478,7 @@ fn prefill_lookup_tables() {
         "is_multilingual": true, "decoder_start_token_id": 250, "lang_to_id": langs,
         "task_to_id": {"translate": 261, "transcribe": 262}
     });
+    let g: GenerationConfig = serde_json::from_value(g).unwrap();
     let spec = PrefillSpec::from_generation_config(&g).unwrap();
     assert_eq!(
         spec,

@@ -7,9 +7,10 @@
 
 mod common;
 
+use milkit::convert::bundle::{write_whisperkit_folder, BundleOptions};
 use milkit::transcribe::{Compute, OpenOptions, TranscribeOptions, Transcriber};
 use milkit::whisper::audio::load_wav;
-use milkit::whisper::bundle::{write_whisperkit_folder, BundleOptions};
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::generate::Task;
 use milkit::whisper::wer::{rate, word_errors_with, Normalization};
 use serde_json::Value;
@@ -46,8 +47,14 @@ fn folder(model: &Path, name: &str) -> PathBuf {
         encoder_compression: None,
         decoder_compression: None,
     };
-    write_whisperkit_folder(model, &dir, &opts, true, &mut |_| {})
-        .unwrap_or_else(|e| panic!("exporting {}: {e:#}", model.display()));
+    write_whisperkit_folder(
+        &Checkpoint::open(model).unwrap(),
+        &dir,
+        &opts,
+        true,
+        &mut |_| {},
+    )
+    .unwrap_or_else(|e| panic!("exporting {}: {e:#}", model.display()));
     dir
 }
 

@@ -346,6 +346,6 @@ fn wav_files_and_recipes_never_panic() {
     .unwrap();
     replay("recipe", &seed, true, &|bytes| {
         std::fs::write(&recipe, bytes).unwrap();
-        let _ = milkit::whisper::recipe::Recipe::from_file(&recipe);
+        let _ = milkit::convert::recipe::Recipe::from_file(&recipe);
     });
 }

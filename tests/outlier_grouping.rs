@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use common::milkit;
 use common::programs::{f16_tensor, f32s, host, model, psnr, tin};
 use common::rng::Rng;
+use milkit::convert::export::export_encoder;
 use milkit::ir::{DType, Model, Opset, Value};
 use milkit::ops::{Builder, In};
 use milkit::passes::calibrate::Calibration;
@@ -18,8 +19,8 @@ use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
 use milkit::passes::regroup::{regroup, row_key};
 use milkit::runtime::Session;
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use milkit::whisper::synth::{synthesize_with, SynthDType, SynthOptions};
 use std::path::Path;
 
@@ -239,7 +240,13 @@ fn whisper_mlps_are_found_and_the_encoder_is_unchanged() {
     let dir = tempfile::tempdir().unwrap();
     let hf = dir.path().join("micro");
     micro(&hf);
-    let m = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+    let m = export_encoder(
+        &Checkpoint::open(&hf).unwrap(),
+        EncoderAbi::WhisperKit,
+        Opset::Ios18,
+        &mut |_, _| {},
+    )
+    .unwrap();
     let mut re = m.clone();
     let (done, _) = regroup(&mut re, &lut4(true), &small_selection(), None).unwrap();
     // The conv stem (conv1 → gelu → conv2) and one chain per layer (fc1 → gelu → fc2),
@@ -283,7 +290,13 @@ fn mel(fx: &Path, clip: &str) -> Tensor {
 fn tiny_en_reordered_encoder_is_the_same_and_palettizes_better() {
     let Some(fx) = common::fixtures() else { return };
     let hf = fx.join("models/whisper-tiny.en");
-    let m = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+    let m = export_encoder(
+        &Checkpoint::open(&hf).unwrap(),
+        EncoderAbi::WhisperKit,
+        Opset::Ios18,
+        &mut |_, _| {},
+    )
+    .unwrap();
     let sel = Selection::default();
     let mut re = m.clone();
     let (done, _) = regroup(&mut re, &lut4(false), &sel, None).unwrap();
@@ -369,7 +382,13 @@ fn recipe_table_takes_the_flag() {
         common::export_encoder_recipe(dir.path(), "whisperkit", "outlier_grouping = true", &hf);
     // fc1's bias (too small to compress) is the checkpoint's, reordered.
     let got = milkit::package::load_package(&out.join("encoder.mlpackage")).unwrap();
-    let plain = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+    let plain = export_encoder(
+        &Checkpoint::open(&hf).unwrap(),
+        EncoderAbi::WhisperKit,
+        Opset::Ios18,
+        &mut |_, _| {},
+    )
+    .unwrap();
     let (_, a) = weight(&plain, "layers_0_fc1_bias");
     let (_, b) = weight(&got, "layers_0_fc1_bias");
     assert_ne!(a, b, "the recipe did not reorder");
@@ -391,7 +410,13 @@ fn tiny_en_held_out_output_error_with_and_without_reordering() {
     let calib = [audio("fleurs_en_000.wav"), audio("fleurs_en_001.wav")];
     let cal =
         milkit::quality::calibrate::calibrate_encoder(&hf, &calib, &sel, &mut |_, _| {}).unwrap();
-    let m = export_encoder(&hf, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+    let m = export_encoder(
+        &Checkpoint::open(&hf).unwrap(),
+        EncoderAbi::WhisperKit,
+        Opset::Ios18,
+        &mut |_, _| {},
+    )
+    .unwrap();
     let input = "melspectrogram_features";
     let clips = ["jfk.wav", "librivox_ss01_0870.wav"];
     let xs: Vec<Tensor> = clips.iter().map(|c| mel(&fx, c)).collect();

@@ -174,3 +174,59 @@ fn both_4bit_recipes_hold_their_budgets_on_a_multilingual_checkpoint() {
         ok(&o);
     }
 }
+
+/// A recipe's `[compress]` table and the command-line flags are one type: an empty table
+/// means the flags' defaults, and a table reads as the flags with the same names do.
+#[test]
+fn a_compress_table_reads_as_the_compression_flags() {
+    use clap::Parser;
+    use milkit::convert::compress::CompressFlags;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: CompressFlags,
+    }
+    let parse = |args: &[&str]| {
+        Cli::try_parse_from(std::iter::once("milkit").chain(args.iter().copied()))
+            .unwrap()
+            .flags
+    };
+    let table = |text: &str| toml::from_str::<CompressFlags>(text).unwrap();
+    assert_eq!(parse(&[]), CompressFlags::default());
+    assert_eq!(table(""), CompressFlags::default());
+    assert_eq!(
+        table(
+            "palettize = \"kmeans\"\nnbits = 3\ngranularity = \"per-grouped-channel\"\n\
+             group_size = 8\nop_types = [\"conv\"]\nhead_only = true\ntarget_bits = 3.5"
+        ),
+        parse(&[
+            "--palettize",
+            "kmeans",
+            "--nbits",
+            "3",
+            "--granularity",
+            "per-grouped-channel",
+            "--group-size",
+            "8",
+            "--op-types",
+            "conv",
+            "--head-only",
+            "--target-bits",
+            "3.5",
+        ])
+    );
+    assert_eq!(
+        table("quantize = \"INT8\"\ngranularity = \"per-block\"\nasymmetric = true"),
+        parse(&[
+            "--quantize",
+            "int8",
+            "--granularity",
+            "per-block",
+            "--asymmetric"
+        ])
+    );
+    let e = toml::from_str::<CompressFlags>("palettize = \"kmeanz\"").unwrap_err();
+    assert!(e.to_string().contains("kmeanz"), "{e}");
+    // Statistics come from the command line only.
+    assert!(toml::from_str::<CompressFlags>("calibration = [\"x\"]").is_err());
+}

@@ -7,15 +7,16 @@
 
 mod common;
 
+use milkit::convert::export::export_encoder;
 use milkit::ir::Opset;
 use milkit::package::save_package;
 use milkit::transcribe::{TranscribeOptions, Transcriber};
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::decoder::{
     alignment_heads_from_json, build_decoder, min_head_chunks, CrossKv, DecoderDims,
     DecoderOptions, KvCache,
 };
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use milkit::whisper::weights::WhisperWeights;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -47,8 +48,13 @@ fn folders(fx: &Path) -> &'static (PathBuf, PathBuf) {
         // would never remove.
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("transcribe-models");
         let _ = std::fs::remove_dir_all(&root);
-        let enc =
-            export_encoder(&ckpt, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+        let enc = export_encoder(
+            &Checkpoint::open(&ckpt).unwrap(),
+            EncoderAbi::WhisperKit,
+            Opset::Ios18,
+            &mut |_, _| {},
+        )
+        .unwrap();
         let (cfg, w) = WhisperWeights::open(&ckpt).unwrap();
         let dims = DecoderDims::from_config(&cfg);
         let gen = json(&ckpt.join("generation_config.json"));

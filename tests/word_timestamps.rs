@@ -10,16 +10,17 @@
 
 mod common;
 
+use milkit::convert::export::export_encoder;
 use milkit::ir::Opset;
 use milkit::runtime::{Session, Tensor};
 use milkit::transcribe::decoder::{Cross, TextDecoder};
 use milkit::whisper::audio::{self, MelFilters, HOP_LENGTH};
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::decoder::{
     alignment_heads_from_json, build_decoder, min_head_chunks, CrossKv, DecoderDims,
     DecoderOptions, KvCache, PER_HEAD_ALIGNMENT_OUTPUT,
 };
 use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::export::export_encoder;
 use milkit::whisper::timing::{word_timestamps, Word};
 use milkit::whisper::tokenizer::Tokenizer;
 use milkit::whisper::weights::WhisperWeights;
@@ -47,8 +48,13 @@ struct Model {
 
 impl Model {
     fn build(ckpt: &Path, per_head: bool) -> Model {
-        let enc =
-            export_encoder(ckpt, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+        let enc = export_encoder(
+            &Checkpoint::open(ckpt).unwrap(),
+            EncoderAbi::WhisperKit,
+            Opset::Ios18,
+            &mut |_, _| {},
+        )
+        .unwrap();
         let (cfg, w) = WhisperWeights::open(ckpt).unwrap();
         let dims = DecoderDims::from_config(&cfg);
         let gen = json(&ckpt.join("generation_config.json"));

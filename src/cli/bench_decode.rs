@@ -12,10 +12,10 @@ use milkit::passes::compress::{compress, Method, Selection};
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
 use milkit::runtime::Session;
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::decoder::{
     build_decoder, CrossKv, DecoderDims, DecoderOptions, KvCache, MASK_HIDDEN,
 };
-use milkit::whisper::export::open_checked;
 use milkit::whisper::weights::Component;
 use std::path::Path;
 use std::time::Instant;
@@ -92,8 +92,9 @@ pub fn measure(
     runs: usize,
     isas: &[Isa],
 ) -> Result<Vec<DecodeRow>> {
-    let (cfg, w) = open_checked(model_dir, Component::Decoder)?;
-    let dims = DecoderDims::from_config(&cfg);
+    let ckpt = Checkpoint::open(model_dir)?;
+    let w = ckpt.checked_weights(Component::Decoder)?;
+    let dims = DecoderDims::from_config(ckpt.config());
     ensure!(
         START + WARMUP + STEPS <= dims.n_text_ctx,
         "the text context ({}) is too short for the timed positions",
@@ -106,7 +107,7 @@ pub fn measure(
         kv_cache: KvCache::State,
         cross_kv: CrossKv::Precomputed,
     };
-    let base = build_decoder(&dims, &w, &opts, Opset::Ios18)
+    let base = build_decoder(&dims, w, &opts, Opset::Ios18)
         .with_context(|| format!("building the decoder of {}", model_dir.display()))?;
     let lut4 = Method::Palettize(LutConfig {
         mode: LutMode::Kmeans,

@@ -4,11 +4,12 @@ pub use super::export_args::ExportArgs;
 use super::export_args::{parse_target, report_folder, ComponentArg};
 use super::progress;
 use anyhow::{bail, Result};
+use milkit::convert::bundle::{build_part, write_whisperkit_folder, BundleOptions, Part, PartSpec};
+use milkit::convert::decoder_export::DecoderExport;
 use milkit::ir::Opset;
 use milkit::package::save_package;
-use milkit::whisper::bundle::{build_part, write_whisperkit_folder, BundleOptions, Part, PartSpec};
+use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::decoder::CrossKv;
-use milkit::whisper::decoder_export::DecoderExport;
 use std::path::Path;
 use std::time::Instant;
 
@@ -39,7 +40,7 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
         compression: a.compress.compression()?,
     };
     let pb = progress::bar(0, "building", a.quiet);
-    let built = build_part(&model, &spec, &mut |i, n| {
+    let built = build_part(&Checkpoint::open(&model)?, &spec, &mut |i, n| {
         pb.set_length(n as u64);
         pb.set_position(i as u64);
     })?;
@@ -121,7 +122,8 @@ fn run_all(a: &ExportArgs, model: &Path, opset: Opset) -> Result<u8> {
         decoder_compression: a.compress.compression_for(Some("decoder"))?,
     };
     let sp = progress::spinner("exporting", a.quiet);
-    let report = write_whisperkit_folder(model, &a.out, &opts, a.force, &mut |msg| {
+    let ckpt = Checkpoint::open(model)?;
+    let report = write_whisperkit_folder(&ckpt, &a.out, &opts, a.force, &mut |msg| {
         sp.set_message(msg.to_string())
     })?;
     sp.finish_and_clear();

@@ -3,10 +3,9 @@
 //! parser and the folder's compression report. A leaf, so that the two modes do not import
 //! each other both ways.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::{Args, ValueEnum};
-use milkit::ir::Opset;
-use milkit::whisper::bundle::BundleReport;
+use milkit::convert::bundle::BundleReport;
 use milkit::whisper::decoder_spec::CrossKv;
 use milkit::whisper::encoder::EncoderAbi;
 use std::path::PathBuf;
@@ -99,14 +98,7 @@ pub struct ExportArgs {
     pub stats: bool,
 }
 
-pub fn parse_target(s: &str) -> Result<Opset> {
-    match Opset::from_target_name(s) {
-        Some(o) => Ok(o),
-        None => {
-            bail!("unknown target `{s}`: use ios15, ios16, ios17 or ios18 (or macos12..macos15)")
-        }
-    }
-}
+pub use milkit::convert::recipe::parse_target;
 
 /// Compression reports of a folder write: one JSON object keyed by file, or text per file.
 pub fn report_folder(r: &BundleReport, json: bool, quiet: bool) -> Result<()> {

@@ -4,6 +4,9 @@
 //! encoder's states as cross-attention input: the inputs it sees in use).
 
 use super::eval::read_manifest;
+use crate::convert::bundle::{write_whisperkit_folder, BundleOptions};
+use crate::convert::decoder_export::{export_decoder, DecoderExport};
+use crate::convert::export::export_encoder;
 use crate::ir::Opset;
 use crate::passes::calibrate::{instrument, Calibration, Moments, Probe, COMPONENT_KEY};
 use crate::passes::compress::Selection;
@@ -11,10 +14,8 @@ use crate::runtime::{Session, Tensor};
 use crate::transcribe::decoder::TextDecoder;
 use crate::transcribe::{TranscribeOptions, Transcriber};
 use crate::whisper::audio::{load_wav, log_mel_windows, MelFilters};
-use crate::whisper::bundle::{write_whisperkit_folder, BundleOptions};
-use crate::whisper::decoder_export::{export_decoder, DecoderExport};
+use crate::whisper::checkpoint::Checkpoint;
 use crate::whisper::encoder::EncoderAbi;
-use crate::whisper::export::{export_encoder, source_name};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,12 +47,8 @@ pub fn calibrate_encoder(
     sel: &Selection,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Calibration> {
-    let model = export_encoder(
-        model_dir,
-        EncoderAbi::WhisperKit,
-        Opset::Ios18,
-        &mut |_, _| {},
-    )?;
+    let ckpt = Checkpoint::open(model_dir)?;
+    let model = export_encoder(&ckpt, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {})?;
     let n_mels = model
         .description
         .inputs
@@ -75,7 +72,7 @@ pub fn calibrate_encoder(
         }
         progress(i + 1, audio.len());
     }
-    let mut cal = moments.finish(&source_name(model_dir));
+    let mut cal = moments.finish(&ckpt.source_name());
     cal.meta.insert(COMPONENT_KEY.into(), "encoder".into());
     Ok(cal)
 }
@@ -107,10 +104,11 @@ pub fn calibrate_decoder(
         encoder_compression: None,
         decoder_compression: None,
     };
-    write_whisperkit_folder(model_dir, &scratch.0, &opts, true, &mut |_| {})
+    let ckpt = Checkpoint::open(model_dir)?;
+    write_whisperkit_folder(&ckpt, &scratch.0, &opts, true, &mut |_| {})
         .context("writing the fp16 models folder to calibrate with")?;
     let mut t = Transcriber::open(&scratch.0)?;
-    let model = export_decoder(model_dir, &opts.decoder, opts.opset)?;
+    let model = export_decoder(&ckpt, &opts.decoder, opts.opset)?;
     let (inst, probes) = instrument(&model, sel)?;
     let session = Session::from_model(inst).context("preparing the instrumented decoder")?;
     let mut decoder = TextDecoder::new(session)?;
@@ -131,7 +129,7 @@ pub fn calibrate_decoder(
     let m = moments
         .lock()
         .map_err(|_| anyhow::anyhow!("calibration statistics poisoned"))?;
-    let mut cal = m.finish(&source_name(model_dir));
+    let mut cal = m.finish(&ckpt.source_name());
     cal.meta.insert(COMPONENT_KEY.into(), "decoder".into());
     Ok(cal)
 }

@@ -342,6 +342,7 @@ impl MelFilters {
     /// do; current transformers recomputes the bank and no longer saves it).
     pub fn from_preprocessor_config(path: impl AsRef<Path>) -> Result<Option<Self>> {
         let path = path.as_ref();
+        super::file_reads::note(path);
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read preprocessor config", path.display()))?;
         let json: serde_json::Value = serde_json::from_str(&text).with_context(|| {

@@ -1,16 +1,25 @@
-//! What fine-tuned and distilled checkpoints lack or get wrong, made usable at export: a
-//! missing `generation_config.json` is derived from `config.json` and `tokenizer.json` (with a
-//! warning), and alignment heads past the decoder's layers (distilled models copy their
+//! A Hugging Face Whisper checkpoint opened once ([`Checkpoint`]): `config.json` is read when
+//! it is opened; the generation config, the tokenizer, the mel filter bank and the weights
+//! the first time an export asks for them, and kept — so a whole conversion reads each file
+//! at most once ([`super::file_reads`] counts), and a part that needs no weights (the mel
+//! spectrogram) or no generation config (the encoder) reads none. Like candle's VarBuilder,
+//! the opened checkpoint is what the exporters take.
+//!
+//! Also what fine-tuned and distilled checkpoints lack or get wrong, made usable at export: a
+//! missing `generation_config.json` is derived from `config.json` and `tokenizer.json` (with
+//! a warning), and alignment heads past the decoder's layers (distilled models copy their
 //! teacher's) are dropped with a warning naming them. Warnings go to stderr once per
 //! checkpoint directory and message.
 
+use super::audio::MelFilters;
 use super::config::{GenerationConfig, TokenIds, WhisperConfig, LANGUAGES};
 use super::synth_tokenizer::synth_tokenizer_json;
 use super::tokenizer::Tokenizer;
-use anyhow::{Context, Result};
+use super::weights::{Component, WhisperWeights};
+use anyhow::{ensure, Context, Result};
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 /// Prints `msg` as a warning, once per process.
 pub fn warn_once(msg: &str) {
@@ -21,6 +30,197 @@ pub fn warn_once(msg: &str) {
         .insert(msg.to_string())
     {
         eprintln!("warning: {msg}");
+    }
+}
+
+/// The value in `cell`, loaded by `load` the first time. A failed load is not kept (the
+/// conversion stops on it anyway).
+fn once<T>(cell: &OnceLock<T>, load: impl FnOnce() -> Result<T>) -> Result<&T> {
+    if let Some(v) = cell.get() {
+        return Ok(v);
+    }
+    let v = load()?;
+    Ok(cell.get_or_init(|| v))
+}
+
+/// A Hugging Face Whisper checkpoint directory, each of its files read at most once.
+pub struct Checkpoint {
+    dir: PathBuf,
+    config: WhisperConfig,
+    generation: OnceLock<GenerationConfig>,
+    tokenizer: OnceLock<Option<Tokenizer>>,
+    mel_filters: OnceLock<MelFilters>,
+    weights: OnceLock<WhisperWeights>,
+}
+
+impl Checkpoint {
+    /// Opens a checkpoint directory: reads and validates its `config.json`. The other files
+    /// are read when first needed.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        ensure!(
+            dir.is_dir(),
+            "checkpoint directory {} does not exist",
+            dir.display()
+        );
+        let config_path = dir.join("config.json");
+        ensure!(
+            config_path.is_file(),
+            "{}: missing config.json (a Hugging Face checkpoint has it next to the weights)",
+            config_path.display()
+        );
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            config: WhisperConfig::from_file(&config_path)?,
+            generation: OnceLock::new(),
+            tokenizer: OnceLock::new(),
+            mel_filters: OnceLock::new(),
+            weights: OnceLock::new(),
+        })
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `config.json`.
+    pub fn config(&self) -> &WhisperConfig {
+        &self.config
+    }
+
+    /// The directory's name (not its full path, so outputs don't depend on where the
+    /// checkpoint lives): the `milkit.source` of every exported model.
+    pub fn source_name(&self) -> String {
+        self.dir
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| self.dir.display().to_string())
+    }
+
+    /// The tensors (see [`WhisperWeights::open_weights`]).
+    pub fn weights(&self) -> Result<&WhisperWeights> {
+        once(&self.weights, || WhisperWeights::open_weights(&self.dir))
+    }
+
+    /// The tensors, checked to hold every tensor `component` needs, shaped as config.json says.
+    pub fn checked_weights(&self, component: Component) -> Result<&WhisperWeights> {
+        let w = self.weights()?;
+        w.check(&self.config, component)?;
+        Ok(w)
+    }
+
+    /// `tokenizer.json`, when the checkpoint has one.
+    pub fn tokenizer(&self) -> Result<Option<&Tokenizer>> {
+        let t = once(&self.tokenizer, || {
+            let p = self.dir.join("tokenizer.json");
+            p.is_file().then(|| Tokenizer::from_file(&p)).transpose()
+        })?;
+        Ok(t.as_ref())
+    }
+
+    /// Whether the directory has its own `generation_config.json`.
+    pub fn has_generation_file(&self) -> bool {
+        self.dir.join("generation_config.json").is_file()
+    }
+
+    /// `generation_config.json` when it exists, else (with a warning)
+    /// [`derived_generation_config`] from config.json and tokenizer.json (or, without a
+    /// tokenizer, the standard Whisper layout of the vocabulary).
+    pub fn generation(&self) -> Result<&GenerationConfig> {
+        once(&self.generation, || {
+            let p = self.dir.join("generation_config.json");
+            if p.exists() {
+                return GenerationConfig::from_file(&p);
+            }
+            let cfg = &self.config;
+            let layout;
+            let (tok, from) = match self.tokenizer()? {
+                Some(t) => (t, "config.json and tokenizer.json"),
+                None => {
+                    let json = synth_tokenizer_json(cfg, None).with_context(|| {
+                        format!(
+                            "{}: no generation_config.json and no tokenizer.json to derive one from",
+                            self.dir.display()
+                        )
+                    })?;
+                    layout = Tokenizer::from_json(&json.to_string())?;
+                    (&layout, "config.json and the standard Whisper token layout")
+                }
+            };
+            warn_once(&format!(
+                "{}: no generation_config.json; using defaults derived from {from} (no \
+                 alignment heads, so no word timestamps; copy the base model's \
+                 generation_config.json for them)",
+                self.dir.display()
+            ));
+            Ok(derived_generation_config(cfg, tok))
+        })
+    }
+
+    /// Whether the checkpoint is multilingual (has language tokens), by its generation config.
+    pub fn is_multilingual(&self) -> Result<bool> {
+        let g = self.generation()?;
+        Ok(g.is_multilingual != Some(false) && g.lang_to_id.is_some())
+    }
+
+    /// The alignment heads of the checkpoint that exist in its decoder; those past its layers
+    /// or heads are dropped with a warning naming them. Empty when there are none at all.
+    pub fn alignment_heads(&self) -> Result<Vec<(usize, usize)>> {
+        let cfg = &self.config;
+        let (kept, dropped) = self.generation()?.split_alignment_heads(cfg);
+        if !dropped.is_empty() {
+            let list = |v: &[[usize; 2]]| {
+                v.iter()
+                    .map(|[l, h]| format!("[{l}, {h}]"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let consequence = if kept.is_empty() {
+                "no alignment heads remain: the text decoder has no alignment_heads_weights \
+                 output and transcripts get no word timestamps"
+                    .to_string()
+            } else {
+                format!("{} kept", kept.len())
+            };
+            warn_once(&format!(
+                "{}/generation_config.json: dropping alignment heads {} past the decoder's {} \
+                 layers x {} heads (copied from a larger model?); {consequence}",
+                self.dir.display(),
+                list(&dropped),
+                cfg.decoder_layers,
+                cfg.decoder_attention_heads
+            ));
+        }
+        Ok(kept.into_iter().map(|[l, h]| (l, h)).collect())
+    }
+
+    /// The `generation_config.json` a models folder gets when it is not the checkpoint's file
+    /// as it is: the derived one when the checkpoint has none, or the checkpoint's with only
+    /// the alignment heads the decoder has. `None`: copy the file unchanged.
+    pub fn folder_generation_json(&self) -> Result<Option<serde_json::Value>> {
+        let exists = self.has_generation_file();
+        let g = self.generation()?;
+        let Some(before) = g.alignment_heads.as_ref().map(Vec::len) else {
+            return Ok((!exists).then(|| g.to_json()));
+        };
+        let kept = self.alignment_heads()?;
+        if exists && kept.len() == before {
+            return Ok(None);
+        }
+        let g = GenerationConfig {
+            alignment_heads: Some(kept.iter().map(|&(l, h)| [l, h]).collect()),
+            ..g.clone()
+        };
+        Ok(Some(g.to_json()))
+    }
+
+    /// The mel filter bank: `mel_filters` of preprocessor_config.json when present, else
+    /// the Slaney bank with config.json's `num_mel_bins` bands.
+    pub fn mel_filters(&self) -> Result<&MelFilters> {
+        once(&self.mel_filters, || {
+            super::mel::model_filters(&self.dir, &self.config)
+        })
     }
 }
 
@@ -65,114 +265,8 @@ pub fn derived_generation_config(cfg: &WhisperConfig, tok: &Tokenizer) -> Genera
         return_timestamps: Some(false),
         lang_to_id: (multilingual && !lang_to_id.is_empty()).then_some(lang_to_id),
         task_to_id: (multilingual && !task_to_id.is_empty()).then_some(task_to_id),
+        other: BTreeMap::new(),
     }
-}
-
-/// `generation_config.json` of a checkpoint as JSON: the file when it exists, else (with a
-/// warning) [`derived_generation_config`] from config.json and tokenizer.json (or, without
-/// a tokenizer, the standard Whisper layout of the vocabulary); `None` when config.json is
-/// missing too.
-pub fn generation_json(model_dir: &Path) -> Result<Option<serde_json::Value>> {
-    let p = model_dir.join("generation_config.json");
-    if p.exists() {
-        let text =
-            std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
-        return serde_json::from_str(&text)
-            .map(Some)
-            .with_context(|| format!("{}: malformed JSON", p.display()));
-    }
-    let cp = model_dir.join("config.json");
-    if !cp.exists() {
-        return Ok(None);
-    }
-    let cfg = WhisperConfig::from_file(&cp)?;
-    let tp = model_dir.join("tokenizer.json");
-    let (tok, from) = if tp.exists() {
-        (Tokenizer::from_file(&tp)?, "config.json and tokenizer.json")
-    } else {
-        let layout = synth_tokenizer_json(&cfg, None).with_context(|| {
-            format!(
-                "{}: no generation_config.json and no tokenizer.json to derive one from",
-                model_dir.display()
-            )
-        })?;
-        (
-            Tokenizer::from_json(&layout.to_string())?,
-            "config.json and the standard Whisper token layout",
-        )
-    };
-    warn_once(&format!(
-        "{}: no generation_config.json; using defaults derived from {from} (no alignment \
-         heads, so no word timestamps; copy the base model's generation_config.json for them)",
-        model_dir.display()
-    ));
-    Ok(Some(derived_generation_config(&cfg, &tok).to_json()))
-}
-
-/// The alignment heads of a checkpoint that exist in its decoder; those past its layers or
-/// heads are dropped with a warning naming them. None when there are no heads at all.
-pub fn usable_alignment_heads(
-    model_dir: &Path,
-    cfg: &WhisperConfig,
-) -> Result<Vec<(usize, usize)>> {
-    let Some(g) = generation_json(model_dir)? else {
-        return Ok(vec![]);
-    };
-    if g["alignment_heads"].is_null() {
-        return Ok(vec![]);
-    }
-    let all = super::decoder::alignment_heads_from_json(&g["alignment_heads"])
-        .with_context(|| format!("{}/generation_config.json", model_dir.display()))?;
-    let gen = GenerationConfig {
-        alignment_heads: Some(all.iter().map(|&(l, h)| [l, h]).collect()),
-        ..Default::default()
-    };
-    let (kept, dropped) = gen.split_alignment_heads(cfg);
-    if !dropped.is_empty() {
-        let list = |v: &[[usize; 2]]| {
-            v.iter()
-                .map(|[l, h]| format!("[{l}, {h}]"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let consequence = if kept.is_empty() {
-            "no alignment heads remain: the text decoder has no alignment_heads_weights output \
-             and transcripts get no word timestamps"
-                .to_string()
-        } else {
-            format!("{} kept", kept.len())
-        };
-        warn_once(&format!(
-            "{}/generation_config.json: dropping alignment heads {} past the decoder's {} \
-             layers x {} heads (copied from a larger model?); {consequence}",
-            model_dir.display(),
-            list(&dropped),
-            cfg.decoder_layers,
-            cfg.decoder_attention_heads
-        ));
-    }
-    Ok(kept.into_iter().map(|[l, h]| (l, h)).collect())
-}
-
-/// The `generation_config.json` a models folder gets when it is not the checkpoint's file
-/// as it is: the derived one when the checkpoint has none, or the checkpoint's with only the
-/// alignment heads the decoder has. `None`: copy the file unchanged.
-pub fn folder_generation_json(model_dir: &Path) -> Result<Option<serde_json::Value>> {
-    let cfg = WhisperConfig::from_file(&model_dir.join("config.json"))?;
-    let exists = model_dir.join("generation_config.json").is_file();
-    let Some(mut g) = generation_json(model_dir)? else {
-        return Ok(None);
-    };
-    if g["alignment_heads"].is_null() {
-        return Ok((!exists).then_some(g));
-    }
-    let kept = usable_alignment_heads(model_dir, &cfg)?;
-    let before = g["alignment_heads"].as_array().map_or(0, Vec::len);
-    if exists && kept.len() == before {
-        return Ok(None);
-    }
-    g["alignment_heads"] = serde_json::json!(kept.iter().map(|&(l, h)| [l, h]).collect::<Vec<_>>());
-    Ok(Some(g))
 }
 
 /// The set of files a single package needs is config.json and the weights; a folder also

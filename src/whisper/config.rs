@@ -65,6 +65,7 @@ fn required(v: Option<usize>, key: &str) -> Result<usize> {
 impl WhisperConfig {
     /// Reads and validates `config.json`. Every error names the file.
     pub fn from_file(path: &Path) -> Result<WhisperConfig> {
+        super::file_reads::note(path);
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read model config {}", path.display()))?;
         Self::from_json_str(&text).with_context(|| format!("model config {}", path.display()))
@@ -285,11 +286,16 @@ pub struct GenerationConfig {
     /// `"transcribe"/"translate" → id`; only multilingual models have it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_to_id: Option<BTreeMap<String, u32>>,
+    /// Every other key of the file, kept as it is, so that a models folder's rewritten copy
+    /// (alignment heads dropped) loses nothing.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
 }
 
 impl GenerationConfig {
     /// Reads `generation_config.json`. Errors name the file.
     pub fn from_file(path: &Path) -> Result<GenerationConfig> {
+        super::file_reads::note(path);
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read generation config {}", path.display()))?;
         serde_json::from_str(&text)
@@ -556,6 +562,7 @@ impl Preset {
             return_timestamps: Some(false),
             lang_to_id: Some(lang_to_id),
             task_to_id: Some(task_to_id),
+            other: BTreeMap::new(),
         }
     }
 }

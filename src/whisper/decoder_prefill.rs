@@ -10,6 +10,7 @@
 //! the weights are uniform and the context is exactly the v_proj bias — deterministic, and
 //! free of the 1500-position projections.
 
+use super::config::GenerationConfig;
 use super::decoder_spec::{finish_model, DecoderDims};
 use super::graph::WeightSource;
 use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Tensor, Value, ValueType};
@@ -35,27 +36,24 @@ pub struct PrefillSpec {
 pub const PREFILL_LEN: usize = 3;
 
 impl PrefillSpec {
-    /// From generation_config.json (`is_multilingual`, `decoder_start_token_id`, `lang_to_id`,
+    /// From a generation config (`is_multilingual`, `decoder_start_token_id`, `lang_to_id`,
     /// `task_to_id`). English-only checkpoints have no language or task tokens: an error.
-    pub fn from_generation_config(g: &serde_json::Value) -> Result<PrefillSpec> {
-        if g["is_multilingual"] == false || g.get("lang_to_id").is_none() {
+    pub fn from_generation_config(g: &GenerationConfig) -> Result<PrefillSpec> {
+        let Some(langs) = g
+            .lang_to_id
+            .as_ref()
+            .filter(|_| g.is_multilingual != Some(false))
+        else {
             bail!(
                 "the decoder context prefill needs a multilingual checkpoint: English-only (.en) models \
                  have no language or task tokens, their prefix is just <|startoftranscript|>"
             );
-        }
-        let id = |v: &serde_json::Value, what: &str| -> Result<usize> {
-            v.as_u64()
-                .map(|x| x as usize)
-                .with_context(|| format!("generation_config.json: {what} is not a token id"))
         };
-        let langs = g["lang_to_id"]
-            .as_object()
-            .context("generation_config.json: lang_to_id is not an object")?;
-        let mut ids = langs
-            .iter()
-            .map(|(k, v)| id(v, k))
-            .collect::<Result<Vec<_>>>()?;
+        let id = |v: Option<u32>, what: &str| -> Result<usize> {
+            v.map(|x| x as usize)
+                .with_context(|| format!("generation_config.json: no {what}"))
+        };
+        let mut ids: Vec<usize> = langs.values().map(|&v| v as usize).collect();
         ids.sort_unstable();
         ensure!(
             !ids.is_empty(),
@@ -65,12 +63,13 @@ impl PrefillSpec {
             ids.windows(2).all(|w| w[1] == w[0] + 1),
             "generation_config.json: language token ids are not contiguous"
         );
+        let task = |t: &str| g.task_to_id.as_ref().and_then(|m| m.get(t).copied());
         Ok(PrefillSpec {
-            sot: id(&g["decoder_start_token_id"], "decoder_start_token_id")?,
+            sot: id(g.decoder_start_token_id, "decoder_start_token_id")?,
             first_language: ids[0],
             languages: ids.len(),
-            transcribe: id(&g["task_to_id"]["transcribe"], "task_to_id.transcribe")?,
-            translate: id(&g["task_to_id"]["translate"], "task_to_id.translate")?,
+            transcribe: id(task("transcribe"), "task_to_id.transcribe")?,
+            translate: id(task("translate"), "task_to_id.translate")?,
         })
     }
 

@@ -4,6 +4,7 @@
 //! model with milkit's metadata. A leaf of `whisper`'s decoder files, so that they need not
 //! import each other both ways.
 
+use super::config::WhisperConfig;
 use crate::ir::{Description, Model, Opset};
 use anyhow::{bail, ensure, Result};
 
@@ -160,4 +161,29 @@ pub(crate) fn finish_model(
         .user_defined
         .insert("milkit.version".into(), env!("CARGO_PKG_VERSION").into());
     Model::single(opset, inputs, block, description)
+}
+
+impl DecoderDims {
+    pub fn from_config(c: &WhisperConfig) -> DecoderDims {
+        DecoderDims {
+            d_model: c.d_model,
+            layers: c.decoder_layers,
+            heads: c.decoder_attention_heads,
+            ffn: c.decoder_ffn_dim,
+            vocab: c.vocab_size,
+            n_text_ctx: c.max_target_positions,
+            n_audio_ctx: c.max_source_positions,
+        }
+    }
+}
+
+/// The vocabulary-head ops of a milkit decoder, from its `milkit.head_ops` metadata.
+pub fn head_ops(m: &Model) -> Result<Vec<String>> {
+    let Some(list) = m.description.user_defined.get(HEAD_OPS_KEY) else {
+        bail!(
+            "the package has no `{HEAD_OPS_KEY}` metadata: --head-only needs a text decoder \
+             exported by milkit (or name the head ops with --op-names)"
+        );
+    };
+    Ok(list.split(',').map(str::to_string).collect())
 }

@@ -291,3 +291,16 @@ pub fn build_encoder(
     let _ = DType::F16;
     Ok(Model::single(opset, inputs, block, description))
 }
+
+impl EncoderDims {
+    pub fn from_config(c: &super::config::WhisperConfig) -> EncoderDims {
+        EncoderDims {
+            d_model: c.d_model,
+            layers: c.encoder_layers,
+            heads: c.encoder_attention_heads,
+            ffn: c.encoder_ffn_dim,
+            n_mels: c.num_mel_bins,
+            n_ctx: c.max_source_positions,
+        }
+    }
+}

@@ -13,7 +13,7 @@
 //! it would be without it. The package records the padding as `milkit.head_padding`
 //! (`inspect` and `verify` print it).
 
-use super::decoder_export::head_ops;
+use super::decoder_spec::head_ops;
 use crate::ir::{Arg, Bytes, DType, Model, Operation, Tensor, Value, ValueType, Var};
 use crate::passes::compress::Method;
 use crate::passes::lut::LutGranularity;

@@ -16,7 +16,7 @@ use super::decoder::finish_model;
 use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Tensor, Value, ValueType};
 use crate::ops::builder::{int, ints};
 use crate::ops::{Builder, In, V};
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use half::f16;
 use std::path::Path;
 
@@ -192,10 +192,10 @@ pub fn build_mel(filters: &MelFilters, opset: Opset) -> Result<Model> {
     Ok(finish_model("mel", inputs, block, opset, description))
 }
 
-/// The checkpoint's mel filter bank: `mel_filters` of preprocessor_config.json when present,
-/// else the Slaney bank with config.json's `num_mel_bins` bands.
-pub fn model_filters(model_dir: &Path) -> Result<MelFilters> {
-    let cfg = WhisperConfig::from_file(&model_dir.join("config.json"))?;
+/// The mel filter bank of the checkpoint in `model_dir` with config `cfg`: `mel_filters` of
+/// preprocessor_config.json when present, else the Slaney bank with config.json's
+/// `num_mel_bins` bands.
+pub fn model_filters(model_dir: &Path, cfg: &WhisperConfig) -> Result<MelFilters> {
     let pre = model_dir.join("preprocessor_config.json");
     if pre.exists() {
         if let Some(f) = MelFilters::from_preprocessor_config(&pre)? {
@@ -210,16 +210,4 @@ pub fn model_filters(model_dir: &Path) -> Result<MelFilters> {
         }
     }
     MelFilters::slaney(cfg.num_mel_bins)
-}
-
-/// Builds the MelSpectrogram model of a checkpoint directory (see [`model_filters`]).
-pub fn export_mel(model_dir: &Path, opset: Opset) -> Result<Model> {
-    let filters = model_filters(model_dir)?;
-    let mut m = build_mel(&filters, opset)
-        .with_context(|| format!("building the mel spectrogram of {}", model_dir.display()))?;
-    m.description.user_defined.insert(
-        "milkit.source".into(),
-        super::export::source_name(model_dir),
-    );
-    Ok(m)
 }

@@ -83,6 +83,7 @@ impl Tokenizer {
     /// Load `tokenizer.json`. Errors name the file and the problem.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
+        super::file_reads::note(path);
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read tokenizer file", path.display()))?;
         Self::from_json(&text)

@@ -9,6 +9,7 @@
 //! data and never executes it.
 
 use super::config::WhisperConfig;
+use super::graph::WeightSource;
 use crate::ir::Bytes;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use half::{bf16, f16};
@@ -177,6 +178,7 @@ impl WhisperWeights {
 
     /// Opens one weights file: `*.safetensors`, or anything else as a PyTorch zip checkpoint.
     pub fn open_file(path: &Path) -> Result<WhisperWeights> {
+        super::file_reads::note(path);
         let mut w = WhisperWeights {
             origin: path.to_path_buf(),
             files: Vec::new(),
@@ -188,6 +190,7 @@ impl WhisperWeights {
 
     /// Opens a sharded checkpoint from its `*.index.json` (`{"weight_map": {name: shard}}`).
     pub fn open_index(index: &Path) -> Result<WhisperWeights> {
+        super::file_reads::note(index);
         let text = std::fs::read_to_string(index)
             .with_context(|| format!("cannot read shard index {}", index.display()))?;
         let json: serde_json::Value = serde_json::from_str(&text)
@@ -599,5 +602,13 @@ fn canonical_name(name: &str) -> String {
         format!("model.{name}")
     } else {
         name.to_string()
+    }
+}
+
+/// The graph builders read a checkpoint's tensors through [`WeightSource`].
+impl WeightSource for WhisperWeights {
+    fn f16(&self, name: &str) -> Result<(Vec<usize>, Bytes)> {
+        let t = self.tensor_f16(name)?;
+        Ok((t.shape, t.data))
     }
 }

@@ -1,19 +1,16 @@
-//! Whole conversions into one output folder: any Whisper component built from a checkpoint
-//! directory (and compressed as asked), and the WhisperKit model folder — MelSpectrogram,
+//! Whole conversions into one output folder: any Whisper component built from an opened
+//! checkpoint ([`Checkpoint`], each of its files read once for the whole folder) and
+//! compressed as asked, and the WhisperKit model folder — MelSpectrogram,
 //! AudioEncoder, TextDecoder (+ TextDecoderContextPrefill for multilingual models, + CrossKV
 //! with precomputed cross-attention) next to the checkpoint's config.json,
 //! generation_config.json, tokenizer.json and preprocessor_config.json. Folders are written
 //! atomically: into a temporary directory beside the target, renamed when complete.
 
-use super::decoder::CrossKv;
 use super::decoder_export::{
-    export_cross_kv, export_decoder, export_prefill, head_only_selection, head_ops,
-    is_multilingual, DecoderExport, HEAD_OPS_KEY,
+    export_cross_kv, export_decoder, export_prefill, head_only_selection, head_ops, DecoderExport,
+    HEAD_OPS_KEY,
 };
-use super::encoder::EncoderAbi;
-use super::export::export_encoder;
-use super::head_pad::{pad_head_rows, row_multiple};
-use super::mel::export_mel;
+use super::export::{export_encoder, export_mel};
 use crate::ir::{Model, Opset};
 use crate::package::fsio::write_package_atomically;
 use crate::package::save::write_package_dir_new;
@@ -22,6 +19,10 @@ use crate::passes::compress::{compress_with, Method, Outcome, Selection};
 use crate::passes::lut::{LutConfig, LutMode};
 use crate::passes::mixed::{plan_bits, plan_bits_joint, MixedPlan, PlanPart, DEFAULT_CANDIDATES};
 use crate::passes::regroup::{regroup, Regrouped};
+use crate::whisper::checkpoint::{missing_tokenizer_error, Checkpoint};
+use crate::whisper::decoder::CrossKv;
+use crate::whisper::encoder::EncoderAbi;
+use crate::whisper::head_pad::{pad_head_rows, row_multiple};
 use anyhow::{bail, ensure, Context, Result};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -215,18 +216,18 @@ pub struct Built {
     pub compressed: Option<(Method, Outcome)>,
 }
 
-/// Builds one model from a checkpoint directory and compresses it as `spec` says.
+/// Builds one model of a checkpoint and compresses it as `spec` says.
 pub fn build_part(
-    model_dir: &Path,
+    ckpt: &Checkpoint,
     spec: &PartSpec,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Built> {
     let mut model = match spec.part {
-        Part::Mel => export_mel(model_dir, spec.opset)?,
-        Part::Encoder => export_encoder(model_dir, spec.abi, spec.opset, progress)?,
-        Part::Decoder => export_decoder(model_dir, &spec.decoder, spec.opset)?,
-        Part::CrossKv => export_cross_kv(model_dir, spec.opset)?,
-        Part::Prefill => export_prefill(model_dir, spec.opset)?,
+        Part::Mel => export_mel(ckpt, spec.opset)?,
+        Part::Encoder => export_encoder(ckpt, spec.abi, spec.opset, progress)?,
+        Part::Decoder => export_decoder(ckpt, &spec.decoder, spec.opset)?,
+        Part::CrossKv => export_cross_kv(ckpt, spec.opset)?,
+        Part::Prefill => export_prefill(ckpt, spec.opset)?,
     };
     let compressed = match &spec.compression {
         None => None,
@@ -265,7 +266,7 @@ pub struct BundleReport {
 }
 
 /// The packages of a WhisperKit folder for this checkpoint and options, in writing order.
-pub fn whisperkit_parts(model_dir: &Path, o: &BundleOptions) -> Result<Vec<(String, PartSpec)>> {
+pub fn whisperkit_parts(ckpt: &Checkpoint, o: &BundleOptions) -> Result<Vec<(String, PartSpec)>> {
     let spec = |part, compression: Option<Compression>| PartSpec {
         part,
         abi: EncoderAbi::WhisperKit,
@@ -278,7 +279,7 @@ pub fn whisperkit_parts(model_dir: &Path, o: &BundleOptions) -> Result<Vec<(Stri
         spec(Part::Encoder, o.encoder_compression.clone()),
         spec(Part::Decoder, o.decoder_compression.clone()),
     ];
-    if is_multilingual(model_dir)? {
+    if ckpt.is_multilingual()? {
         parts.push(spec(Part::Prefill, None));
     }
     if o.decoder.cross_kv == CrossKv::Precomputed {
@@ -297,18 +298,19 @@ pub fn whisperkit_parts(model_dir: &Path, o: &BundleOptions) -> Result<Vec<(Stri
 /// `force`. Models are built one at a time, so only one is in memory. `progress` gets a line
 /// per step.
 pub fn write_folder(
-    model_dir: &Path,
+    ckpt: &Checkpoint,
     out_dir: &Path,
     parts: &[(String, PartSpec)],
     copy: &[(&str, bool)],
     force: bool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BundleReport> {
+    let model_dir = ckpt.dir();
     for (name, required) in copy {
         let p = model_dir.join(name);
         if *required && !p.is_file() {
             if *name == "tokenizer.json" {
-                return Err(super::checkpoint::missing_tokenizer_error(model_dir));
+                return Err(missing_tokenizer_error(model_dir));
             }
             if *name == "generation_config.json" && model_dir.join("config.json").is_file() {
                 continue; // derived from config.json and the tokenizer, with a warning
@@ -320,7 +322,7 @@ pub fn write_folder(
         }
     }
     let generation = if copy.iter().any(|(n, _)| *n == "generation_config.json") {
-        super::checkpoint::folder_generation_json(model_dir)?
+        ckpt.folder_generation_json()?
     } else {
         None
     };
@@ -334,7 +336,7 @@ pub fn write_folder(
     write_package_atomically(out_dir, force, |dir| {
         for (file, spec) in parts {
             progress(&format!("building {file}"));
-            let built = build_part(model_dir, spec, &mut |_, _| {})
+            let built = build_part(ckpt, spec, &mut |_, _| {})
                 .with_context(|| format!("building {file}"))?;
             progress(&format!("writing {file}"));
             write_package_dir_new(&built.model, &dir.join(file))?;
@@ -364,7 +366,7 @@ pub fn write_folder(
 
 /// Writes the WhisperKit model folder of a checkpoint (see the module doc) into `out_dir`.
 pub fn write_whisperkit_folder(
-    model_dir: &Path,
+    ckpt: &Checkpoint,
     out_dir: &Path,
     opts: &BundleOptions,
     force: bool,
@@ -378,9 +380,9 @@ pub fn write_whisperkit_folder(
     }
     let mut opts = opts.clone();
     route_statistics(&mut opts);
-    plan_folder_bits(model_dir, &mut opts, progress)?;
-    let parts = whisperkit_parts(model_dir, &opts)?;
-    write_folder(model_dir, out_dir, &parts, &MODEL_FILES, force, progress)
+    plan_folder_bits(ckpt, &mut opts, progress)?;
+    let parts = whisperkit_parts(ckpt, &opts)?;
+    write_folder(ckpt, out_dir, &parts, &MODEL_FILES, force, progress)
 }
 
 /// One budget for the whole model: when both the encoder's and the decoder's compression
@@ -391,7 +393,7 @@ pub fn write_whisperkit_folder(
 /// the encoder's and the decoder's plans; `None` when no joint plan is asked for.
 /// A part without statistics has its errors measured unweighted (plain weight error).
 pub fn plan_folder_bits(
-    model_dir: &Path,
+    ckpt: &Checkpoint,
     opts: &mut BundleOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Option<[MixedPlan; 2]>> {
@@ -407,13 +409,8 @@ pub fn plan_folder_bits(
         "one budget for the whole model: the encoder asks for {te} bits, the decoder for {td}"
     );
     progress("planning bit widths over the encoder and the decoder");
-    let mut enc = export_encoder(
-        model_dir,
-        EncoderAbi::WhisperKit,
-        opts.opset,
-        &mut |_, _| {},
-    )?;
-    let mut dec = export_decoder(model_dir, &opts.decoder, opts.opset)?;
+    let mut enc = export_encoder(ckpt, EncoderAbi::WhisperKit, opts.opset, &mut |_, _| {})?;
+    let mut dec = export_decoder(ckpt, &opts.decoder, opts.opset)?;
     // The plan measures the weights as they will be compressed: reordered, if asked.
     let mut plans = {
         let (ep, dp) = (ec.prepare(&mut enc)?, dc.prepare(&mut dec)?);
