@@ -12,8 +12,8 @@ mod support;
 use milkit::ir::{ArrayDType, Opset};
 use milkit::package::load_package;
 use milkit::whisper::decoder::{
-    alignment_heads_from_json, build_cross_kv, build_decoder, min_head_chunks, CrossKv,
-    DecoderOptions, KvCache, CROSS_KV_NAMES,
+    build_cross_kv, build_decoder, min_head_chunks, CrossKv, DecoderOptions, KvCache,
+    CROSS_KV_NAMES,
 };
 use reference::{psnr, RefDecoder, SafeWeights};
 use std::collections::HashMap;
@@ -314,7 +314,12 @@ fn bad_options_are_errors() {
     missing.0.remove("model.decoder.layers.1.fc2.bias");
     let e = build_decoder(&d, &missing, &DecoderOptions::default(), Opset::Ios16).unwrap_err();
     assert!(format!("{e:#}").contains("layers.1.fc2.bias"), "{e:#}");
-    assert!(alignment_heads_from_json(&serde_json::json!([[1, 2], [3]])).is_err());
+    assert!(
+        serde_json::from_value::<milkit::whisper::config::GenerationConfig>(
+            serde_json::json!({"alignment_heads": [[1, 2], [3]]})
+        )
+        .is_err()
+    );
     assert_eq!(min_head_chunks(51864), 4);
     assert_eq!(min_head_chunks(16384), 1);
 }

@@ -10,8 +10,7 @@ use common::programs::*;
 use milkit::ir::Opset;
 use milkit::runtime::{io, Session, Tensor};
 use milkit::whisper::decoder::{
-    alignment_heads_from_json, build_decoder, min_head_chunks, CrossKv, DecoderDims,
-    DecoderOptions, KvCache, MASK_HIDDEN,
+    build_decoder, min_head_chunks, CrossKv, DecoderDims, DecoderOptions, KvCache, MASK_HIDDEN,
 };
 use std::collections::HashMap;
 use std::path::Path;
@@ -95,8 +94,7 @@ fn argmax(v: &[f32]) -> usize {
 fn tiny_en_decoder_matches_pytorch_cache_io_and_stateful() {
     let Some(fx) = common::fixtures() else { return };
     let d = dims(&fx);
-    let gen = json(&fx.join("models/whisper-tiny.en/generation_config.json"));
-    let heads = alignment_heads_from_json(&gen["alignment_heads"]).unwrap();
+    let heads = common::alignment_heads(&fx.join("models/whisper-tiny.en"));
     let ck =
         Checkpoint(std::fs::read(fx.join("models/whisper-tiny.en/model.safetensors")).unwrap());
     let refs = fx.join("reference/tiny.en-jfk.safetensors");

@@ -13,8 +13,7 @@ use milkit::package::save_package;
 use milkit::transcribe::{TranscribeOptions, Transcriber};
 use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::decoder::{
-    alignment_heads_from_json, build_decoder, min_head_chunks, CrossKv, DecoderDims,
-    DecoderOptions, KvCache,
+    build_decoder, min_head_chunks, CrossKv, DecoderDims, DecoderOptions, KvCache,
 };
 use milkit::whisper::encoder::EncoderAbi;
 use milkit::whisper::weights::WhisperWeights;
@@ -57,13 +56,12 @@ fn folders(fx: &Path) -> &'static (PathBuf, PathBuf) {
         .unwrap();
         let (cfg, w) = WhisperWeights::open(&ckpt).unwrap();
         let dims = DecoderDims::from_config(&cfg);
-        let gen = json(&ckpt.join("generation_config.json"));
         let mut dirs = vec![];
         for (name, kv) in [("io", KvCache::Io), ("state", KvCache::State)] {
             let dir = root.join(name);
             std::fs::create_dir_all(&dir).unwrap();
             let opts = DecoderOptions {
-                alignment_heads: alignment_heads_from_json(&gen["alignment_heads"]).unwrap(),
+                alignment_heads: common::alignment_heads(&ckpt),
                 per_head_alignment: false,
                 head_chunks: min_head_chunks(dims.vocab),
                 kv_cache: kv,

@@ -17,8 +17,8 @@ use milkit::transcribe::decoder::{Cross, TextDecoder};
 use milkit::whisper::audio::{self, MelFilters, HOP_LENGTH};
 use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::decoder::{
-    alignment_heads_from_json, build_decoder, min_head_chunks, CrossKv, DecoderDims,
-    DecoderOptions, KvCache, PER_HEAD_ALIGNMENT_OUTPUT,
+    build_decoder, min_head_chunks, CrossKv, DecoderDims, DecoderOptions, KvCache,
+    PER_HEAD_ALIGNMENT_OUTPUT,
 };
 use milkit::whisper::encoder::EncoderAbi;
 use milkit::whisper::timing::{word_timestamps, Word};
@@ -58,7 +58,7 @@ impl Model {
         let (cfg, w) = WhisperWeights::open(ckpt).unwrap();
         let dims = DecoderDims::from_config(&cfg);
         let gen = json(&ckpt.join("generation_config.json"));
-        let heads = alignment_heads_from_json(&gen["alignment_heads"]).unwrap();
+        let heads = common::alignment_heads(ckpt);
         let alignment = if per_head {
             (PER_HEAD_ALIGNMENT_OUTPUT, heads.len())
         } else {

@@ -22,7 +22,7 @@ use super::graph::{attention, WeightSource};
 use crate::ir::{ArrayDType, Description, Feature, Model, Opset, Value, ValueType};
 use crate::ops::builder::{int, ints};
 use crate::ops::{Builder, In, V};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 /// Largest head chunk the Neural Engine takes comfortably (whisper.cpp's split size).
 pub const ANE_MAX_HEAD_ROWS: usize = 16_384;
@@ -30,22 +30,6 @@ pub const ANE_MAX_HEAD_ROWS: usize = 16_384;
 /// Fewest chunks that keep every head chunk within [`ANE_MAX_HEAD_ROWS`] rows.
 pub fn min_head_chunks(vocab: usize) -> usize {
     vocab.div_ceil(ANE_MAX_HEAD_ROWS).max(1)
-}
-
-/// Parses generation_config.json's `alignment_heads` ([[layer, head], ...]).
-pub fn alignment_heads_from_json(v: &serde_json::Value) -> Result<Vec<(usize, usize)>> {
-    let arr = v
-        .as_array()
-        .context("alignment_heads must be a list of [layer, head] pairs")?;
-    arr.iter()
-        .map(|p| match p.as_array().map(|a| a.as_slice()) {
-            Some([l, h]) => match (l.as_u64(), h.as_u64()) {
-                (Some(l), Some(h)) => Ok((l as usize, h as usize)),
-                _ => bail!("alignment head {p} is not a pair of non-negative integers"),
-            },
-            _ => bail!("alignment head {p} is not a [layer, head] pair"),
-        })
-        .collect()
 }
 
 /// The additive padding-mask value WhisperKit uses for hidden positions.

@@ -177,3 +177,15 @@ pub fn micro_config() -> milkit::whisper::config::WhisperConfig {
     c.decoder_ffn_dim = 128;
     c
 }
+
+/// `alignment_heads` of a checkpoint's generation_config.json, read through the library's one
+/// generation-config type.
+pub fn alignment_heads(ckpt: &Path) -> Vec<(usize, usize)> {
+    milkit::whisper::config::GenerationConfig::from_file(&ckpt.join("generation_config.json"))
+        .unwrap()
+        .alignment_heads
+        .unwrap_or_default()
+        .into_iter()
+        .map(|[l, h]| (l, h))
+        .collect()
+}

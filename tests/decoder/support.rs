@@ -9,9 +9,7 @@ use anyhow::{anyhow, Result};
 use milkit::ir::{ArrayDType, Model};
 use milkit::package::{load_package, save_package};
 use milkit::runtime::{precision::Compute, Options, Session, Tensor};
-use milkit::whisper::decoder::{
-    alignment_heads_from_json, CrossKv, DecoderDims, DecoderOptions, KvCache, MASK_HIDDEN,
-};
+use milkit::whisper::decoder::{CrossKv, DecoderDims, DecoderOptions, KvCache, MASK_HIDDEN};
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
@@ -50,11 +48,15 @@ pub fn tiny_en_dims(fx: &Path) -> DecoderDims {
 }
 
 pub fn tiny_en_heads(fx: &Path) -> Vec<(usize, usize)> {
-    let g: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(fx.join("models/whisper-tiny.en/generation_config.json")).unwrap(),
+    milkit::whisper::config::GenerationConfig::from_file(
+        &fx.join("models/whisper-tiny.en/generation_config.json"),
     )
-    .unwrap();
-    alignment_heads_from_json(&g["alignment_heads"]).unwrap()
+    .unwrap()
+    .alignment_heads
+    .unwrap_or_default()
+    .into_iter()
+    .map(|[l, h]| (l, h))
+    .collect()
 }
 
 pub fn opts(
