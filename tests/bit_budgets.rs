@@ -305,8 +305,10 @@ fn decoder_statistics_are_reproducible_and_cover_the_decoder() {
     let hf = fx.join("models/whisper-tiny.en");
     let clip = vec![fx.join("audio/jfk.wav")];
     let sel = Selection::default();
-    let run =
-        || milkit::quality::calibrate::calibrate_decoder(&hf, &clip, &sel, &mut |_, _| {}).unwrap();
+    let run = || {
+        milkit::quality::calibrate::calibrate_decoder(&hf, &clip, &sel, false, &mut |_, _| {})
+            .unwrap()
+    };
     let a = run();
     let b = run();
     assert_eq!(a.moments, b.moments, "two runs on the same clip differ");

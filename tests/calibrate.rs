@@ -62,7 +62,7 @@ fn probes_measure_the_consumer_input() {
         &mut |_, _| {},
     )
     .unwrap();
-    let (inst, probes) = instrument(&m, &Selection::default()).unwrap();
+    let (inst, probes) = instrument(&m, &Selection::default(), true).unwrap();
     // Every weight the compression pass would take has a probe: tiny.en's 26.
     assert_eq!(probes.len(), 26);
     let mut s = Session::from_model(inst).unwrap();
@@ -113,7 +113,7 @@ fn equal_statistics_change_nothing() {
         &mut |_, _| {},
     )
     .unwrap();
-    let (_, probes) = instrument(&m, &Selection::default()).unwrap();
+    let (_, probes) = instrument(&m, &Selection::default(), true).unwrap();
     let mut cal = Calibration::default();
     for p in &probes {
         cal.moments.insert(p.weight.clone(), vec![0.37; p.channels]);
@@ -146,9 +146,9 @@ fn calibrated_kmeans_beats_plain_on_held_out_audio() {
         audio("fleurs_en_000.wav"),
     ];
     let sel = Selection::default();
-    let cal = calibrate_encoder(&hf, &calib_clips, &sel, &mut |_, _| {}).unwrap();
+    let cal = calibrate_encoder(&hf, &calib_clips, &sel, true, &mut |_, _| {}).unwrap();
     // Reproducible: the same audio gives the same statistics, bit for bit.
-    let again = calibrate_encoder(&hf, &calib_clips[..], &sel, &mut |_, _| {}).unwrap();
+    let again = calibrate_encoder(&hf, &calib_clips[..], &sel, true, &mut |_, _| {}).unwrap();
     assert_eq!(cal.moments, again.moments);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("stats.safetensors");

@@ -246,7 +246,7 @@ fn the_calibration_probe_measures_the_input_gram_matrix() {
         weight_threshold: 0,
         ..Selection::default()
     };
-    let (inst, probes) = instrument(&m, &sel).unwrap();
+    let (inst, probes) = instrument(&m, &sel, true).unwrap();
     assert_eq!(probes.len(), 3);
     // Two consumers of one input share one matrix.
     let pl: Vec<_> = probes
@@ -360,18 +360,47 @@ fn cli_packages_with_error_feedback_pass_the_validator() {
         force: false,
     };
     milkit::whisper::synth::synthesize_with(&common::micro_config(), None, &hf, &opts).unwrap();
-    let st = dir.path().join("enc.st");
+    let calibrate = |st: &std::path::Path, gram: bool| {
+        let mut c = milkit();
+        c.args(["calibrate", "--model"])
+            .arg(&hf)
+            .arg("--audio")
+            .arg(fx.join("audio/jfk.wav"))
+            .arg("--out")
+            .arg(st);
+        if gram {
+            c.arg("--gram");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        Calibration::load(st).unwrap()
+    };
+    // Without --gram the statistics hold no matrix, and error feedback says what is missing.
+    let plain = dir.path().join("plain.st");
+    assert!(calibrate(&plain, false).grams.is_empty());
     let o = milkit()
-        .args(["calibrate", "--model"])
+        .args(["export", "--model"])
         .arg(&hf)
-        .arg("--audio")
-        .arg(fx.join("audio/jfk.wav"))
-        .arg("--out")
-        .arg(&st)
+        .args([
+            "--component",
+            "encoder",
+            "--palettize",
+            "kmeans",
+            "--group-size",
+            "16",
+        ])
+        .arg("--calibration")
+        .arg(&plain)
+        .args(["--error-feedback", "--quiet", "--out"])
+        .arg(dir.path().join("refused.mlpackage"))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let cal = Calibration::load(&st).unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("calibrate --gram"), "{err}");
+    assert!(!dir.path().join("refused.mlpackage").exists());
+    let st = dir.path().join("enc.st");
+    let cal = calibrate(&st, true);
     // Every pointwise weight (2 layers × q, k, v, out, fc1, fc2) has a matrix; the stem's
     // 3-tap convs do not.
     assert_eq!(cal.grams.len(), 12, "{:?}", cal.grams.keys());

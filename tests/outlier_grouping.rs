@@ -409,7 +409,8 @@ fn tiny_en_held_out_output_error_with_and_without_reordering() {
     let sel = Selection::default();
     let calib = [audio("fleurs_en_000.wav"), audio("fleurs_en_001.wav")];
     let cal =
-        milkit::quality::calibrate::calibrate_encoder(&hf, &calib, &sel, &mut |_, _| {}).unwrap();
+        milkit::quality::calibrate::calibrate_encoder(&hf, &calib, &sel, true, &mut |_, _| {})
+            .unwrap();
     let m = export_encoder(
         &Checkpoint::open(&hf).unwrap(),
         EncoderAbi::WhisperKit,

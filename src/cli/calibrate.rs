@@ -40,6 +40,12 @@ pub struct CalibrateArgs {
     /// Consumer op types to measure (as for compression).
     #[arg(long, value_delimiter = ',', default_value = "conv,linear")]
     pub op_types: Vec<String>,
+    /// Also record each measured input's Gram matrix XᵀX / n (fp32, one per input, shared by
+    /// the ops reading it), which `--error-feedback` needs. Off by default: it costs dim² values
+    /// per input (45 MB for tiny.en's encoder, gigabytes for large-v3's) and a product per
+    /// window as large as the layer's own.
+    #[arg(long)]
+    pub gram: bool,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
@@ -61,8 +67,8 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
     let pb = progress::bar(files.len() as u64, "calibrating", a.quiet);
     let mut tick = |d: usize, _| pb.set_position(d as u64);
     let cal = match a.component {
-        CalibComponent::Encoder => calibrate_encoder(&model, &files, &sel, &mut tick)?,
-        CalibComponent::Decoder => calibrate_decoder(&model, &files, &sel, &mut tick)?,
+        CalibComponent::Encoder => calibrate_encoder(&model, &files, &sel, a.gram, &mut tick)?,
+        CalibComponent::Decoder => calibrate_decoder(&model, &files, &sel, a.gram, &mut tick)?,
     };
     pb.finish_and_clear();
     cal.save(&a.out, a.force)?;

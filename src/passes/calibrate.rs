@@ -71,8 +71,10 @@ fn consumer(op: &Operation) -> Option<(&'static str, Option<usize>)> {
 
 /// Returns a copy of `model` whose main function also outputs, for every selected weight
 /// (same rules as the compression pass: op type, op names, threshold, fp16, never the
-/// positional embedding), its consumer input's per-channel sum of squares (in fp32).
-pub fn instrument(model: &Model, sel: &Selection) -> Result<(Model, Vec<Probe>)> {
+/// positional embedding), its consumer input's per-channel sum of squares (in fp32), and with
+/// `grams` also its input's Gram matrix XᵀX (what error feedback needs: `dim²` values per
+/// input, so opt-in — a large-v3 encoder's would be gigabytes).
+pub fn instrument(model: &Model, sel: &Selection, grams: bool) -> Result<(Model, Vec<Probe>)> {
     let mut m = model.clone();
     let fname = if m.program.functions.contains_key("main") {
         "main".to_string()
@@ -186,7 +188,7 @@ pub fn instrument(model: &Model, sel: &Selection) -> Result<(Model, Vec<Probe>)>
         let pointwise = t.shape.iter().skip(2).all(|&d| d == 1);
         let lead_units = shape[..ax].iter().all(|&d| d == 1);
         let mut gram = None;
-        if pointwise && (ax + 1 == shape.len() || lead_units) {
+        if grams && pointwise && (ax + 1 == shape.len() || lead_units) {
             if let Some(g) = gram_of_input.get(x.as_str()) {
                 gram = Some(g.clone());
             } else {

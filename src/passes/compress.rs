@@ -181,7 +181,10 @@ pub fn compress_with(
         bail!("per-weight bit widths apply to palettization only");
     }
     if error_feedback.is_some() && calibration.is_none() {
-        bail!("error feedback needs calibration statistics with Gram matrices (--calibration from `milkit calibrate`)");
+        bail!("error feedback needs calibration statistics with Gram matrices (--calibration from `milkit calibrate --gram`)");
+    }
+    if error_feedback.is_some() && calibration.is_some_and(|c| c.grams.is_empty()) {
+        bail!("error feedback needs the inputs' Gram matrices, and these calibration statistics have none: measure them with `milkit calibrate --gram`");
     }
     if calibration.is_some() {
         match method {

@@ -45,6 +45,7 @@ pub fn calibrate_encoder(
     model_dir: &Path,
     audio: &[PathBuf],
     sel: &Selection,
+    grams: bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Calibration> {
     let ckpt = Checkpoint::open(model_dir)?;
@@ -56,7 +57,7 @@ pub fn calibrate_encoder(
         .and_then(|f| f.shape.get(1).copied())
         .context("the encoder has no mel input")?;
     let filters = MelFilters::from_preprocessor_config(model_dir.join("preprocessor_config.json"))?;
-    let (inst, probes) = instrument(&model, sel)?;
+    let (inst, probes) = instrument(&model, sel, grams)?;
     let input = inst.description.inputs[0].name.clone();
     let mut session = Session::from_model(inst).context("preparing the instrumented encoder")?;
     let mut moments = Moments::default();
@@ -94,6 +95,7 @@ pub fn calibrate_decoder(
     model_dir: &Path,
     audio: &[PathBuf],
     sel: &Selection,
+    grams: bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Calibration> {
     let dir = std::env::temp_dir().join(format!("milkit-calibrate-{}", std::process::id()));
@@ -109,7 +111,7 @@ pub fn calibrate_decoder(
         .context("writing the fp16 models folder to calibrate with")?;
     let mut t = Transcriber::open(&scratch.0)?;
     let model = export_decoder(&ckpt, &opts.decoder, opts.opset)?;
-    let (inst, probes) = instrument(&model, sel)?;
+    let (inst, probes) = instrument(&model, sel, grams)?;
     let session = Session::from_model(inst).context("preparing the instrumented decoder")?;
     let mut decoder = TextDecoder::new(session)?;
     let moments = Arc::new(Mutex::new(Moments::default()));
