@@ -299,6 +299,8 @@ fn bench_json_follows_schema_and_counts_decoder_bytes() {
             "bandwidth_gbps",
             "decoder_bytes_per_token",
             "decoder_ms_per_token",
+            "encoder_gflop",
+            "encoder_gflops",
             "encoder_ms",
             "floor_ms_per_token",
             "mel_ms",
@@ -312,6 +314,20 @@ fn bench_json_follows_schema_and_counts_decoder_bytes() {
         (bytes - want).abs() / want < 0.01,
         "decoder bytes/token {bytes} vs {want} counted from the checkpoint"
     );
+    // One encoder window's contractions, counted from tiny.en's dimensions (d 384, ffn 1536,
+    // 4 layers, 80 mels, 3000 → 1500 frames): the two 3-tap stem convs, then per layer the
+    // q/k/v/out projections, fc1 and fc2, and the two attention products Q·Kᵀ and P·V.
+    let (d, ffn, t) = (384.0f64, 1536.0, 1500.0);
+    let stem = 2.0 * 3000.0 * 80.0 * 3.0 * d + 2.0 * t * d * 3.0 * d;
+    let layer = 4.0 * 2.0 * t * d * d + 2.0 * 2.0 * t * d * ffn + 2.0 * 2.0 * t * t * d;
+    let gflop = (stem + 4.0 * layer) / 1e9;
+    assert!(
+        (f("encoder_gflop") - gflop).abs() / gflop < 0.01,
+        "encoder GFLOP {} vs {gflop} counted from the dimensions",
+        f("encoder_gflop")
+    );
+    let rate = f("encoder_gflop") / (f("encoder_ms") / 1e3);
+    assert!((f("encoder_gflops") - rate).abs() <= 1e-6 * rate.max(1.0));
     let floor = bytes / (f("bandwidth_gbps") * 1e9) * 1e3;
     assert!((floor - f("floor_ms_per_token")).abs() <= 1e-9 * floor.max(1.0));
     assert!(f("bandwidth_gbps") > 0.5);
