@@ -45,7 +45,7 @@ enum Command {
     /// Transcribe WAV files with a models folder (AudioEncoder/TextDecoder packages + json):
     /// one line of text per file.
     Transcribe(cli::transcribe::TranscribeArgs),
-    /// Timing tables: `bench audio|export|compress|decode` (docs/speed.md).
+    /// Timing tables: `bench audio|export|compress|decode|gemm` (docs/speed.md).
     Bench(cli::bench::BenchArgs),
 }
 

@@ -4,7 +4,9 @@ pub use super::export_args::ExportArgs;
 use super::export_args::{parse_target, report_folder, ComponentArg};
 use super::progress;
 use anyhow::{bail, Result};
-use milkit::convert::bundle::{build_part, write_whisperkit_folder, BundleOptions, Part, PartSpec};
+use milkit::convert::bundle::{
+    build_component, write_whisperkit_folder, BundleOptions, Component, ComponentSpec,
+};
 use milkit::convert::decoder_export::DecoderExport;
 use milkit::ir::Opset;
 use milkit::package::save_package;
@@ -32,15 +34,15 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
     if a.component == ComponentArg::All {
         return run_all(a, &model, opset);
     }
-    let spec = PartSpec {
-        part: part_of(a.component),
+    let spec = ComponentSpec {
+        component: component_of(a.component),
         abi: a.abi,
         opset,
         decoder: decoder_export(a),
         compression: a.compress.compression()?,
     };
     let pb = progress::bar(0, "building", a.quiet);
-    let built = build_part(&Checkpoint::open(&model)?, &spec, &mut |i, n| {
+    let built = build_component(&Checkpoint::open(&model)?, &spec, &mut |i, n| {
         pb.set_length(n as u64);
         pb.set_position(i as u64);
     })?;
@@ -72,13 +74,13 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
     Ok(0)
 }
 
-fn part_of(c: ComponentArg) -> Part {
+fn component_of(c: ComponentArg) -> Component {
     match c {
-        ComponentArg::Encoder => Part::Encoder,
-        ComponentArg::Decoder | ComponentArg::All => Part::Decoder,
-        ComponentArg::Mel => Part::Mel,
-        ComponentArg::Crosskv => Part::CrossKv,
-        ComponentArg::Prefill => Part::Prefill,
+        ComponentArg::Encoder => Component::Encoder,
+        ComponentArg::Decoder | ComponentArg::All => Component::Decoder,
+        ComponentArg::Mel => Component::Mel,
+        ComponentArg::Crosskv => Component::CrossKv,
+        ComponentArg::Prefill => Component::Prefill,
     }
 }
 

@@ -5,14 +5,14 @@ use super::export_args::{report_folder, ExportArgs};
 use super::progress;
 use anyhow::Result;
 use milkit::convert::bundle::{write_folder, MODEL_FILES};
-use milkit::convert::recipe::{recipe_parts, Recipe};
+use milkit::convert::recipe::{recipe_components, Recipe};
 use milkit::whisper::checkpoint::Checkpoint;
 use std::path::Path;
 
 /// Exports every component of a recipe into the directory `--out`, atomically as a whole.
 pub fn run(a: &ExportArgs, model: &Path, path: &Path) -> Result<u8> {
     let recipe = Recipe::from_file(path)?;
-    let parts = recipe_parts(&recipe, path, &a.compress.calibration)?;
+    let components = recipe_components(&recipe, path, &a.compress.calibration)?;
     let copy: &[(&str, bool)] = if recipe.copy_model_files {
         &MODEL_FILES
     } else {
@@ -20,7 +20,7 @@ pub fn run(a: &ExportArgs, model: &Path, path: &Path) -> Result<u8> {
     };
     let sp = progress::spinner("exporting", a.quiet);
     let ckpt = Checkpoint::open(model)?;
-    let report = write_folder(&ckpt, &a.out, &parts, copy, a.force, &mut |msg| {
+    let report = write_folder(&ckpt, &a.out, &components, copy, a.force, &mut |msg| {
         sp.set_message(msg.to_string())
     })?;
     sp.finish_and_clear();
@@ -29,7 +29,7 @@ pub fn run(a: &ExportArgs, model: &Path, path: &Path) -> Result<u8> {
         eprintln!(
             "wrote {} ({} packages, recipe {})",
             a.out.display(),
-            parts.len(),
+            components.len(),
             recipe.name
         );
     }

@@ -45,7 +45,7 @@ pub const MODEL_FILES: [(&str, bool); 4] = [
 
 /// One exportable model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Part {
+pub enum Component {
     Mel,
     Encoder,
     Decoder,
@@ -53,15 +53,15 @@ pub enum Part {
     Prefill,
 }
 
-impl Part {
+impl Component {
     /// From the CLI/recipe name: mel, encoder, decoder, crosskv, prefill.
-    pub fn parse(s: &str) -> Result<Part> {
+    pub fn parse(s: &str) -> Result<Component> {
         Ok(match s {
-            "mel" => Part::Mel,
-            "encoder" => Part::Encoder,
-            "decoder" => Part::Decoder,
-            "crosskv" | "cross-kv" | "cross_kv" => Part::CrossKv,
-            "prefill" => Part::Prefill,
+            "mel" => Component::Mel,
+            "encoder" => Component::Encoder,
+            "decoder" => Component::Decoder,
+            "crosskv" | "cross-kv" | "cross_kv" => Component::CrossKv,
+            "prefill" => Component::Prefill,
             o => bail!(
                 "unknown component `{o}` (expected mel, encoder, decoder, crosskv or prefill)"
             ),
@@ -71,11 +71,11 @@ impl Part {
     /// The file name WhisperKit loads this model from.
     pub fn whisperkit_file(self) -> &'static str {
         match self {
-            Part::Mel => MEL_FILE,
-            Part::Encoder => ENCODER_FILE,
-            Part::Decoder => DECODER_FILE,
-            Part::CrossKv => CROSS_KV_FILE,
-            Part::Prefill => PREFILL_FILE,
+            Component::Mel => MEL_FILE,
+            Component::Encoder => ENCODER_FILE,
+            Component::Decoder => DECODER_FILE,
+            Component::CrossKv => CROSS_KV_FILE,
+            Component::Prefill => PREFILL_FILE,
         }
     }
 }
@@ -199,8 +199,8 @@ pub struct Prepared<'a> {
 
 /// How to build one model.
 #[derive(Clone, Debug)]
-pub struct PartSpec {
-    pub part: Part,
+pub struct ComponentSpec {
+    pub component: Component,
     /// Encoder only.
     pub abi: EncoderAbi,
     pub opset: Opset,
@@ -217,25 +217,25 @@ pub struct Built {
 }
 
 /// Builds one model of a checkpoint and compresses it as `spec` says.
-pub fn build_part(
+pub fn build_component(
     ckpt: &Checkpoint,
-    spec: &PartSpec,
+    spec: &ComponentSpec,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Built> {
-    let mut model = match spec.part {
-        Part::Mel => export_mel(ckpt, spec.opset)?,
-        Part::Encoder => export_encoder(ckpt, spec.abi, spec.opset, progress)?,
-        Part::Decoder => export_decoder(ckpt, &spec.decoder, spec.opset)?,
-        Part::CrossKv => export_cross_kv(ckpt, spec.opset)?,
-        Part::Prefill => export_prefill(ckpt, spec.opset)?,
+    let mut model = match spec.component {
+        Component::Mel => export_mel(ckpt, spec.opset)?,
+        Component::Encoder => export_encoder(ckpt, spec.abi, spec.opset, progress)?,
+        Component::Decoder => export_decoder(ckpt, &spec.decoder, spec.opset)?,
+        Component::CrossKv => export_cross_kv(ckpt, spec.opset)?,
+        Component::Prefill => export_prefill(ckpt, spec.opset)?,
     };
     let compressed = match &spec.compression {
         None => None,
         Some(c) => {
-            if c.head_only && spec.part != Part::Decoder {
+            if c.head_only && spec.component != Component::Decoder {
                 bail!(
                     "--head-only compresses the text decoder's vocabulary head; the {:?} model has none",
-                    spec.part
+                    spec.component
                 );
             }
             Some((c.method, c.apply(&mut model)?))
@@ -266,33 +266,36 @@ pub struct BundleReport {
 }
 
 /// The packages of a WhisperKit folder for this checkpoint and options, in writing order.
-pub fn whisperkit_parts(ckpt: &Checkpoint, o: &BundleOptions) -> Result<Vec<(String, PartSpec)>> {
-    let spec = |part, compression: Option<Compression>| PartSpec {
-        part,
+pub fn whisperkit_components(
+    ckpt: &Checkpoint,
+    o: &BundleOptions,
+) -> Result<Vec<(String, ComponentSpec)>> {
+    let spec = |component, compression: Option<Compression>| ComponentSpec {
+        component,
         abi: EncoderAbi::WhisperKit,
         opset: o.opset,
         decoder: o.decoder,
         compression,
     };
-    let mut parts = vec![
-        spec(Part::Mel, None),
-        spec(Part::Encoder, o.encoder_compression.clone()),
-        spec(Part::Decoder, o.decoder_compression.clone()),
+    let mut components = vec![
+        spec(Component::Mel, None),
+        spec(Component::Encoder, o.encoder_compression.clone()),
+        spec(Component::Decoder, o.decoder_compression.clone()),
     ];
     if ckpt.is_multilingual()? {
-        parts.push(spec(Part::Prefill, None));
+        components.push(spec(Component::Prefill, None));
     }
     if o.decoder.cross_kv == CrossKv::Precomputed {
         let c = o.decoder_compression.clone().filter(|c| !c.head_only);
-        parts.push(spec(Part::CrossKv, c));
+        components.push(spec(Component::CrossKv, c));
     }
-    Ok(parts
+    Ok(components
         .into_iter()
-        .map(|s| (s.part.whisperkit_file().to_string(), s))
+        .map(|s| (s.component.whisperkit_file().to_string(), s))
         .collect())
 }
 
-/// Writes `parts` (file name, how to build it) into the folder `out_dir`, plus copies of the
+/// Writes `components` (file name, how to build it) into the folder `out_dir`, plus copies of the
 /// checkpoint files `copy` ((name, required); a missing optional file is left out). Atomic:
 /// the folder appears complete or not at all; an existing `out_dir` is refused unless
 /// `force`. Models are built one at a time, so only one is in memory. `progress` gets a line
@@ -300,7 +303,7 @@ pub fn whisperkit_parts(ckpt: &Checkpoint, o: &BundleOptions) -> Result<Vec<(Str
 pub fn write_folder(
     ckpt: &Checkpoint,
     out_dir: &Path,
-    parts: &[(String, PartSpec)],
+    components: &[(String, ComponentSpec)],
     copy: &[(&str, bool)],
     force: bool,
     progress: &mut dyn FnMut(&str),
@@ -334,9 +337,9 @@ pub fn write_folder(
     }
     let mut report = BundleReport::default();
     write_package_atomically(out_dir, force, |dir| {
-        for (file, spec) in parts {
+        for (file, spec) in components {
             progress(&format!("building {file}"));
-            let built = build_part(ckpt, spec, &mut |_, _| {})
+            let built = build_component(ckpt, spec, &mut |_, _| {})
                 .with_context(|| format!("building {file}"))?;
             progress(&format!("writing {file}"));
             write_package_dir_new(&built.model, &dir.join(file))?;
@@ -381,8 +384,8 @@ pub fn write_whisperkit_folder(
     let mut opts = opts.clone();
     route_statistics(&mut opts);
     plan_folder_bits(ckpt, &mut opts, progress)?;
-    let parts = whisperkit_parts(ckpt, &opts)?;
-    write_folder(ckpt, out_dir, &parts, &MODEL_FILES, force, progress)
+    let components = whisperkit_components(ckpt, &opts)?;
+    write_folder(ckpt, out_dir, &components, &MODEL_FILES, force, progress)
 }
 
 /// One budget for the whole model: when both the encoder's and the decoder's compression

@@ -2,7 +2,7 @@
 //! and compression, written as files of one output directory; and their translation into
 //! the build specs of [`super::bundle::write_folder`].
 
-use super::bundle::{Part, PartSpec};
+use super::bundle::{Component, ComponentSpec};
 use super::compress::CompressFlags;
 use super::decoder_export::DecoderExport;
 use crate::ir::Opset;
@@ -102,14 +102,14 @@ pub fn parse_target(s: &str) -> Result<Opset> {
 /// The build specs of a recipe's components, checked before anything is built.
 /// `calibration`: the `--calibration` files of the command line; each component takes the
 /// one measured on it.
-pub fn recipe_parts(
+pub fn recipe_components(
     recipe: &Recipe,
     path: &Path,
     calibration: &[PathBuf],
-) -> Result<Vec<(String, PartSpec)>> {
-    let mut parts = Vec::new();
+) -> Result<Vec<(String, ComponentSpec)>> {
+    let mut components = Vec::new();
     for c in &recipe.components {
-        let part = Part::parse(&c.component)?;
+        let component = Component::parse(&c.component)?;
         let compression = match &c.compress {
             None => None,
             Some(cc) => {
@@ -118,9 +118,9 @@ pub fn recipe_parts(
                     ..cc.clone()
                 };
                 // Statistics measured on the encoder serve the encoder, and so on.
-                let measured_on = match part {
-                    Part::Encoder => Some("encoder"),
-                    Part::Decoder => Some("decoder"),
+                let measured_on = match component {
+                    Component::Encoder => Some("encoder"),
+                    Component::Decoder => Some("decoder"),
                     _ => None,
                 };
                 let found = flags.compression_for(measured_on)?;
@@ -134,8 +134,8 @@ pub fn recipe_parts(
                 }
             }
         };
-        let spec = PartSpec {
-            part,
+        let spec = ComponentSpec {
+            component,
             abi: EncoderAbi::parse(&c.abi)?,
             opset: parse_target(&c.target)?,
             decoder: DecoderExport {
@@ -151,7 +151,7 @@ pub fn recipe_parts(
             },
             compression,
         };
-        parts.push((c.file.clone(), spec));
+        components.push((c.file.clone(), spec));
     }
-    Ok(parts)
+    Ok(components)
 }
