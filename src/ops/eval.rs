@@ -489,50 +489,35 @@ impl<'a> EvalCx<'a> {
     pub fn int_or_default(&self, name: &str) -> Result<i64> {
         match self.opt_int(name)? {
             Some(v) => Ok(v),
-            None => match self.default(name)? {
-                DefaultValue::Int(v) => Ok(v),
-                d => bail!("`{name}`'s default {d:?} is not an integer"),
-            },
+            None => self.default(name)?.int(name),
         }
     }
     /// A bool parameter, or its declared default.
     pub fn bool_or_default(&self, name: &str) -> Result<bool> {
         match self.opt_bool(name)? {
             Some(v) => Ok(v),
-            None => match self.default(name)? {
-                DefaultValue::Bool(v) => Ok(v),
-                d => bail!("`{name}`'s default {d:?} is not a bool"),
-            },
+            None => self.default(name)?.bool(name),
         }
     }
     /// A float parameter, or its declared default.
     pub fn f64_or_default(&self, name: &str) -> Result<f64> {
         match self.opt_f64(name)? {
             Some(v) => Ok(v),
-            None => match self.default(name)? {
-                DefaultValue::Float(v) => Ok(v),
-                d => bail!("`{name}`'s default {d:?} is not a float"),
-            },
+            None => self.default(name)?.float(name),
         }
     }
     /// A string parameter, or its declared default.
     pub fn str_or_default(&self, name: &str) -> Result<&'a str> {
         match self.opt_str(name)? {
             Some(v) => Ok(v),
-            None => match self.default(name)? {
-                DefaultValue::Str(v) => Ok(v),
-                d => bail!("`{name}`'s default {d:?} is not a string"),
-            },
+            None => self.default(name)?.str(name),
         }
     }
     /// An integer list parameter, or its declared default repeated `len` times.
     pub fn ints_or_default(&self, name: &str, len: usize) -> Result<Vec<i64>> {
         match self.opt_ints(name)? {
             Some(v) => Ok(v),
-            None => match self.default(name)? {
-                DefaultValue::Ints(v) => Ok(vec![v; len]),
-                d => bail!("`{name}`'s default {d:?} is not an integer list"),
-            },
+            None => self.default(name)?.ints(name, len),
         }
     }
     pub fn state(&self, name: &str) -> Result<&'a StateCell> {

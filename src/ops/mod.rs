@@ -76,6 +76,44 @@ pub enum DefaultValue {
     Ints(i64),
 }
 
+impl DefaultValue {
+    /// The integer this default is, or an error naming parameter `name`.
+    pub(crate) fn int(self, name: &str) -> Result<i64> {
+        match self {
+            DefaultValue::Int(v) => Ok(v),
+            d => anyhow::bail!("`{name}`'s default {d:?} is not an integer"),
+        }
+    }
+    /// The bool this default is.
+    pub(crate) fn bool(self, name: &str) -> Result<bool> {
+        match self {
+            DefaultValue::Bool(v) => Ok(v),
+            d => anyhow::bail!("`{name}`'s default {d:?} is not a bool"),
+        }
+    }
+    /// The float this default is.
+    pub(crate) fn float(self, name: &str) -> Result<f64> {
+        match self {
+            DefaultValue::Float(v) => Ok(v),
+            d => anyhow::bail!("`{name}`'s default {d:?} is not a float"),
+        }
+    }
+    /// The string this default is.
+    pub(crate) fn str(self, name: &str) -> Result<&'static str> {
+        match self {
+            DefaultValue::Str(v) => Ok(v),
+            d => anyhow::bail!("`{name}`'s default {d:?} is not a string"),
+        }
+    }
+    /// This default's integer repeated `len` times (an integer-list default).
+    pub(crate) fn ints(self, name: &str, len: usize) -> Result<Vec<i64>> {
+        match self {
+            DefaultValue::Ints(v) => Ok(vec![v; len]),
+            d => anyhow::bail!("`{name}`'s default {d:?} is not an integer list"),
+        }
+    }
+}
+
 impl InputSpec {
     /// This parameter with a default.
     pub(crate) const fn or(mut self, d: DefaultValue) -> InputSpec {
