@@ -48,15 +48,7 @@ pub fn tiny_en_dims(fx: &Path) -> DecoderDims {
 }
 
 pub fn tiny_en_heads(fx: &Path) -> Vec<(usize, usize)> {
-    milkit::whisper::config::GenerationConfig::from_file(
-        &fx.join("models/whisper-tiny.en/generation_config.json"),
-    )
-    .unwrap()
-    .alignment_heads
-    .unwrap_or_default()
-    .into_iter()
-    .map(|[l, h]| (l, h))
-    .collect()
+    common::alignment_heads(&fx.join("models/whisper-tiny.en"))
 }
 
 pub fn opts(
