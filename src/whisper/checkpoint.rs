@@ -16,7 +16,7 @@ use super::config::{GenerationConfig, TokenIds, WhisperConfig, LANGUAGES};
 use super::synth_tokenizer::synth_tokenizer_json;
 use super::tokenizer::Tokenizer;
 use super::weights::{Component, WhisperWeights};
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -57,17 +57,7 @@ impl Checkpoint {
     /// Opens a checkpoint directory: reads and validates its `config.json`. The other files
     /// are read when first needed.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
-        ensure!(
-            dir.is_dir(),
-            "checkpoint directory {} does not exist",
-            dir.display()
-        );
-        let config_path = dir.join("config.json");
-        ensure!(
-            config_path.is_file(),
-            "{}: missing config.json (a Hugging Face checkpoint has it next to the weights)",
-            config_path.display()
-        );
+        let config_path = super::weights::config_path(dir)?;
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             config: WhisperConfig::from_file(&config_path)?,

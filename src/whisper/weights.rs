@@ -137,22 +137,29 @@ pub struct WhisperWeights {
     entries: BTreeMap<String, Entry>,
 }
 
+/// `dir/config.json` of a checkpoint directory, or an error saying which of the two is
+/// missing.
+pub(crate) fn config_path(dir: &Path) -> Result<PathBuf> {
+    ensure!(
+        dir.is_dir(),
+        "checkpoint directory {} does not exist",
+        dir.display()
+    );
+    let config_path = dir.join("config.json");
+    ensure!(
+        config_path.is_file(),
+        "{}: missing config.json (a Hugging Face checkpoint has it next to the weights)",
+        config_path.display()
+    );
+    Ok(config_path)
+}
+
 impl WhisperWeights {
     /// Opens a Hugging Face checkpoint directory: `config.json` plus `model.safetensors`,
     /// `model.safetensors.index.json` with shards, `pytorch_model.bin` or
     /// `pytorch_model.bin.index.json` (tried in that order).
     pub fn open(dir: &Path) -> Result<(WhisperConfig, WhisperWeights)> {
-        ensure!(
-            dir.is_dir(),
-            "checkpoint directory {} does not exist",
-            dir.display()
-        );
-        let config_path = dir.join("config.json");
-        ensure!(
-            config_path.is_file(),
-            "{}: missing config.json (a Hugging Face checkpoint has it next to the weights)",
-            config_path.display()
-        );
+        let config_path = config_path(dir)?;
         let cfg = WhisperConfig::from_file(&config_path)?;
         Ok((cfg, Self::open_weights(dir)?))
     }
