@@ -200,7 +200,8 @@ fn conv1x1_runs_each_batch_item_on_the_gemm() {
     let bias: Vec<f32> = (0..n).map(|_| f16::from_f32(rng.next()).to_f32()).collect();
     let xt = milkit::kernels::from_vec(x.clone(), &[nb, k, 1, s]).unwrap();
     for isa in Isa::supported() {
-        let y = gemm::conv1x1(&xt, &p, Some(&bias), candle_core::DType::F16, isa).unwrap();
+        let f16 = candle_core::DType::F16;
+        let y = gemm::conv1x1(&xt, &p, Some(&bias), f16, isa, gemm::Inputs::F32).unwrap();
         assert_eq!(y.dims(), &[nb, n, 1, s]);
         let got: Vec<f64> = milkit::kernels::to_vec::<f16>(&y)
             .unwrap()

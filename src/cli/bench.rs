@@ -40,6 +40,11 @@ pub struct GemmBench {
     /// milkit's kernel level (`avx512`, `avx2`, `portable`); default the CPU's best.
     #[arg(long)]
     pub isa: Option<String>,
+    /// `bf16`: also time the conv computed on bf16 inputs (f32 sums; `--compute bf16`, a
+    /// faster evaluation mode, not what a device computes) in the same alternation; needs
+    /// a CPU with AVX512-BF16. `package` (default): fp16 conv and f32 GEMM only.
+    #[arg(long, value_enum, default_value = "package")]
+    pub compute: milkit::runtime::precision::Compute,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -61,6 +66,11 @@ pub struct AudioBench {
     /// Also print the time per op type of every package (stderr).
     #[arg(long)]
     pub profile: bool,
+    /// Precision the packages are computed in, as for `milkit transcribe` (`bf16`: the
+    /// encoder's 1x1 convs on bf16 inputs, a faster evaluation mode, not what a device
+    /// computes).
+    #[arg(long, value_enum, default_value = "package")]
+    pub compute: milkit::runtime::precision::Compute,
     /// Print JSON (schemas/bench-audio.schema.json) instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -138,6 +148,7 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
             b.json,
             b.compare_faster_whisper.as_deref(),
             b.profile,
+            b.compute,
         ),
         Bench::Export(b) => bench_export(b, resolve(&b.model)?),
         Bench::Compress(b) => super::bench_compress::run(
@@ -154,7 +165,7 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
                 let level = super::bench_decode::levels(std::slice::from_ref(name))?;
                 milkit::kernels::gemv::Isa::set_cap(level.first().copied());
             }
-            super::bench_gemm::run(b.runs, b.only.as_deref(), b.json)
+            super::bench_gemm::run(b.runs, b.only.as_deref(), b.json, b.compute)
         }
         Bench::Decode(b) => super::bench_decode::run(
             resolve(&b.model)?.as_deref(),

@@ -101,9 +101,14 @@ pub fn run(
     json: bool,
     compare: Option<&Path>,
     profile: bool,
+    compute: milkit::transcribe::Compute,
 ) -> Result<u8> {
     let t_start = Instant::now();
-    let mut tr = Transcriber::open(models)
+    let open = milkit::transcribe::OpenOptions {
+        compute,
+        ..Default::default()
+    };
+    let mut tr = Transcriber::open_with(models, &open)
         .with_context(|| format!("opening models folder {}", models.display()))?;
     let samples = milkit::whisper::audio::load_wav(audio)?;
     // The first run pages weights in and starts the thread pool: it is the cold, whole-job

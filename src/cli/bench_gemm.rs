@@ -2,14 +2,17 @@
 //! (fp16 data, fp32 accumulation, fp16 output, as every encoder projection runs) against a
 //! plain f32 GEMM of the same shape (candle's gemm on f32 tensors already in memory) timed
 //! in the same run, alternating, so that the ratio is what milkit's path costs over the
-//! GEMM it is built on. Rates are 2·m·n·k FLOPs over the time of one product.
+//! GEMM it is built on. Rates are 2·m·n·k FLOPs over the time of one product. With
+//! `--compute bf16` the same conv computed on bf16 inputs (`kernels::gemm::gemm_bf16`) is
+//! timed in the same alternation, and its output compared with the fp16 conv's (PSNR).
 
 use anyhow::{Context, Result};
 use candle_core::{DType as CDType, Device, Tensor};
 use half::f16;
 use milkit::ir::{DType, Description, Model, Opset, Tensor as ITensor, Value, ValueType};
 use milkit::ops::{Builder, In};
-use milkit::runtime::Session;
+use milkit::runtime::precision::Compute;
+use milkit::runtime::{Options, Session};
 use std::time::Instant;
 
 /// One product shape: `[m, k] · [k, n]`, m the encoder's frames.
@@ -64,6 +67,32 @@ pub struct GemmRow {
     pub reference_gflops: f64,
     /// milkit's median time over the reference's median time.
     pub ratio: f64,
+    /// With `--compute bf16`: the bf16 conv's times, rate, ratio to the reference's median
+    /// and the PSNR of its output against the fp16 conv's (dB, peak the largest |y|).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bf16: Option<Bf16Row>,
+}
+
+/// The bf16 conv of one shape (see [`GemmRow::bf16`]).
+#[derive(serde::Serialize)]
+pub struct Bf16Row {
+    pub ms_best: f64,
+    pub ms_median: f64,
+    pub gflops: f64,
+    pub ratio: f64,
+    pub psnr_db: f64,
+}
+
+/// PSNR of `got` against `want`, the peak being `want`'s largest magnitude.
+fn psnr(want: &[f32], got: &[f32]) -> f64 {
+    let peak = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+    let mse = want
+        .iter()
+        .zip(got)
+        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+        .sum::<f64>()
+        / want.len().max(1) as f64;
+    10.0 * (peak * peak / mse).log10()
 }
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -114,28 +143,57 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Times every shape: one warm-up of each side, then `runs` alternating pairs.
-pub fn measure(shapes: &[&Shape], runs: usize) -> Result<Vec<GemmRow>> {
+/// Times every shape: one warm-up of each side, then `runs` alternating pairs (triples
+/// with `bf16`: the conv on bf16 inputs too).
+pub fn measure(shapes: &[&Shape], runs: usize, bf16: bool) -> Result<Vec<GemmRow>> {
     let dev = Device::Cpu;
     let mut rows = vec![];
     for s in shapes {
         let mut session = Session::from_model(conv_model(s)?).context("building the conv")?;
         // Every call computes: no reuse of a result whose inputs did not change.
         session.set_memoize(false);
+        let mut half_session = if bf16 {
+            let opts = Options {
+                compute: Compute::Bf16,
+                ..Default::default()
+            };
+            let mut h = Session::from_model_with(conv_model(s)?, &opts)
+                .context("building the conv with --compute bf16")?;
+            h.set_memoize(false);
+            Some(h)
+        } else {
+            None
+        };
         let x = Tensor::from_vec(values(s.k * s.m, 3), (1, s.k, 1, s.m), &dev)?
             .to_dtype(CDType::F16)?;
         let a = Tensor::from_vec(values(s.m * s.k, 3), (s.m, s.k), &dev)?;
         let w = Tensor::from_vec(values(s.k * s.n, 7), (s.k, s.n), &dev)?;
         let mut mine = vec![];
         let mut reference = vec![];
+        let mut halves = vec![];
+        let mut psnr_db = f64::NAN;
         for i in 0..=runs.max(1) {
             let t = Instant::now();
-            session.predict(&[("x", x.clone())])?;
+            let y16 = session.predict(&[("x", x.clone())])?;
             let tm = t.elapsed().as_secs_f64() * 1e3;
             let t = Instant::now();
             let y = a.matmul(&w)?;
             let tr = t.elapsed().as_secs_f64() * 1e3;
             drop(y);
+            if let Some(h) = half_session.as_mut() {
+                let t = Instant::now();
+                let yb = h.predict(&[("x", x.clone())])?;
+                let tb = t.elapsed().as_secs_f64() * 1e3;
+                if i == 0 {
+                    let flat = |t: &Tensor| -> Result<Vec<f32>> {
+                        Ok(t.flatten_all()?.to_dtype(CDType::F32)?.to_vec1()?)
+                    };
+                    psnr_db = psnr(&flat(&y16[0].1)?, &flat(&yb[0].1)?);
+                } else {
+                    halves.push(tb);
+                }
+            }
+            drop(y16);
             if i > 0 {
                 mine.push(tm);
                 reference.push(tr);
@@ -145,6 +203,17 @@ pub fn measure(shapes: &[&Shape], runs: usize) -> Result<Vec<GemmRow>> {
         let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
         let (mb, rb) = (best(&mine), best(&reference));
         let (mm, rm) = (median(&mut mine), median(&mut reference));
+        let bf16 = (!halves.is_empty()).then(|| {
+            let b = best(&halves);
+            let md = median(&mut halves);
+            Bf16Row {
+                ms_best: b,
+                ms_median: md,
+                gflops: gflop / (md / 1e3),
+                ratio: md / rm,
+                psnr_db,
+            }
+        });
         rows.push(GemmRow {
             shape: s.name.to_string(),
             m: s.m,
@@ -158,12 +227,22 @@ pub fn measure(shapes: &[&Shape], runs: usize) -> Result<Vec<GemmRow>> {
             milkit_gflops: gflop / (mm / 1e3),
             reference_gflops: gflop / (rm / 1e3),
             ratio: mm / rm,
+            bf16,
         });
     }
     Ok(rows)
 }
 
-pub fn run(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
+pub fn run(runs: usize, only: Option<&str>, json: bool, compute: Compute) -> Result<u8> {
+    anyhow::ensure!(
+        compute != Compute::Fp32,
+        "bench gemm --compute fp32: the plain GEMM column is already float32; use `package` \
+         or `bf16`"
+    );
+    let bf16 = compute == Compute::Bf16;
+    if bf16 {
+        compute.require(milkit::kernels::gemm::bf16_cpu())?;
+    }
     let shapes: Vec<&Shape> = SHAPES
         .iter()
         .filter(|s| only.is_none_or(|o| s.name.contains(o)))
@@ -173,7 +252,7 @@ pub fn run(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
         "--only {} matches no shape",
         only.unwrap_or_default()
     );
-    let rows = measure(&shapes, runs)?;
+    let rows = measure(&shapes, runs, bf16)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(0);
@@ -184,27 +263,44 @@ pub fn run(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
         milkit::kernels::gemv::Isa::best().name(),
         runs.max(1)
     );
-    println!(
-        "| product | GFLOP | milkit conv ms | f32 GEMM ms | milkit GFLOP/s | GEMM GFLOP/s | ratio |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    for r in &rows {
+    if bf16 {
         println!(
-            "| {} [{}×{}]·[{}×{}] | {:.2} | {:.1} ({:.1}) | {:.1} ({:.1}) | {:.0} | {:.0} | {:.2} |",
-            r.shape,
-            r.m,
-            r.k,
-            r.k,
-            r.n,
-            r.gflop,
-            r.milkit_ms_median,
-            r.milkit_ms_best,
-            r.reference_ms_median,
-            r.reference_ms_best,
-            r.milkit_gflops,
-            r.reference_gflops,
-            r.ratio
+            "| product | GFLOP | milkit conv ms | bf16 conv ms | f32 GEMM ms | milkit GFLOP/s | \
+             bf16 GFLOP/s | GEMM GFLOP/s | ratio | bf16 ratio | bf16 PSNR vs fp16 conv |"
         );
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    } else {
+        println!(
+            "| product | GFLOP | milkit conv ms | f32 GEMM ms | milkit GFLOP/s | GEMM GFLOP/s | ratio |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+    }
+    for r in &rows {
+        let head = format!(
+            "| {} [{}×{}]·[{}×{}] | {:.2} | {:.1} ({:.1}) |",
+            r.shape, r.m, r.k, r.k, r.n, r.gflop, r.milkit_ms_median, r.milkit_ms_best,
+        );
+        let gemm = format!(
+            " {:.1} ({:.1}) |",
+            r.reference_ms_median, r.reference_ms_best
+        );
+        match &r.bf16 {
+            Some(b) => println!(
+                "{head} {:.1} ({:.1}) |{gemm} {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} dB |",
+                b.ms_median,
+                b.ms_best,
+                r.milkit_gflops,
+                b.gflops,
+                r.reference_gflops,
+                r.ratio,
+                b.ratio,
+                b.psnr_db
+            ),
+            None => println!(
+                "{head}{gemm} {:.0} | {:.0} | {:.2} |",
+                r.milkit_gflops, r.reference_gflops, r.ratio
+            ),
+        }
     }
     Ok(0)
 }

@@ -53,6 +53,13 @@ pub struct RunArgs {
     /// Stop a `while_loop` that runs more iterations than this, with an error naming it.
     #[arg(long, default_value_t = milkit::runtime::DEFAULT_MAX_LOOP_ITERATIONS)]
     pub max_loop_iterations: u64,
+    /// Precision the package is computed in. `package`: its own types, as a device computes
+    /// them. `fp32`: every fp16 tensor widened to float32 (to compare with float32
+    /// references; not what a device computes). `bf16`: its own types, the encoder-sized
+    /// 1x1 convs on bfloat16-rounded inputs with float32 sums — a faster evaluation mode,
+    /// less exact, not what a device computes; needs a CPU with AVX512-BF16.
+    #[arg(long, value_enum, default_value = "package")]
+    pub compute: milkit::runtime::precision::Compute,
 }
 
 /// `4096`, `512K`, `64M`, `4G`, `1T` (powers of 1024; `iB`/`B` suffixes allowed).
@@ -121,6 +128,7 @@ pub fn run(a: &RunArgs) -> Result<u8> {
         ),
         seed: a.seed,
         max_loop_iterations: a.max_loop_iterations,
+        compute: a.compute,
         ..Default::default()
     };
     let mut session = Session::load_with(&a.package, &opts)?;

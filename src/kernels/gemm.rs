@@ -14,6 +14,13 @@
 //! (compiled with FMA where the CPU has AVX2). Every path sums in f32. The portable
 //! micro-kernel is the correct fallback, not a fast one (LLVM keeps its sums scalar: about
 //! 2 GFLOP/s here), so the runtime only takes this GEMM where AVX-512 runs it.
+//!
+//! bf16 products ([`gemm_bf16`], [`Inputs::Bf16`]; an opt-in evaluation mode, not what a
+//! device computes): the same blocking and epilogue with W and X rounded to bfloat16
+//! (nearest, ties to even) and packed as pairs along k — one 32-bit word holds
+//! `(v[2c], v[2c + 1])`, the even one in the low half — so that one `vdpbf16ps`
+//! (AVX512-BF16) adds two products per lane to the f32 sums. Only where the CPU has
+//! AVX512-BF16 ([`bf16_cpu`]); elsewhere an error naming the feature ([`require_bf16`]).
 
 use super::gemv::{Isa, PackedWeight};
 use anyhow::{ensure, Result};
@@ -52,6 +59,42 @@ impl Out<'_> {
     }
 }
 
+/// What the products multiply: the data as it is (fp16 and f32 values, exact in f32), or
+/// both operands rounded to bfloat16 first (sums in f32 either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Inputs {
+    #[default]
+    F32,
+    Bf16,
+}
+
+/// Whether this CPU runs the bf16 micro-kernel: AVX512-BF16 (`vdpbf16ps`) with the
+/// AVX-512 foundation, byte/word and vector-length extensions.
+pub fn bf16_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `Ok` where `has_bf16` ([`bf16_cpu`] on this machine; any value in a test) says the CPU
+/// runs bf16 products; else an error naming the instructions it lacks. Never a fallback.
+pub fn require_bf16(has_bf16: bool) -> Result<()> {
+    ensure!(
+        has_bf16,
+        "bf16 products need a CPU with AVX512-BF16 (the `vdpbf16ps` instruction, flag \
+         `avx512_bf16` in /proc/cpuinfo, with AVX512F/BW/VL); this CPU lacks it"
+    );
+    Ok(())
+}
+
 /// X(c, j) = `x[c·ldx + j]` (c < k, j < m) as f32 panels: panel p holds columns p·NR.. as
 /// k rows of NR values, zero past m.
 fn pack_x(x: Act, k: usize, m: usize, ldx: usize) -> Vec<f32> {
@@ -88,6 +131,38 @@ pub fn gemm(
     out: Out,
     isa: Isa,
 ) -> Result<()> {
+    let level = match isa.min(Isa::cpu()) {
+        Isa::Avx512 => Level::Avx512,
+        Isa::Avx2 => Level::Fma,
+        Isa::Portable => Level::Plain,
+    };
+    product(w, x, ldx, m, bias, out, level)
+}
+
+/// [`gemm`] with W and X rounded to bfloat16 (nearest, ties to even) and multiplied in
+/// pairs along k by `vdpbf16ps`, the sums in f32, the same epilogue. An error where the
+/// CPU lacks AVX512-BF16 ([`require_bf16`]).
+pub fn gemm_bf16(
+    w: &PackedWeight,
+    x: Act,
+    ldx: usize,
+    m: usize,
+    bias: Option<&[f32]>,
+    out: Out,
+) -> Result<()> {
+    require_bf16(bf16_cpu())?;
+    product(w, x, ldx, m, bias, out, Level::Bf16)
+}
+
+fn product(
+    w: &PackedWeight,
+    x: Act,
+    ldx: usize,
+    m: usize,
+    bias: Option<&[f32]>,
+    out: Out,
+    level: Level,
+) -> Result<()> {
     let (n, k) = (w.n, w.k);
     let xlen = match x {
         Act::F16(v) => v.len(),
@@ -108,11 +183,10 @@ pub fn gemm(
     if n == 0 || m == 0 {
         return Ok(());
     }
-    let xp = pack_x(x, k, m, ldx);
-    let level = match isa.min(Isa::cpu()) {
-        Isa::Avx512 => Level::Avx512,
-        Isa::Avx2 => Level::Fma,
-        Isa::Portable => Level::Plain,
+    let xp = if level == Level::Bf16 {
+        Panels::Bf16(pack_x_bf16(x, k, m, ldx))
+    } else {
+        Panels::F32(pack_x(x, k, m, ldx))
     };
     let task = |t: usize, rows: OutRows| {
         let r0 = t * MC;
@@ -132,12 +206,78 @@ pub fn gemm(
     Ok(())
 }
 
+/// X's panels: f32 values (`[k][NR]` each), or bf16 pairs along k (`[⌈k/2⌉][NR]` words).
+enum Panels {
+    F32(Vec<f32>),
+    Bf16(Vec<u32>),
+}
+
+/// bf16 bits of `v`, rounded to nearest, ties to even (NaN stays NaN).
+fn bf16_bits(v: f32) -> u32 {
+    u32::from(half::bf16::from_f32(v).to_bits())
+}
+
+/// [`pack_x`] as bf16 pairs: word (c2, j) of panel p holds X(2·c2, j) in its low half and
+/// X(2·c2 + 1, j) in its high half (zero past k and past m).
+fn pack_x_bf16(x: Act, k: usize, m: usize, ldx: usize) -> Vec<u32> {
+    let (np, k2) = (m.div_ceil(NR), k.div_ceil(2));
+    let mut xp = vec![0u32; np * k2 * NR];
+    if k == 0 {
+        return xp;
+    }
+    xp.par_chunks_mut(k2 * NR)
+        .enumerate()
+        .for_each(|(p, panel)| {
+            let (j0, w) = (p * NR, NR.min(m - p * NR));
+            let mut rows = [[0f32; NR]; 2];
+            for (c2, words) in panel.chunks_exact_mut(NR).enumerate() {
+                for (h, row) in rows.iter_mut().enumerate() {
+                    let c = 2 * c2 + h;
+                    if c >= k {
+                        row.fill(0.0);
+                        continue;
+                    }
+                    let s = c * ldx + j0;
+                    match x {
+                        Act::F16(v) => super::convert::f16_to_f32(&v[s..s + w], &mut row[..w]),
+                        Act::F32(v) => row[..w].copy_from_slice(&v[s..s + w]),
+                    }
+                }
+                for (j, word) in words[..w].iter_mut().enumerate() {
+                    *word = bf16_bits(rows[0][j]) | (bf16_bits(rows[1][j]) << 16);
+                }
+            }
+        });
+    xp
+}
+
+/// Rows `r0..r0 + rows` of W as bf16 pairs along k (`⌈k/2⌉` words a row, zero past k),
+/// zero rows up to `rpad`.
+fn pack_w_bf16(w: &PackedWeight, r0: usize, rows: usize, rpad: usize) -> Vec<u32> {
+    let (k, k2) = (w.k, w.k.div_ceil(2));
+    let mut wf = vec![0f32; rows * k];
+    w.rows_f32(r0, &mut wf);
+    let mut wq = vec![0u32; rpad * k2];
+    if k == 0 {
+        return wq;
+    }
+    for (src, dst) in wf.chunks_exact(k).zip(wq.chunks_exact_mut(k2)) {
+        for (c2, word) in dst.iter_mut().enumerate() {
+            let hi = src.get(2 * c2 + 1).map_or(0, |&v| bf16_bits(v));
+            *word = bf16_bits(src[2 * c2]) | (hi << 16);
+        }
+    }
+    wq
+}
+
 /// Which micro-kernel runs.
 #[derive(Clone, Copy, PartialEq)]
 enum Level {
     Plain,
     Fma,
     Avx512,
+    /// bf16 pairs by `vdpbf16ps` (AVX512-BF16).
+    Bf16,
 }
 
 /// One task's rows of the output.
@@ -157,6 +297,8 @@ enum OutPtr {
 /// readable) and one X panel slab at `x` (`kc × NR`). `load`: start from the partial sums
 /// at `acc` (row stride `lda`); `store`: leave the sums there (not the last pass); else the
 /// epilogue writes `rows × cols` results (plus `bias`, one per row) to `out` (stride `ldc`).
+/// For the bf16 kernel, `kc`, `ldw` and the offsets count pairs of k: each word at `w` and
+/// `x` holds two bf16 values.
 struct Tile {
     kc: usize,
     w: *const f32,
@@ -176,22 +318,35 @@ struct Tile {
 /// Rows `r0..` of the product (as many as `out` holds) over all of k.
 fn block(
     w: &PackedWeight,
-    xp: &[f32],
+    xp: &Panels,
     m: usize,
     r0: usize,
     bias: Option<&[f32]>,
     mut out: OutRows,
     level: Level,
 ) {
-    let k = w.k;
     let rows = match &out {
         OutRows::F16(o) => o.len() / m,
         OutRows::F32(o) => o.len() / m,
     };
     let rpad = rows.div_ceil(MR) * MR;
-    // W's rows in f32, zero rows up to a whole tile.
-    let mut wb = vec![0f32; rpad * k];
-    w.rows_f32(r0, &mut wb[..rows * k]);
+    // W's rows, zero rows up to a whole tile: f32 values, or bf16 pairs (whose words the
+    // bf16 micro-kernel reads through the tile's `*const f32`); k counted in those units.
+    let (wf, wq, k);
+    let (wb, xb): (*const f32, *const f32) = match xp {
+        Panels::F32(x) => {
+            k = w.k;
+            let mut v = vec![0f32; rpad * k];
+            w.rows_f32(r0, &mut v[..rows * k]);
+            wf = v;
+            (wf.as_ptr(), x.as_ptr())
+        }
+        Panels::Bf16(x) => {
+            k = w.k.div_ceil(2);
+            wq = pack_w_bf16(w, r0, rows, rpad);
+            (wq.as_ptr().cast(), x.as_ptr().cast())
+        }
+    };
     let passes = k.div_ceil(KC).max(1);
     let kc = k.div_ceil(passes);
     let np = m.div_ceil(NR);
@@ -209,10 +364,11 @@ fn block(
             for ir in (0..rows).step_by(MR) {
                 let tile = Tile {
                     kc: kl,
-                    // In bounds: rows ir..ir + MR ≤ rpad of k, columns k0..k0 + kl ≤ k.
-                    w: wb[ir * k + k0..].as_ptr(),
+                    // SAFETY: rows ir..ir + MR ≤ rpad of k, columns k0..k0 + kl ≤ k; panel
+                    // p's rows k0..k0 + kl of NR.
+                    w: unsafe { wb.add(ir * k + k0) },
                     ldw: k,
-                    x: xp[p * k * NR + k0 * NR..].as_ptr(),
+                    x: unsafe { xb.add(p * k * NR + k0 * NR) },
                     acc: if passes > 1 {
                         acc[ir * lda + j0..].as_mut_ptr()
                     } else {
@@ -233,11 +389,13 @@ fn block(
                     ldc: m,
                 };
                 // SAFETY: the tile's pointers cover what it reads and writes (see above),
-                // and the AVX-512 level is only chosen where the CPU has it.
+                // and the AVX-512 and bf16 levels are only chosen where the CPU has them.
                 unsafe {
                     match level {
                         #[cfg(target_arch = "x86_64")]
                         Level::Avx512 => avx512::tile(&tile),
+                        #[cfg(target_arch = "x86_64")]
+                        Level::Bf16 => avx512::tile_bf16(&tile),
                         #[cfg(target_arch = "x86_64")]
                         Level::Fma => tile_fma(&tile),
                         _ => tile_plain::<false>(&tile),
@@ -362,6 +520,52 @@ mod avx512 {
         }
     }
 
+    /// [`tile`] on bf16 pairs: `kc` counts pairs of k, W's and X's words each hold two
+    /// bf16 values (see [`super::Panels`]); per pair, three loads of X's panel row, eight
+    /// broadcasts of W's words, 24 `vdpbf16ps` (each two products a lane, summed in f32).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c,fma")]
+    pub(super) unsafe fn tile_bf16(t: &Tile) {
+        let mut acc = [[_mm512_setzero_ps(); 3]; MR];
+        if t.load {
+            for (i, a) in acc.iter_mut().enumerate() {
+                for (v, s) in a.iter_mut().enumerate() {
+                    *s = _mm512_loadu_ps(t.acc.add(i * t.lda + 16 * v));
+                }
+            }
+        }
+        let w = t.w as *const i32;
+        let mut wp = [w; MR];
+        for (i, p) in wp.iter_mut().enumerate() {
+            *p = w.add(i * t.ldw);
+        }
+        let mut xp = t.x as *const __m512i;
+        for c in 0..t.kc {
+            let x0: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp));
+            let x1: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp.add(1)));
+            let x2: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp.add(2)));
+            for i in 0..MR {
+                let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(*wp[i].add(c)));
+                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, x0);
+                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, x1);
+                acc[i][2] = _mm512_dpbf16_ps(acc[i][2], a, x2);
+            }
+            xp = xp.add(NR / 16);
+        }
+        let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+        for (i, a) in [
+            (0, a0),
+            (1, a1),
+            (2, a2),
+            (3, a3),
+            (4, a4),
+            (5, a5),
+            (6, a6),
+            (7, a7),
+        ] {
+            emit(t, i, a);
+        }
+    }
+
     /// Row `i` of the tile: to the partial sums, or (plus the bias) to the output.
     #[inline(always)]
     unsafe fn emit(t: &Tile, i: usize, a: [__m512; 3]) {
@@ -399,15 +603,17 @@ mod avx512 {
 }
 
 /// A 1x1, stride-1, unpadded, ungrouped convolution of `x [N, C, *S]` with the packed
-/// `W [O, C, 1..]`, plus `bias` (one per output channel): one [`gemm`] per batch item on
-/// `x` as it lies (`[C, ΠS]` rows), the result `[N, O, *S]` of `dtype` (fp16 and f32
-/// written by the kernel's epilogue; other dtypes converted from f32).
+/// `W [O, C, 1..]`, plus `bias` (one per output channel): one [`gemm`] ([`gemm_bf16`] for
+/// [`Inputs::Bf16`]) per batch item on `x` as it lies (`[C, ΠS]` rows), the result
+/// `[N, O, *S]` of `dtype` (fp16 and f32 written by the kernel's epilogue; other dtypes
+/// converted from f32).
 pub fn conv1x1(
     x: &Tensor,
     p: &PackedWeight,
     bias: Option<&[f32]>,
     dtype: DType,
     isa: Isa,
+    inputs: Inputs,
 ) -> Result<Tensor> {
     let d = x.dims();
     ensure!(
@@ -430,7 +636,10 @@ pub fn conv1x1(
                 Out::F16(o) => Out::F16(&mut o[b * n * s..(b + 1) * n * s]),
                 Out::F32(o) => Out::F32(&mut o[b * n * s..(b + 1) * n * s]),
             };
-            gemm(p, xb, s, s, bias, ob, isa)?;
+            match inputs {
+                Inputs::F32 => gemm(p, xb, s, s, bias, ob, isa)?,
+                Inputs::Bf16 => gemm_bf16(p, xb, s, s, bias, ob)?,
+            }
         }
         Ok(())
     };

@@ -89,6 +89,10 @@ pub trait ExecEnv {
     fn max_memory(&self) -> u64;
     /// A fresh 64-bit seed from the session's random stream (seeded by `--seed`).
     fn next_seed(&self) -> u64;
+    /// What encoder-sized products multiply (`--compute bf16`: bf16-rounded inputs).
+    fn products(&self) -> kernels::gemm::Inputs {
+        kernels::gemm::Inputs::F32
+    }
 }
 
 /// Shared, replaceable tensor holding a state's current value, and whether the cell is
@@ -353,6 +357,10 @@ pub struct EvalCx<'a> {
 }
 
 impl<'a> EvalCx<'a> {
+    /// What the session's encoder-sized products multiply (f32 outside a session run).
+    pub fn products(&self) -> kernels::gemm::Inputs {
+        self.env.map(|e| e.products()).unwrap_or_default()
+    }
     pub fn has(&self, name: &str) -> bool {
         self.inputs.contains_key(name)
     }

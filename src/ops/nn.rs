@@ -370,9 +370,12 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
         // Encoder-sized, where the CPU has AVX-512: the blocked GEMM on `x` as it lies, the
         // same epilogue. Elsewhere the general path below (candle's gemm has tuned AVX2
         // kernels; `kernels::gemm`'s portable micro-kernel is its tested fallback, not fast).
+        // A session computing bf16 products takes the GEMM's bf16 kernel (which fails
+        // where the CPU lacks AVX512-BF16).
         let isa = kernels::gemv::Isa::best();
-        if isa == kernels::gemv::Isa::Avx512 {
-            let y = kernels::gemm::conv1x1(x, pw, b.as_deref(), cx.out_dtype(0)?, isa)?;
+        let inputs = cx.products();
+        if isa == kernels::gemv::Isa::Avx512 || inputs == kernels::gemm::Inputs::Bf16 {
+            let y = kernels::gemm::conv1x1(x, pw, b.as_deref(), cx.out_dtype(0)?, isa, inputs)?;
             return out0(cx, y);
         }
     }

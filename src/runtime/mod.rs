@@ -129,9 +129,10 @@ pub struct Session {
     run: RunLimits,
 }
 
-/// What a run hands ops through [`ExecEnv`]: the loop bound, the memory cap and the
-/// session's random stream (a counter advanced once per seed drawn).
+/// What a run hands ops through [`ExecEnv`]: what products multiply, the loop bound, the
+/// memory cap and the session's random stream (a counter advanced once per seed drawn).
 struct RunLimits {
+    products: kernels::gemm::Inputs,
     max_iterations: u64,
     max_memory: u64,
     seed: u64,
@@ -182,6 +183,9 @@ impl ExecEnv for Env<'_> {
     fn max_memory(&self) -> u64 {
         self.run.max_memory
     }
+    fn products(&self) -> kernels::gemm::Inputs {
+        self.run.products
+    }
     fn next_seed(&self) -> u64 {
         let k = self.run.draws.fetch_add(1, Ordering::Relaxed);
         // splitmix64 of (seed, k): distinct, well-mixed seeds along the stream.
@@ -214,6 +218,7 @@ impl Session {
     }
 
     pub fn from_model_with(mut m: Model, opts: &Options) -> Result<Session> {
+        opts.compute.require(kernels::gemm::bf16_cpu())?;
         if opts.compute == precision::Compute::Fp32 {
             precision::promote_fp16(&mut m)?;
         }
@@ -261,6 +266,7 @@ impl Session {
             profile: None,
             memo: Some(BTreeMap::new()),
             run: RunLimits {
+                products: opts.compute.products(),
                 max_iterations: opts.max_loop_iterations,
                 max_memory: opts.max_memory.unwrap_or(u64::MAX),
                 seed: opts.seed,

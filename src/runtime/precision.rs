@@ -7,12 +7,17 @@
 //! package can be compared against a PyTorch float32 reference without its fp16 roundings
 //! (e.g. exact fp16 ties between two logits). It is an evaluation mode, not what a device
 //! computes: a package's fidelity is measured at its own precision.
+//!
+//! [`Compute::Bf16`] keeps the package's types but runs its encoder-sized 1x1 convs on
+//! bfloat16-rounded weights and activations with f32 sums (`kernels::gemm::gemm_bf16`,
+//! `vdpbf16ps`): a faster evaluation mode where the CPU has AVX512-BF16, with its own
+//! fidelity (docs/speed.md), and an error elsewhere — never a silent fallback.
 
 use crate::ir::{
     Arg, ArrayDType, Block, Bytes, DType, Model, Operation, Tensor, TensorType, Value, ValueType,
     Var,
 };
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::collections::HashSet;
 
 /// The precision a session computes its floating-point tensors in.
@@ -24,6 +29,30 @@ pub enum Compute {
     /// Every fp16 tensor widened to float32 (PyTorch float32's precision; slower, twice the
     /// memory for fp16 weights). Not what a device computes.
     Fp32,
+    /// The package's types, with encoder-sized products on bf16-rounded inputs (f32 sums):
+    /// faster where the CPU has AVX512-BF16, less exact. Not what a device computes.
+    Bf16,
+}
+
+impl Compute {
+    /// What the session's encoder-sized products multiply.
+    pub fn products(self) -> crate::kernels::gemm::Inputs {
+        match self {
+            Compute::Bf16 => crate::kernels::gemm::Inputs::Bf16,
+            Compute::Package | Compute::Fp32 => crate::kernels::gemm::Inputs::F32,
+        }
+    }
+
+    /// `Ok` unless this precision needs an instruction set the CPU lacks: [`Compute::Bf16`]
+    /// where `has_bf16` (`kernels::gemm::bf16_cpu()` in a session; any value in a test) is
+    /// false fails naming AVX512-BF16.
+    pub fn require(self, has_bf16: bool) -> Result<()> {
+        if self == Compute::Bf16 {
+            crate::kernels::gemm::require_bf16(has_bf16)
+                .context("--compute bf16 cannot run here (use `package` or `fp32`)")?;
+        }
+        Ok(())
+    }
 }
 
 /// What [`promote_fp16`] changed.

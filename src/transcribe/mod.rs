@@ -258,7 +258,8 @@ pub struct OpenOptions {
     /// it) when present, instead of milkit's Rust log-mel.
     pub mel_package: bool,
     /// Compute precision of every package ([`Compute::Fp32`]: an evaluation mode against
-    /// float32 references, not what a device computes).
+    /// float32 references; [`Compute::Bf16`]: a faster one on bf16 products; neither is
+    /// what a device computes).
     pub compute: Compute,
 }
 

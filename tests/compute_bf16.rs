@@ -1,0 +1,283 @@
+//! `--compute bf16` (`runtime::precision::Compute::Bf16`, `kernels::gemm::gemm_bf16`): the
+//! bf16 micro-kernel against float64 sums of the bf16-rounded operands written here, the
+//! error that names AVX512-BF16 where the CPU lacks it (the detection injected as
+//! "absent"), and tiny.en's BC1S encoder computed with bf16 products against the PyTorch
+//! float32 reference (a PSNR floor, next to the fp16 package's own).
+
+mod common;
+
+use common::programs::{f32s, psnr, Checkpoint};
+use half::{bf16, f16};
+use milkit::kernels::gemm::{self, Act, Out};
+use milkit::kernels::PackedWeight;
+use milkit::runtime::precision::Compute;
+use milkit::runtime::{io, Options, Session};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % 20001) as f32 / 10000.0 - 1.0
+    }
+}
+
+/// `v` rounded to bfloat16 (nearest, ties to even), as a float64.
+fn b(v: f32) -> f64 {
+    bf16::from_f32(v).to_f64()
+}
+
+/// `y[r, j] = bias[r] + Σ_c w(r, c)·x(c, j)` in float64, and `Σ |terms|`.
+fn sums(
+    (n, k, m): (usize, usize, usize),
+    w: &dyn Fn(usize, usize) -> f64,
+    x: &dyn Fn(usize, usize) -> f64,
+    bias: Option<&[f32]>,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut y, mut mag) = (vec![0f64; n * m], vec![0f64; n * m]);
+    for r in 0..n {
+        for j in 0..m {
+            let b0 = bias.map_or(0.0, |b| f64::from(b[r]));
+            let (mut s, mut a) = (b0, b0.abs());
+            for c in 0..k {
+                let p = w(r, c) * x(c, j);
+                s += p;
+                a += p.abs();
+            }
+            y[r * m + j] = s;
+            mag[r * m + j] = a;
+        }
+    }
+    (y, mag)
+}
+
+/// The tolerance of one element: products of bf16 values are exact in f32, so only the f32
+/// sums' order is free — 1e-5 of the magnitude sum (k ≤ 1100 terms: k·2⁻²⁴ ≤ 6.6e-5 is
+/// the worst case, random signs stay far below) plus 1e-6 — and an fp16 output's one
+/// rounding (half an fp16 ulp: 2⁻¹¹ relative, 2⁻²⁵ among subnormals).
+fn tolerance(want: f64, mag: f64, fp16: bool) -> f64 {
+    let mut tol = 1e-5 * mag + 1e-6;
+    if fp16 {
+        tol += want.abs() * 2f64.powi(-11) + 2f64.powi(-25);
+    }
+    tol
+}
+
+#[test]
+fn bf16_gemm_matches_float64_sums_of_the_bf16_rounded_operands() {
+    if !gemm::bf16_cpu() {
+        // The kernel cannot run here: it must say so, never fall back.
+        let p = PackedWeight::from_f32(&[2, 2], vec![1.0; 4]).unwrap();
+        let mut y = vec![0f32; 2];
+        let e = gemm::gemm_bf16(&p, Act::F32(&[1.0, 1.0]), 1, 1, None, Out::F32(&mut y));
+        assert!(format!("{:#}", e.unwrap_err()).contains("AVX512-BF16"));
+        eprintln!("this CPU lacks AVX512-BF16: only the error is checked");
+        return;
+    }
+    let mut rng = Rng(11);
+    // (n, k, m): a single element; an odd depth (the last pair half zero); tile edges in
+    // rows (13, 37) and columns (50, 97); depths past one pass of 512 pairs (1100: two
+    // passes, 1025: two, odd); more rows than one task (100).
+    for &(n, k, m) in &[
+        (1, 1, 1),
+        (13, 7, 50),
+        (37, 600, 97),
+        (100, 64, 48),
+        (9, 1100, 17),
+        (5, 1025, 33),
+    ] {
+        let ldx = m + 3;
+        let x16: Vec<f16> = (0..k * ldx).map(|_| f16::from_f32(rng.next())).collect();
+        let x32: Vec<f32> = (0..k * ldx).map(|_| rng.next()).collect();
+        let bias: Vec<f32> = (0..n).map(|_| rng.next()).collect();
+        let w16: Vec<f16> = (0..n * k).map(|_| f16::from_f32(rng.next())).collect();
+        let w32: Vec<f32> = (0..n * k).map(|_| rng.next()).collect();
+        let forms = [
+            (
+                "w f16",
+                PackedWeight::from_f16(&[n, k, 1, 1], w16.clone()).unwrap(),
+                w16.iter().map(|v| v.to_f32()).collect::<Vec<f32>>(),
+            ),
+            (
+                "w f32",
+                PackedWeight::from_f32(&[n, k], w32.clone()).unwrap(),
+                w32.clone(),
+            ),
+        ];
+        // The largest error against the unrounded operands, over the tolerance: bf16
+        // rounding must show (else this would be testing the f32 kernel).
+        let mut unrounded_excess = 0f64;
+        for (form, p, wv) in &forms {
+            for (xname, act) in [("x f16", Act::F16(&x16)), ("x f32", Act::F32(&x32))] {
+                let xv = |c: usize, j: usize| match act {
+                    Act::F16(v) => v[c * ldx + j].to_f32(),
+                    Act::F32(v) => v[c * ldx + j],
+                };
+                for bias in [Some(bias.as_slice()), None] {
+                    let want = sums(
+                        (n, k, m),
+                        &|r, c| b(wv[r * k + c]),
+                        &|c, j| b(xv(c, j)),
+                        bias,
+                    );
+                    let exact = sums(
+                        (n, k, m),
+                        &|r, c| f64::from(wv[r * k + c]),
+                        &|c, j| f64::from(xv(c, j)),
+                        bias,
+                    );
+                    let what =
+                        format!("{form} [{n}×{k}]·[{k}×{m}] {xname} bias {}", bias.is_some());
+                    let mut y16 = vec![f16::ZERO; n * m];
+                    gemm::gemm_bf16(p, act, ldx, m, bias, Out::F16(&mut y16)).unwrap();
+                    let mut y32 = vec![0f32; n * m];
+                    gemm::gemm_bf16(p, act, ldx, m, bias, Out::F32(&mut y32)).unwrap();
+                    for i in 0..n * m {
+                        let (w, mag) = (want.0[i], want.1[i]);
+                        for (out, got, fp16) in [
+                            ("f16", y16[i].to_f64(), true),
+                            ("f32", f64::from(y32[i]), false),
+                        ] {
+                            let (err, tol) = ((got - w).abs(), tolerance(w, mag, fp16));
+                            assert!(
+                                err <= tol,
+                                "{what} → {out}: element {i}: {got} vs {w} (err {err:e}, \
+                                 tolerance {tol:e})"
+                            );
+                        }
+                        let off = (f64::from(y32[i]) - exact.0[i]).abs();
+                        unrounded_excess =
+                            unrounded_excess.max(off / tolerance(exact.0[i], exact.1[i], false));
+                    }
+                }
+            }
+        }
+        if k >= 7 {
+            assert!(
+                unrounded_excess > 10.0,
+                "[{n}×{k}]·[{k}×{m}]: within {unrounded_excess:.2}× the f32 tolerance of the \
+                 unrounded sums: no bf16 rounding seen"
+            );
+        }
+    }
+}
+
+/// `conv` of x fp16 `[1, k, 1, m]` with a constant fp16 weight `[n, k, 1, 1]`.
+fn conv_model(n: usize, k: usize, m: usize) -> milkit::ir::Model {
+    use milkit::ir::{DType, Description, Model, Opset, Tensor as ITensor, Value, ValueType};
+    use milkit::ops::{Builder, In};
+    let mut b = Builder::new(Opset::Ios18);
+    let x = b.input("x", ValueType::tensor(DType::F16, &[1, k, 1, m]));
+    let w: Vec<f16> = (0..n * k).map(|i| f16::from_f32(i as f32 / 64.0)).collect();
+    let y = b
+        .op1(
+            "conv",
+            "proj",
+            vec![
+                ("x", In::V(x)),
+                (
+                    "weight",
+                    In::C(Value::Tensor(ITensor::f16(&[n, k, 1, 1], &w))),
+                ),
+            ],
+        )
+        .unwrap();
+    let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
+    Model::single(Opset::Ios18, inputs, block, Description::default())
+}
+
+#[test]
+fn bf16_compute_names_avx512_bf16_where_the_cpu_lacks_it() {
+    // Detection injected as absent: the error names the missing instructions.
+    let e = Compute::Bf16.require(false).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(msg.contains("--compute bf16"), "{msg}");
+    assert!(msg.contains("AVX512-BF16"), "{msg}");
+    assert!(msg.contains("avx512_bf16"), "{msg}");
+    assert!(Compute::Bf16.require(true).is_ok());
+    // The other precisions need nothing of the kind.
+    for c in [Compute::Package, Compute::Fp32] {
+        assert!(c.require(false).is_ok(), "{c:?}");
+    }
+    assert!(format!("{:#}", gemm::require_bf16(false).unwrap_err()).contains("AVX512-BF16"));
+    // On this machine a session asks the real detection: it loads exactly where the CPU
+    // has the feature, and otherwise refuses with the same message.
+    let model = conv_model(4, 8, 60);
+    let opts = Options {
+        compute: Compute::Bf16,
+        ..Default::default()
+    };
+    match Session::from_model_with(model, &opts) {
+        Ok(_) => assert!(gemm::bf16_cpu()),
+        Err(e) => {
+            assert!(!gemm::bf16_cpu());
+            assert!(format!("{e:#}").contains("AVX512-BF16"), "{e:#}");
+        }
+    }
+}
+
+const FLOOR_DB: f64 = 62.0;
+
+/// tiny.en's BC1S encoder (WhisperKit ABI: fp16 data, every projection a 1x1 conv on the
+/// packed fp16 weight) on jfk.wav's features, against PyTorch float32's encoder output:
+/// the package's own precision and bf16 products. Measured here (AMD EPYC Zen 4): 79.1 dB
+/// fp16, 68.3 dB bf16. The floor is 62 dB: the measurement less 6 dB of margin (another
+/// CPU's summation order or a changed attention kernel may move it a little; a wrong
+/// rounding or pairing would cost tens of dB).
+#[test]
+fn bf16_encoder_stays_above_its_psnr_floor_against_pytorch_float32() {
+    use milkit::ir::Opset;
+    use milkit::whisper::encoder::{build_encoder, EncoderAbi, EncoderDims};
+    let Some(fx) = common::fixtures() else { return };
+    if !gemm::bf16_cpu() {
+        eprintln!("this CPU lacks AVX512-BF16: --compute bf16 cannot run here");
+        return;
+    }
+    let ck =
+        Checkpoint(std::fs::read(fx.join("models/whisper-tiny.en/model.safetensors")).unwrap());
+    let dims = EncoderDims {
+        d_model: 384,
+        layers: 4,
+        heads: 6,
+        ffn: 1536,
+        n_mels: 80,
+        n_ctx: 1500,
+    };
+    let refs = fx.join("reference/tiny.en-jfk.safetensors");
+    let feats = io::read_safetensors(&refs, "input_features").unwrap();
+    let feats = feats.reshape((1, 80, 1, 3000)).unwrap();
+    let want = f32s(&io::read_safetensors(&refs, "encoder_output").unwrap());
+    let mut db = vec![];
+    for compute in [Compute::Package, Compute::Bf16] {
+        let m = build_encoder(
+            &dims,
+            &ck,
+            EncoderAbi::WhisperKit,
+            Opset::Ios18,
+            &mut |_, _| {},
+        )
+        .unwrap();
+        let opts = Options {
+            compute,
+            ..Default::default()
+        };
+        let mut s = Session::from_model_with(m, &opts).unwrap();
+        let out = s
+            .predict(&[("melspectrogram_features", feats.clone())])
+            .unwrap();
+        // [1, d, 1, S] → [1, S, d], as the reference lies.
+        let got = out[0].1.squeeze(2).unwrap().transpose(1, 2).unwrap();
+        assert_eq!(got.dims(), &[1, 1500, 384]);
+        db.push(psnr(&want, &f32s(&got)));
+    }
+    println!(
+        "tiny.en encoder vs PyTorch float32: {:.2} dB at package precision (fp16), {:.2} dB \
+         with bf16 products",
+        db[0], db[1]
+    );
+    assert!(db[1] >= FLOOR_DB, "bf16: {:.2} dB < {FLOOR_DB}", db[1]);
+    // bf16 inputs carry 8 bits of mantissa against fp16's 11: never closer than fp16.
+    assert!(db[1] < db[0], "{db:?}");
+}
