@@ -212,7 +212,9 @@ enum Panels {
     Bf16(Vec<u32>),
 }
 
-/// bf16 bits of `v`, rounded to nearest, ties to even (NaN stays NaN).
+/// bf16 bits of `v`, rounded to nearest, ties to even (NaN stays NaN): the conversion
+/// `vcvtne2ps2bf16` makes (the packers use it where they run; this where they cannot).
+#[cfg(not(target_arch = "x86_64"))]
 fn bf16_bits(v: f32) -> u32 {
     u32::from(half::bf16::from_f32(v).to_bits())
 }
@@ -243,6 +245,12 @@ fn pack_x_bf16(x: Act, k: usize, m: usize, ldx: usize) -> Vec<u32> {
                         Act::F32(v) => row[..w].copy_from_slice(&v[s..s + w]),
                     }
                 }
+                // SAFETY: only reached where the CPU has AVX512-BF16 (`gemm_bf16`).
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    avx512::interleave_bf16(&rows[0], &rows[1], words)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
                 for (j, word) in words[..w].iter_mut().enumerate() {
                     *word = bf16_bits(rows[0][j]) | (bf16_bits(rows[1][j]) << 16);
                 }
@@ -262,6 +270,12 @@ fn pack_w_bf16(w: &PackedWeight, r0: usize, rows: usize, rpad: usize) -> Vec<u32
         return wq;
     }
     for (src, dst) in wf.chunks_exact(k).zip(wq.chunks_exact_mut(k2)) {
+        // SAFETY: only reached where the CPU has AVX512-BF16 (`gemm_bf16`).
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            avx512::to_bf16_pairs(src, dst)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
         for (c2, word) in dst.iter_mut().enumerate() {
             let hi = src.get(2 * c2 + 1).map_or(0, |&v| bf16_bits(v));
             *word = bf16_bits(src[2 * c2]) | (hi << 16);
@@ -563,6 +577,53 @@ mod avx512 {
             (7, a7),
         ] {
             emit(t, i, a);
+        }
+    }
+
+    /// `src` rounded to bf16 (nearest, ties to even) into `dst` (`⌈len/2⌉` words): 32
+    /// values a step by `vcvtne2ps2bf16`, consecutive values into consecutive halves, so a
+    /// row of W becomes its pairs along k (the high half of an odd tail zero).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn to_bf16_pairs(src: &[f32], dst: &mut [u32]) {
+        let n = src.len().min(2 * dst.len());
+        let mask16 = |left: usize| -> u16 {
+            if left >= 16 {
+                !0
+            } else {
+                (1u16 << left) - 1
+            }
+        };
+        for i in (0..n).step_by(32) {
+            let (la, lb) = ((n - i).min(16), (n - i).saturating_sub(16).min(16));
+            let a = _mm512_maskz_loadu_ps(mask16(la), src.as_ptr().add(i));
+            let b = if lb > 0 {
+                _mm512_maskz_loadu_ps(mask16(lb), src.as_ptr().add(i + 16))
+            } else {
+                _mm512_setzero_ps()
+            };
+            let h: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+            let words = (la + lb).div_ceil(2);
+            _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(i / 2) as *mut i32, mask16(words), h);
+        }
+    }
+
+    /// Word j of `dst` (j < [`NR`]) = bf16(`lo[j]`) | bf16(`hi[j]`) << 16: two rows of an X
+    /// panel as pairs along k, 16 words a step (`vcvtne2ps2bf16`, then `vpermw` to
+    /// interleave the halves).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn interleave_bf16(lo: &[f32; NR], hi: &[f32; NR], dst: &mut [u32]) {
+        debug_assert!(dst.len() >= NR);
+        let mut idx = [0i16; 32];
+        for (i, v) in idx.iter_mut().enumerate() {
+            *v = (i / 2 + 16 * (i % 2)) as i16;
+        }
+        let idx = _mm512_loadu_si512(idx.as_ptr() as *const __m512i);
+        for v in 0..NR / 16 {
+            let a = _mm512_loadu_ps(lo.as_ptr().add(16 * v));
+            let b = _mm512_loadu_ps(hi.as_ptr().add(16 * v));
+            let h: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+            let w = _mm512_permutexvar_epi16(idx, h);
+            _mm512_storeu_si512(dst.as_mut_ptr().add(16 * v) as *mut __m512i, w);
         }
     }
 
