@@ -29,8 +29,9 @@ pub enum Compute {
     /// Every fp16 tensor widened to float32 (PyTorch float32's precision; slower, twice the
     /// memory for fp16 weights). Not what a device computes.
     Fp32,
-    /// The package's types, with encoder-sized products on bf16-rounded inputs (f32 sums):
-    /// faster where the CPU has AVX512-BF16, less exact. Not what a device computes.
+    /// A faster evaluation mode: the package's types, encoder-sized products on
+    /// bf16-rounded inputs with f32 sums (less exact; needs AVX512-BF16). Not what a
+    /// device computes.
     Bf16,
 }
 
