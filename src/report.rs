@@ -454,6 +454,7 @@ pub fn all_schemas() -> Vec<(&'static str, String)> {
             schema_json::<TranscriptionResult>(),
         ),
         ("gate.schema.json", schema_json::<GateReport>()),
+        ("bench-whole.schema.json", schema_json::<WholeBenchReport>()),
     ]
 }
 
@@ -764,6 +765,42 @@ pub struct FasterWhisperRun {
     pub text: String,
     /// milkit total_ms / faster-whisper total_ms.
     pub ratio: f64,
+}
+
+/// One tool's side of `milkit bench whole`: its command line, wall time and peak resident
+/// memory over the timed runs (the warm-up run not counted).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WholeSide {
+    /// `milkit` or `faster-whisper`.
+    pub tool: String,
+    /// The command as run (program and arguments).
+    pub command: Vec<String>,
+    /// Wall time of each timed run, from spawn to exit, in ms (run order).
+    pub wall_ms: Vec<f64>,
+    /// Peak resident set of each timed run (the kernel's `ru_maxrss` of the child), in MB.
+    pub peak_rss_mb: Vec<f64>,
+    pub wall_ms_median: f64,
+    pub peak_rss_mb_median: f64,
+    /// The transcript of the last run.
+    pub text: String,
+}
+
+/// `milkit bench whole --json`: whole process against whole process, alternating.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WholeBenchReport {
+    pub audio: String,
+    /// Threads each tool was given.
+    pub threads: usize,
+    pub runs: usize,
+    pub sides: Vec<WholeSide>,
+    /// Per run, milkit's wall time over the other tool's in the same pair (absent without
+    /// a second tool); then their median, min and max.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wall_ratios: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rss_ratios: Vec<f64>,
 }
 
 /// `milkit transcribe --output-format json`: openai-whisper's `transcribe()` result, field

@@ -52,7 +52,8 @@ fn coremltools_encoders_match_pytorch() {
         let want = io::read_safetensors(&refp, "encoder_output").unwrap();
         let p = psnr(&f32s(&want), &f32s(&out[0].1));
         println!("{name}: PSNR {p:.2} dB; load {load:.2?}, first predict {first:.2?}, second {second:.2?}");
-        assert!(p >= 35.0, "{name}: PSNR {p:.2} dB < 35");
+        // Issue 19's fp16 fidelity bound for faster kernels: ≥ 60 dB (measured 76–79 dB).
+        assert!(p >= 60.0, "{name}: PSNR {p:.2} dB < 60");
     }
 }
 
@@ -246,7 +247,8 @@ fn milkit_bc1s_encoder_matches_pytorch_in_both_abis() {
             "milkit BC1S encoder ({}): PSNR {p:.2} dB, predict {dt:.2?}",
             abi.name()
         );
-        assert!(p >= 35.0, "{}: PSNR {p:.2} dB < 35", abi.name());
+        // Issue 19's fp16 fidelity bound for faster kernels: ≥ 60 dB (measured 79.1 dB).
+        assert!(p >= 60.0, "{}: PSNR {p:.2} dB < 60", abi.name());
     }
 }
 

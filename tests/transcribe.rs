@@ -411,3 +411,83 @@ fn one_bad_file_among_several_is_reported_and_the_others_still_transcribed() {
     assert_eq!(lines[0], reference_text(&fx, "jfk").trim());
     assert_eq!(lines[1], reference_text(&fx, "ljspeech_LJ001-0006").trim());
 }
+
+#[test]
+fn bench_whole_times_each_process_with_its_own_peak_memory_and_pairs_the_runs() {
+    let Some(fx) = common::fixtures() else { return };
+    let (io, _) = folders(&fx);
+    let tmp = tempfile::tempdir().unwrap();
+    // A stand-in for faster-whisper's python: it touches 200 MiB, so its peak RSS must read
+    // at least that (and far from milkit's), and echoes the arguments it was given.
+    let fake = tmp.path().join("fakepy");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\nexec python3 -c 'import json,sys; b=bytearray(200*2**20); b[::4096]=b\"x\"*len(b[::4096]); print(json.dumps({\"text\": \" \".join(sys.argv[2:]), \"total_ms\": 1.0}))' \"$@\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = common::milkit()
+        .args(["bench", "whole"])
+        .arg(fx.join("audio/jfk.wav"))
+        .arg("--models")
+        .arg(io)
+        .args(["--runs", "2", "--json", "--faster-whisper"])
+        .arg(&fake)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "bench whole failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let schema: serde_json::Value =
+        json(&Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/bench-whole.schema.json"));
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "report violates its schema: {errors:?}");
+    let r: milkit::report::WholeBenchReport = serde_json::from_value(v).unwrap();
+    assert_eq!(r.sides.len(), 2);
+    let (mk, fw) = (&r.sides[0], &r.sides[1]);
+    assert_eq!((mk.wall_ms.len(), fw.wall_ms.len()), (2, 2));
+    // milkit's side is `milkit transcribe` itself: the same text a direct run prints.
+    let direct = common::milkit()
+        .args([
+            "transcribe",
+            "--language",
+            "en",
+            "--no-timestamps",
+            "--temperature",
+            "0",
+        ])
+        .arg("--models")
+        .arg(io)
+        .arg(fx.join("audio/jfk.wav"))
+        .output()
+        .unwrap();
+    assert_eq!(mk.text, String::from_utf8_lossy(&direct.stdout).trim());
+    assert!(
+        fw.text.contains("--compute-type int8") && fw.text.contains("--threads 2"),
+        "arguments given to the script: {}",
+        fw.text
+    );
+    for rss in &fw.peak_rss_mb {
+        assert!(
+            (200.0..400.0).contains(rss),
+            "the stand-in's peak RSS {rss} MB"
+        );
+    }
+    for rss in &mk.peak_rss_mb {
+        assert!(
+            *rss > 20.0 && (rss - 200.0).abs() > 1.0,
+            "milkit's peak RSS {rss} MB"
+        );
+    }
+    for i in 0..2 {
+        let want = mk.wall_ms[i] / fw.wall_ms[i];
+        assert!((r.wall_ratios[i] - want).abs() < 1e-9);
+        let want = mk.peak_rss_mb[i] / fw.peak_rss_mb[i];
+        assert!((r.rss_ratios[i] - want).abs() < 1e-9);
+    }
+}

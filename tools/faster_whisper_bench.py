@@ -13,7 +13,7 @@ torch-free this script fills CTranslate2's WhisperSpec from the safetensors file
 (numpy arrays standing in for the torch modules its Transformers loader walks) and caches the
 converted model (float32) under --cache. Conversion is not timed.
 
-Then it transcribes the clip with float32 weights, one beam, greedy, no timestamps, no VAD,
+Then it transcribes the clip (float32, or int8 with --compute-type int8), one beam, greedy, no timestamps, no VAD,
 English, and prints one JSON line on stdout:
     {"load_ms": .., "transcribe_ms": .., "total_ms": .., "text": "..", "threads": N}
 total_ms counts from interpreter start (imports included) to the end of decoding; time the
@@ -160,6 +160,9 @@ def main():
     ap.add_argument("--audio", dest="audio_opt")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "milkit", "ct2"))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--compute-type", default="float32",
+                    help="CTranslate2 compute type: float32 (default) or int8 (weights quantized at load)")
+    ap.add_argument("--language", default="en", help="language to force (default en)")
     a = ap.parse_args()
     a.audio = a.audio or a.audio_opt
     if not a.audio:
@@ -179,14 +182,14 @@ def main():
     from faster_whisper import WhisperModel
 
     t_load = time.perf_counter()
-    model = WhisperModel(ct2_dir, device="cpu", compute_type="float32", cpu_threads=a.threads)
+    model = WhisperModel(ct2_dir, device="cpu", compute_type=a.compute_type, cpu_threads=a.threads)
     t_tx = time.perf_counter()
     segments, _info = model.transcribe(
         a.audio,
         beam_size=1,
         best_of=1,
         temperature=0.0,
-        language="en",
+        language=a.language,
         without_timestamps=True,
         condition_on_previous_text=False,
         vad_filter=False,
@@ -199,6 +202,7 @@ def main():
         "total_ms": (t_end - T0) * 1e3,
         "text": text,
         "threads": a.threads,
+        "compute_type": a.compute_type,
     }))
 
 

@@ -1,7 +1,7 @@
-//! `milkit bench audio|export|compress|decode|gemm`: timing tables (never timed tests): a
+//! `milkit bench audio|export|compress|decode|gemm|whole`: timing tables (never timed tests): a
 //! transcription by stage (`bench_audio`), an encoder export, compression
 //! (`bench_compress`), decoding per token (`bench_decode`), encoder-sized products against
-//! a plain GEMM (`bench_gemm`).
+//! a plain GEMM (`bench_gemm`), whole processes against faster-whisper (`bench_whole`).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -27,6 +27,39 @@ pub enum Bench {
     Decode(DecodeBench),
     /// Encoder-sized products: milkit's 1x1 conv against a plain f32 GEMM, same run.
     Gemm(GemmBench),
+    /// Whole process against whole process: `milkit transcribe` and faster-whisper on the
+    /// same audio, alternating; wall time and peak RSS of each.
+    Whole(WholeBench),
+}
+
+#[derive(Args)]
+pub struct WholeBench {
+    /// The WAV file both transcribe.
+    pub audio: PathBuf,
+    /// Models folder milkit transcribes with (as for `milkit transcribe`).
+    #[arg(long)]
+    pub models: PathBuf,
+    /// Timed runs per tool, after one untimed warm-up pair; medians and ranges are shown.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Threads for each tool (milkit's RAYON_NUM_THREADS, faster-whisper's cpu_threads).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Language both are forced to (greedy, temperature 0, no timestamps).
+    #[arg(long, default_value = "en")]
+    pub language: String,
+    /// Python with faster-whisper (tools/faster_whisper_bench.py) to run alongside.
+    #[arg(long, value_name = "PYTHON")]
+    pub faster_whisper: Option<PathBuf>,
+    /// The Hugging Face checkpoint faster-whisper converts (default: the tiny.en fixture).
+    #[arg(long, value_name = "HF_DIR")]
+    pub checkpoint: Option<PathBuf>,
+    /// CTranslate2 compute type for faster-whisper (`int8`, `float32`).
+    #[arg(long, default_value = "int8")]
+    pub compute_type: String,
+    /// Print JSON (schemas/bench-whole.schema.json) instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -167,6 +200,17 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
             }
             super::bench_gemm::run(b.runs, b.only.as_deref(), b.json, b.compute)
         }
+        Bench::Whole(b) => super::bench_whole::run(&super::bench_whole::WholeOpts {
+            audio: &b.audio,
+            models: &b.models,
+            runs: b.runs,
+            threads: b.threads,
+            language: &b.language,
+            python: b.faster_whisper.as_deref(),
+            checkpoint: b.checkpoint.as_deref(),
+            compute_type: &b.compute_type,
+            json: b.json,
+        }),
         Bench::Decode(b) => super::bench_decode::run(
             resolve(&b.model)?.as_deref(),
             b.json,

@@ -52,7 +52,7 @@ fn encoder_flops(tr: &Transcriber) -> Result<u64> {
     Ok(total)
 }
 
-fn find_script() -> Option<PathBuf> {
+pub(crate) fn find_script() -> Option<PathBuf> {
     [
         PathBuf::from(FW_SCRIPT),
         Path::new(env!("CARGO_MANIFEST_DIR")).join(FW_SCRIPT),

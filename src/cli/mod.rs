@@ -4,6 +4,7 @@ pub mod bench_audio;
 pub mod bench_compress;
 pub mod bench_decode;
 pub mod bench_gemm;
+pub mod bench_whole;
 pub mod calibrate;
 pub mod compress;
 pub mod eval;
