@@ -40,6 +40,10 @@ pub struct GemmBench {
     /// milkit's kernel level (`avx512`, `avx2`, `portable`); default the CPU's best.
     #[arg(long)]
     pub isa: Option<String>,
+    /// Time the encoders' fused self-attention instead: its panels (on LEVEL's kernels)
+    /// against the blocks on candle's gemm they replace.
+    #[arg(long)]
+    pub attention: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -154,7 +158,10 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
                 let level = super::bench_decode::levels(std::slice::from_ref(name))?;
                 milkit::kernels::gemv::Isa::set_cap(level.first().copied());
             }
-            super::bench_gemm::run(b.runs, b.only.as_deref(), b.json)
+            match b.attention {
+                true => super::bench_gemm::run_attention(b.runs, b.only.as_deref(), b.json),
+                false => super::bench_gemm::run(b.runs, b.only.as_deref(), b.json),
+            }
         }
         Bench::Decode(b) => super::bench_decode::run(
             resolve(&b.model)?.as_deref(),

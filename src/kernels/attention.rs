@@ -107,8 +107,8 @@ pub enum Kernel {
     /// layout, and the runtime's choice where the CPU lacks AVX-512.
     Blocks,
     /// Panels of 48 query rows on `kernels::gemm`'s micro-kernels at this level
-    /// (`kernels::attention_panel`), where every intermediate is stored as f32 or fp16
-    /// (others take [`Kernel::Blocks`]). The portable and FMA levels are its tested
+    /// (`kernels::attention_panel`), where there are at least 48 queries and every
+    /// intermediate is stored as f32 or fp16 (others take [`Kernel::Blocks`]). The portable and FMA levels are its tested
     /// fallbacks, not fast ones.
     Panels(Isa),
 }
@@ -286,7 +286,8 @@ fn flat(t: &Tensor, batch: &[usize]) -> Result<(Vec<f32>, usize)> {
 }
 
 /// The many-row form on [`attention_panel`](super::attention_panel): `None` where a stored
-/// dtype is neither f32 nor fp16 (the blocks handle those).
+/// dtype is neither f32 nor fp16, or there are fewer queries than one panel (the blocks
+/// handle those).
 fn panels(
     a: &Attention,
     batch: &[usize],
@@ -302,7 +303,9 @@ fn panels(
             _ => return Ok(None),
         };
     }
-    if n == 0 || k == 0 || d == 0 {
+    // Fewer queries than a panel would mostly compute padding (and still pack every key
+    // and value once): the blocks do better there.
+    if m < panel::NR || n == 0 || k == 0 || d == 0 {
         return Ok(None);
     }
     let nb: usize = batch.iter().product();

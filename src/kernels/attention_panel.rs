@@ -23,7 +23,8 @@
 //! products. Rounding: none (f32) or fp16; other dtypes take the general path.
 
 use super::fastmath;
-use super::gemm::{Level, OutPtr, Tile, MR, NR};
+pub use super::gemm::NR;
+use super::gemm::{Level, OutPtr, Tile, MR};
 use super::gemv::Isa;
 use half::f16;
 use rayon::prelude::*;
@@ -145,23 +146,31 @@ pub fn attention(p: &Problem, want_probs: bool, isa: Isa) -> (Vec<f32>, Vec<f32>
             },
         )
         .collect();
+    // Each batch entry's panels into its part of the output (and probabilities).
     let mut out = vec![0f32; nb * m * d];
-    let mut probs = vec![0f32; if want_probs { nb * m * n } else { 0 }];
-    for (t, (o, pr)) in tasks.into_iter().enumerate() {
-        let (b, i0) = (t / np, (t % np) * NR);
-        let w = NR.min(m - i0);
-        for c in 0..d {
-            for i in 0..w {
-                let at = match p.probs_left {
-                    true => (b * m + i0 + i) * d + c,
-                    false => (b * d + c) * m + i0 + i,
-                };
-                out[at] = o[c * NR + i];
+    out.par_chunks_mut(m * d).enumerate().for_each(|(b, ob)| {
+        for (pi, (o, _)) in tasks[b * np..(b + 1) * np].iter().enumerate() {
+            let i0 = pi * NR;
+            let w = NR.min(m - i0);
+            for c in 0..d {
+                let row = &o[c * NR..c * NR + w];
+                match p.probs_left {
+                    true => row
+                        .iter()
+                        .enumerate()
+                        .for_each(|(i, &v)| ob[(i0 + i) * d + c] = v),
+                    false => ob[c * m + i0..c * m + i0 + w].copy_from_slice(row),
+                }
             }
         }
-        if want_probs {
-            probs[(b * m + i0) * n..(b * m + i0 + w) * n].copy_from_slice(&pr);
-        }
+    });
+    let mut probs = vec![0f32; if want_probs { nb * m * n } else { 0 }];
+    if want_probs {
+        probs.par_chunks_mut(m * n).enumerate().for_each(|(b, pb)| {
+            for (pi, (_, pr)) in tasks[b * np..(b + 1) * np].iter().enumerate() {
+                pb[pi * NR * n..pi * NR * n + pr.len()].copy_from_slice(pr);
+            }
+        });
     }
     (out, probs)
 }
