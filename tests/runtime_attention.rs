@@ -118,8 +118,8 @@ fn reference(
         let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         s.iter_mut().for_each(|x| *x = (*x - mx).exp());
         let z: f64 = s.iter().sum();
-        for j in 0..n {
-            w.probs[i * n + j] = stored(s[j] / z, round);
+        for (p, e) in w.probs[i * n..(i + 1) * n].iter_mut().zip(&s) {
+            *p = stored(e / z, round);
         }
         for c in 0..d {
             let p = &w.probs[i * n..(i + 1) * n];

@@ -4,6 +4,9 @@
 //! more than the arithmetic). The caller states at which dtype each intermediate value is
 //! stored by the unfused program (scores, masked scores, probabilities); the kernel rounds
 //! to it, so the result equals the op-by-op computation up to f32 summation order.
+//! Three forms ([`Kernel`]): a decode step's few query rows read keys and values as stored
+//! ([`few_rows`]); many rows run as panels of 48 on `kernels::gemm`'s micro-kernel where
+//! AVX-512 does (`kernels::attention_panel`), else as blocks of [`ROWS`] on candle's gemm.
 
 use super::attention_panel::{self as panel, Mat, Problem, Round};
 use super::data::{from_vec, to_f32};

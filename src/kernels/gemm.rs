@@ -14,6 +14,7 @@
 //! (compiled with FMA where the CPU has AVX2). Every path sums in f32. The portable
 //! micro-kernel is the correct fallback, not a fast one (LLVM keeps its sums scalar: about
 //! 2 GFLOP/s here), so the runtime only takes this GEMM where AVX-512 runs it.
+//! `kernels::attention_panel` runs its two products on the same micro-kernel ([`Tile`]).
 
 use super::gemv::{Isa, PackedWeight};
 use anyhow::{ensure, Result};
