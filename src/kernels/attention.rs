@@ -111,8 +111,8 @@ pub enum Kernel {
     Blocks,
     /// Panels of 48 query rows on `kernels::gemm`'s micro-kernels at this level
     /// (`kernels::attention_panel`), where there are at least 48 queries and every
-    /// intermediate is stored as f32 or fp16 (others take [`Kernel::Blocks`]). The portable and FMA levels are its tested
-    /// fallbacks, not fast ones.
+    /// intermediate is stored as f32 or fp16 (others take [`Kernel::Blocks`]). The
+    /// portable and FMA levels are its tested fallbacks, not fast ones.
     Panels(Isa),
 }
 
