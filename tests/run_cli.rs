@@ -701,6 +701,54 @@ fn a_classifier_writes_its_label_and_probabilities_as_json() {
     );
 }
 
+/// `bench gemm --attention --only tiny --runs 1 --json`: the tiny encoder's self-attention,
+/// its FLOPs counted as 4·heads·S²·d, each kernel's median within its range, the rates
+/// derived from the medians.
+#[test]
+fn attention_bench_reports_panels_next_to_blocks() {
+    let out = Command::new(env!("CARGO_BIN_EXE_milkit"))
+        .args([
+            "bench",
+            "gemm",
+            "--attention",
+            "--only",
+            "tiny",
+            "--runs",
+            "1",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{v}");
+    let r = &rows[0];
+    let f = |k: &str| r[k].as_f64().unwrap();
+    let three = |k: &str| -> Vec<f64> {
+        r[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    assert_eq!((f("heads"), f("s"), f("d")), (6.0, 1500.0, 64.0), "{r}");
+    assert_eq!(f("gflop"), 4.0 * 6.0 * 1500.0 * 1500.0 * 64.0 / 1e9);
+    for k in ["blocks_ms", "panels_ms", "ratio"] {
+        let t = three(k);
+        assert!(t[0] > 0.0 && t[0] <= t[1] && t[1] <= t[2], "{k}: {r}");
+    }
+    let rate = f("gflop") / (three("panels_ms")[1] / 1e3);
+    assert!((f("panels_gflops") - rate).abs() <= 1e-9 * rate, "{r}");
+    // One pair: its ratio is the two times'.
+    let ratio = three("panels_ms")[1] / three("blocks_ms")[1];
+    assert!((three("ratio")[1] - ratio).abs() <= 1e-9 * ratio, "{r}");
+}
+
 /// `bench gemm --only tiny --runs 1 --json`: one row per tiny shape, its FLOPs counted as
 /// 2·m·n·k and its rates and ratio derived from the times it reports.
 #[test]

@@ -78,6 +78,10 @@ pub struct GemmBench {
     /// a CPU with AVX512-BF16. `package` (default): fp16 conv and f32 GEMM only.
     #[arg(long, value_enum, default_value = "package")]
     pub compute: milkit::runtime::precision::Compute,
+    /// Time the encoders' fused self-attention instead: its panels (on LEVEL's kernels)
+    /// against the blocks on candle's gemm they replace.
+    #[arg(long)]
+    pub attention: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -198,7 +202,10 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
                 let level = super::bench_decode::levels(std::slice::from_ref(name))?;
                 milkit::kernels::gemv::Isa::set_cap(level.first().copied());
             }
-            super::bench_gemm::run(b.runs, b.only.as_deref(), b.json, b.compute)
+            match b.attention {
+                true => super::bench_gemm::run_attention(b.runs, b.only.as_deref(), b.json),
+                false => super::bench_gemm::run(b.runs, b.only.as_deref(), b.json, b.compute),
+            }
         }
         Bench::Whole(b) => super::bench_whole::run(&super::bench_whole::WholeOpts {
             audio: &b.audio,

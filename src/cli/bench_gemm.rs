@@ -5,6 +5,10 @@
 //! GEMM it is built on. Rates are 2·m·n·k FLOPs over the time of one product. With
 //! `--compute bf16` the same conv computed on bf16 inputs (`kernels::gemm::gemm_bf16`) is
 //! timed in the same alternation, and its output compared with the fp16 conv's (PSNR).
+//!
+//! With `--attention`: an encoder's fused self-attention (`kernels::attention_with`, fp16
+//! heads of 64 over 1500 frames, fp16 scores and probabilities) on the panels against the
+//! blocks they replace, alternating pair by pair, with the range of the pairs' ratios.
 
 use anyhow::{Context, Result};
 use candle_core::{DType as CDType, Device, Tensor};
@@ -231,6 +235,174 @@ pub fn measure(shapes: &[&Shape], runs: usize, bf16: bool) -> Result<Vec<GemmRow
         });
     }
     Ok(rows)
+}
+
+/// One encoder self-attention: `heads` heads of `d` over `s` frames.
+pub struct AttnShape {
+    pub name: &'static str,
+    pub heads: usize,
+    pub s: usize,
+    pub d: usize,
+}
+
+/// The encoders' self-attention of tiny, base and large-v3-turbo.
+pub const ATTENTION: &[AttnShape] = &[
+    AttnShape {
+        name: "tiny self-attention (6 heads)",
+        heads: 6,
+        s: 1500,
+        d: 64,
+    },
+    AttnShape {
+        name: "base self-attention (8 heads)",
+        heads: 8,
+        s: 1500,
+        d: 64,
+    },
+    AttnShape {
+        name: "turbo self-attention (20 heads)",
+        heads: 20,
+        s: 1500,
+        d: 64,
+    },
+];
+
+/// One attention shape's measurements: each kernel's median and range, and the median and
+/// range of the panels' time over the blocks' in the same pair.
+#[derive(serde::Serialize)]
+pub struct AttnRow {
+    pub shape: String,
+    pub heads: usize,
+    pub s: usize,
+    pub d: usize,
+    /// 4·heads·s²·d: the two products (the softmax not counted).
+    pub gflop: f64,
+    pub blocks_ms: [f64; 3],
+    pub panels_ms: [f64; 3],
+    pub blocks_gflops: f64,
+    pub panels_gflops: f64,
+    /// Panels over blocks, per pair: [min, median, max].
+    pub ratio: [f64; 3],
+}
+
+/// [min, median, max].
+fn spread(v: &mut [f64]) -> [f64; 3] {
+    let m = median(v);
+    [v[0], m, v[v.len() - 1]]
+}
+
+/// Times every attention shape: one warm-up of each kernel, then `runs` pairs, the order
+/// swapped every other pair.
+pub fn measure_attention(shapes: &[&AttnShape], runs: usize) -> Result<Vec<AttnRow>> {
+    use milkit::kernels::{attention_with, Attention, Kernel};
+    let dev = Device::Cpu;
+    let panels = Kernel::Panels(milkit::kernels::gemv::Isa::best());
+    let mut rows = vec![];
+    for s in shapes {
+        let n = s.heads * s.d * s.s;
+        let t = |seed: u64, scale: f32| -> Result<Tensor> {
+            let v: Vec<f32> = values(n, seed).into_iter().map(|x| x * scale).collect();
+            Ok(Tensor::from_vec(v, (1, s.heads, s.d, s.s), &dev)?.to_dtype(CDType::F16)?)
+        };
+        // Values in ±1 for the queries and ±0.5 for the keys: scores of a few units.
+        let (q, k, v) = (t(3, 10.0)?, t(5, 5.0)?, t(7, 10.0)?);
+        let a = Attention {
+            x: &q,
+            tx: true,
+            y: &k,
+            ty: false,
+            mask: None,
+            round: [CDType::F16; 3],
+            v: &v,
+            tv: false,
+            probs_left: false,
+        };
+        let time = |kernel: Kernel| -> Result<f64> {
+            let t = Instant::now();
+            let o = attention_with(&a, false, kernel)?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            drop(o);
+            Ok(ms)
+        };
+        let (mut old, mut new, mut ratio) = (vec![], vec![], vec![]);
+        for i in 0..=runs.max(1) {
+            let (to, tn) = if i % 2 == 0 {
+                let to = time(Kernel::Blocks)?;
+                (to, time(panels)?)
+            } else {
+                let tn = time(panels)?;
+                (time(Kernel::Blocks)?, tn)
+            };
+            if i > 0 {
+                old.push(to);
+                new.push(tn);
+                ratio.push(tn / to);
+            }
+        }
+        let gflop = 4.0 * (s.heads * s.s * s.s * s.d) as f64 / 1e9;
+        let (bo, bn) = (spread(&mut old), spread(&mut new));
+        rows.push(AttnRow {
+            shape: s.name.to_string(),
+            heads: s.heads,
+            s: s.s,
+            d: s.d,
+            gflop,
+            blocks_ms: bo,
+            panels_ms: bn,
+            blocks_gflops: gflop / (bo[1] / 1e3),
+            panels_gflops: gflop / (bn[1] / 1e3),
+            ratio: spread(&mut ratio),
+        });
+    }
+    Ok(rows)
+}
+
+/// `bench gemm --attention`.
+pub fn run_attention(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
+    let shapes: Vec<&AttnShape> = ATTENTION
+        .iter()
+        .filter(|s| only.is_none_or(|o| s.name.contains(o)))
+        .collect();
+    anyhow::ensure!(
+        !shapes.is_empty(),
+        "--only {} matches no shape",
+        only.unwrap_or_default()
+    );
+    let rows = measure_attention(&shapes, runs)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(0);
+    }
+    println!(
+        "threads: {} (rayon); panels on {} kernels; {} timed pairs, alternating; \
+         median (min–max) ms",
+        rayon::current_num_threads(),
+        milkit::kernels::gemv::Isa::best().name(),
+        runs.max(1)
+    );
+    println!(
+        "| attention [heads × {{S×S×d}}] | GFLOP | blocks ms | panels ms | blocks GFLOP/s \
+         | panels GFLOP/s | panels / blocks |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let r3 = |v: [f64; 3], p: usize| format!("{:.p$} ({:.p$}–{:.p$})", v[1], v[0], v[2]);
+    for r in &rows {
+        println!(
+            "| {} [{}×{{{}×{}×{}}}] | {:.2} | {} | {} | {:.0} | {:.0} | {} |",
+            r.shape,
+            r.heads,
+            r.s,
+            r.s,
+            r.d,
+            r.gflop,
+            r3(r.blocks_ms, 1),
+            r3(r.panels_ms, 1),
+            r.blocks_gflops,
+            r.panels_gflops,
+            r3(r.ratio, 2)
+        );
+    }
+    Ok(0)
 }
 
 pub fn run(runs: usize, only: Option<&str>, json: bool, compute: Compute) -> Result<u8> {

@@ -4,10 +4,15 @@
 //! more than the arithmetic). The caller states at which dtype each intermediate value is
 //! stored by the unfused program (scores, masked scores, probabilities); the kernel rounds
 //! to it, so the result equals the op-by-op computation up to f32 summation order.
+//! Three forms ([`Kernel`]): a decode step's few query rows read keys and values as stored
+//! ([`few_rows`]); many rows run as panels of 48 on `kernels::gemm`'s micro-kernel where
+//! AVX-512 does (`kernels::attention_panel`), else as blocks of [`ROWS`] on candle's gemm.
 
+use super::attention_panel::{self as panel, Mat, Problem, Round};
 use super::data::{from_vec, to_f32};
 use super::elementwise::broadcast_shape;
 use super::fastmath;
+use super::gemv::Isa;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 use half::f16;
@@ -97,6 +102,31 @@ impl OneBatch for Tensor {
     }
 }
 
+/// Which implementation computes the many-row form (more than [`FEW`] query rows; fewer
+/// always run the decode-step form).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Blocks of [`ROWS`] query rows, each through two candle f32 gemms: any dtype and
+    /// layout, and the runtime's choice where the CPU lacks AVX-512.
+    Blocks,
+    /// Panels of 48 query rows on `kernels::gemm`'s micro-kernels at this level
+    /// (`kernels::attention_panel`), where there are at least 48 queries and every
+    /// intermediate is stored as f32 or fp16 (others take [`Kernel::Blocks`]). The
+    /// portable and FMA levels are its tested fallbacks, not fast ones.
+    Panels(Isa),
+}
+
+impl Kernel {
+    /// The runtime's choice: panels where AVX-512 runs them ([`Isa::best`], so a capped
+    /// level picks the blocks), blocks elsewhere.
+    pub fn best() -> Kernel {
+        match Isa::best() {
+            Isa::Avx512 => Kernel::Panels(Isa::Avx512),
+            _ => Kernel::Blocks,
+        }
+    }
+}
+
 /// Computes the fused attention; returns f32.
 pub fn attention(a: &Attention) -> Result<Tensor> {
     Ok(attention_probs(a, false)?.0)
@@ -105,6 +135,16 @@ pub fn attention(a: &Attention) -> Result<Tensor> {
 /// [`attention`], and with `want_probs` also the probabilities `[.., M, N]` (f32, rounded
 /// to `round[2]`), for programs that read them elsewhere too (alignment heads).
 pub fn attention_probs(a: &Attention, want_probs: bool) -> Result<(Tensor, Option<Tensor>)> {
+    attention_with(a, want_probs, Kernel::best())
+}
+
+/// [`attention_probs`] on the given many-row `kernel` (benchmarks and tests time and check
+/// each).
+pub fn attention_with(
+    a: &Attention,
+    want_probs: bool,
+    kernel: Kernel,
+) -> Result<(Tensor, Option<Tensor>)> {
     let (xr, yr, vr) = (a.x.rank(), a.y.rank(), a.v.rank());
     ensure!(
         xr >= 2 && yr >= 2 && vr >= 2,
@@ -136,6 +176,11 @@ pub fn attention_probs(a: &Attention, want_probs: bool) -> Result<(Tensor, Optio
     let nb: usize = batch.iter().product();
     if let Some(r) = few_rows(a, &batch, (m, n, k, d), want_probs)? {
         return Ok(r);
+    }
+    if let Kernel::Panels(isa) = kernel {
+        if let Some(r) = panels(a, &batch, (m, n, k, d), want_probs, isa)? {
+            return Ok(r);
+        }
     }
     let x = batched(&to_f32(a.x)?, &batch)?;
     let y = batched(&to_f32(a.y)?, &batch)?;
@@ -223,6 +268,107 @@ pub fn attention_probs(a: &Attention, want_probs: bool) -> Result<(Tensor, Optio
     }
     let probs = want_probs.then(|| from_vec(probs, &pshape)).transpose()?;
     Ok((from_vec(out, &shape)?, probs))
+}
+
+/// `t` [.., r, c] as f32 batch entries `[.., r, c]` contiguous, and the step between
+/// entries for `batch`: 0 when one entry serves them all, `r·c` otherwise (converted as it
+/// lies when its batch is `batch` or a single entry, broadcast and copied otherwise).
+fn flat(t: &Tensor, batch: &[usize]) -> Result<(Vec<f32>, usize)> {
+    let r = t.rank();
+    let per = t.dims()[r - 2] * t.dims()[r - 1];
+    let own: usize = t.dims()[..r - 2].iter().product();
+    let nb: usize = batch.iter().product();
+    Ok(if own == 1 {
+        (super::data::to_f32_vec(t)?, 0)
+    } else if own == nb {
+        (super::data::to_f32_vec(t)?, per)
+    } else {
+        let full = batched(&to_f32(t)?, batch)?.contiguous()?;
+        (super::data::to_f32_vec(&full)?, per)
+    })
+}
+
+/// The many-row form on [`attention_panel`](super::attention_panel): `None` where a stored
+/// dtype is neither f32 nor fp16, or there are fewer queries than one panel (the blocks
+/// handle those).
+fn panels(
+    a: &Attention,
+    batch: &[usize],
+    (m, n, k, d): (usize, usize, usize, usize),
+    want_probs: bool,
+    isa: Isa,
+) -> Result<Option<(Tensor, Option<Tensor>)>> {
+    let mut round = [Round::None; 3];
+    for (r, dt) in round.iter_mut().zip(a.round) {
+        *r = match dt {
+            DType::F32 => Round::None,
+            DType::F16 => Round::F16,
+            _ => return Ok(None),
+        };
+    }
+    // Fewer queries than a panel would mostly compute padding (and still pack every key
+    // and value once): the blocks do better there.
+    if m < panel::NR || n == 0 || k == 0 || d == 0 {
+        return Ok(None);
+    }
+    let nb: usize = batch.iter().product();
+    let (x, y, v) = (flat(a.x, batch)?, flat(a.y, batch)?, flat(a.v, batch)?);
+    let mask = a
+        .mask
+        .map(|mk| -> Result<(Vec<f32>, usize)> {
+            let mut full = batch.to_vec();
+            full.extend([m, n]);
+            ensure!(
+                broadcast_shape(mk.dims(), &full)? == full,
+                "mask {:?} does not broadcast to scores {full:?}",
+                mk.dims()
+            );
+            let mut mk = mk.clone();
+            while mk.rank() < 2 {
+                mk = mk.unsqueeze(0)?;
+            }
+            if mk.dims()[mk.rank() - 2..] != [m, n] {
+                let mut rows = mk.dims()[..mk.rank() - 2].to_vec();
+                rows.extend([m, n]);
+                mk = mk.broadcast_as(rows)?;
+            }
+            flat(&mk, batch)
+        })
+        .transpose()?;
+    // Element (r, c) of the stored [p, q] matrix is at r·q + c; a transposed operand reads
+    // it the other way round.
+    fn mat((data, step): &(Vec<f32>, usize), q: usize, t: bool) -> Mat<'_> {
+        let (rs, cs) = if t { (1, q) } else { (q, 1) };
+        Mat {
+            data,
+            step: *step,
+            rs,
+            cs,
+        }
+    }
+    let last = |t: &Tensor| t.dims()[t.rank() - 1];
+    // Q [M, k] = op(x); K [k, N] = op(y); V [D, N]: op(v), or op(v)ᵀ when the
+    // probabilities are on the left.
+    let p = Problem {
+        nb,
+        m,
+        n,
+        k,
+        d,
+        q: mat(&x, last(a.x), a.tx),
+        keys: mat(&y, last(a.y), a.ty),
+        v: mat(&v, last(a.v), a.tv != a.probs_left),
+        mask: mask.as_ref().map(|mk| mat(mk, n, false)),
+        round,
+        probs_left: a.probs_left,
+    };
+    let (out, probs) = panel::attention(&p, want_probs, isa);
+    let mut shape = batch.to_vec();
+    shape.extend(if a.probs_left { [m, d] } else { [d, m] });
+    let mut pshape = batch.to_vec();
+    pshape.extend([m, n]);
+    let probs = want_probs.then(|| from_vec(probs, &pshape)).transpose()?;
+    Ok(Some((from_vec(out, &shape)?, probs)))
 }
 
 /// Query rows up to which [`few_rows`] runs (a decode step has one).

@@ -21,6 +21,8 @@
 //! `(v[2c], v[2c + 1])`, the even one in the low half — so that one `vdpbf16ps`
 //! (AVX512-BF16) adds two products per lane to the f32 sums. Only where the CPU has
 //! AVX512-BF16 ([`bf16_cpu`]); elsewhere an error naming the feature ([`require_bf16`]).
+//!
+//! `kernels::attention_panel` runs its two products on the same micro-kernel ([`Tile`]).
 
 use super::gemv::{Isa, PackedWeight};
 use anyhow::{ensure, Result};
@@ -286,12 +288,23 @@ fn pack_w_bf16(w: &PackedWeight, r0: usize, rows: usize, rpad: usize) -> Vec<u32
 
 /// Which micro-kernel runs.
 #[derive(Clone, Copy, PartialEq)]
-enum Level {
+pub(super) enum Level {
     Plain,
     Fma,
     Avx512,
     /// bf16 pairs by `vdpbf16ps` (AVX512-BF16).
     Bf16,
+}
+
+impl Level {
+    /// The micro-kernel for `isa`, narrowed to what this CPU runs.
+    pub(super) fn of(isa: Isa) -> Level {
+        match isa.min(Isa::cpu()) {
+            Isa::Avx512 => Level::Avx512,
+            Isa::Avx2 => Level::Fma,
+            Isa::Portable => Level::Plain,
+        }
+    }
 }
 
 /// One task's rows of the output.
@@ -302,7 +315,7 @@ enum OutRows<'a> {
 
 /// Where a tile's results go.
 #[derive(Clone, Copy)]
-enum OutPtr {
+pub(super) enum OutPtr {
     F16(*mut f16),
     F32(*mut f32),
 }
@@ -313,20 +326,62 @@ enum OutPtr {
 /// epilogue writes `rows × cols` results (plus `bias`, one per row) to `out` (stride `ldc`).
 /// For the bf16 kernel, `kc`, `ldw` and the offsets count pairs of k: each word at `w` and
 /// `x` holds two bf16 values.
-struct Tile {
-    kc: usize,
-    w: *const f32,
-    ldw: usize,
-    x: *const f32,
-    acc: *mut f32,
-    lda: usize,
-    load: bool,
-    store: bool,
-    rows: usize,
-    cols: usize,
-    bias: Option<*const f32>,
-    out: OutPtr,
-    ldc: usize,
+pub(super) struct Tile {
+    pub kc: usize,
+    pub w: *const f32,
+    pub ldw: usize,
+    pub x: *const f32,
+    pub acc: *mut f32,
+    pub lda: usize,
+    pub load: bool,
+    pub store: bool,
+    pub rows: usize,
+    pub cols: usize,
+    pub bias: Option<*const f32>,
+    pub out: OutPtr,
+    pub ldc: usize,
+}
+
+impl Tile {
+    /// A single-pass tile (no partial sums): `kc` steps of W rows at `w` (stride `ldw`,
+    /// [`MR`] rows readable) against the panel slab at `x`, `rows × cols` results to `out`
+    /// (stride `ldc`), no bias.
+    pub(super) fn once(kc: usize, w: *const f32, ldw: usize, x: *const f32) -> Tile {
+        Tile {
+            kc,
+            w,
+            ldw,
+            x,
+            acc: std::ptr::null_mut(),
+            lda: 0,
+            load: false,
+            store: false,
+            rows: MR,
+            cols: NR,
+            bias: None,
+            out: OutPtr::F32(std::ptr::null_mut()),
+            ldc: NR,
+        }
+    }
+
+    /// Runs the tile on `level`'s micro-kernel.
+    ///
+    /// # Safety
+    /// The pointers cover what the tile reads (`MR` rows of `kc` at `w`, `kc × NR` at `x`,
+    /// the partial sums when `load`) and writes (`rows × cols` at `out`, the partial sums
+    /// when `store`); [`Level::Avx512`] only where the CPU has it ([`Level::of`]), [`Level::Bf16`]
+    /// only where it has AVX512-BF16 ([`bf16_cpu`]).
+    pub(super) unsafe fn run(&self, level: Level) {
+        match level {
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => avx512::tile(self),
+            #[cfg(target_arch = "x86_64")]
+            Level::Bf16 => avx512::tile_bf16(self),
+            #[cfg(target_arch = "x86_64")]
+            Level::Fma => tile_fma(self),
+            _ => tile_plain::<false>(self),
+        }
+    }
 }
 
 /// Rows `r0..` of the product (as many as `out` holds) over all of k.
@@ -404,17 +459,7 @@ fn block(
                 };
                 // SAFETY: the tile's pointers cover what it reads and writes (see above),
                 // and the AVX-512 and bf16 levels are only chosen where the CPU has them.
-                unsafe {
-                    match level {
-                        #[cfg(target_arch = "x86_64")]
-                        Level::Avx512 => avx512::tile(&tile),
-                        #[cfg(target_arch = "x86_64")]
-                        Level::Bf16 => avx512::tile_bf16(&tile),
-                        #[cfg(target_arch = "x86_64")]
-                        Level::Fma => tile_fma(&tile),
-                        _ => tile_plain::<false>(&tile),
-                    }
-                }
+                unsafe { tile.run(level) }
             }
         }
     }

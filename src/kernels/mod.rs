@@ -5,6 +5,7 @@
 //! threads itself). Uses nothing else in milkit.
 
 pub mod attention;
+pub mod attention_panel;
 pub mod blend;
 pub mod convert;
 pub mod data;
@@ -16,7 +17,7 @@ pub mod index;
 pub mod linalg;
 pub mod norm;
 
-pub use attention::{attention, attention_probs, Attention};
+pub use attention::{attention, attention_probs, attention_with, Attention, Kernel};
 pub use data::{cast, from_f32, from_vec, to_f32, to_f32_vec, to_vec, unpack_bits};
 pub use elementwise::{
     binary, broadcast_shape, compare, logical, map_f32, map_i64, select, BinOp, CmpOp, LogicOp,

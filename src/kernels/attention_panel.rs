@@ -1,0 +1,389 @@
+//! The fused attention's fast form for many query rows (an encoder's self-attention): panels
+//! of [`NR`] queries at a time on `kernels::gemm`'s micro-kernels, every step laid out so
+//! that the softmax runs down the columns of one panel with no transpose in between.
+//!
+//! Per head, once: the keys as `Kᵀ` (`[N][k]` f32, rows padded to a whole tile) and the
+//! values as `V` (`[D][N]` f32), both in the layout the micro-kernel broadcasts from. Per
+//! panel of queries (one task): the queries `[k][NR]` (an activation panel, as a 1x1 conv's
+//! input), then
+//! 1. the scores transposed, `Sᵀ = Kᵀ · Q` (`[N][NR]`: row j holds key j's score for each
+//!    of the panel's queries), written by the micro-kernel's store;
+//! 2. the softmax of each column, in place: round the scores to their stored dtype, add the
+//!    mask and round again, column maxima, `exp` and column sums, normalise and round the
+//!    probabilities — all vertical (one lane a query; AVX-512: three zmm a row);
+//! 3. the panel's output `O = V · P` (`[D][NR]`), the probabilities already being the
+//!    micro-kernel's right-hand panel (`[N][NR]`).
+//!
+//! A panel of probabilities (1500 keys × 48 queries, 288 KB) stays in L2 between the steps;
+//! nothing of `[M, N]` is ever allocated (unless the probabilities are asked for). Each
+//! score, masked score and probability is rounded to the dtype the caller states exactly
+//! as the op-by-op program rounds it, each softmax sum runs in the same order as the general
+//! path's (keys in order), and `exp` is `fastmath::exp`'s arithmetic lane by lane, so the
+//! result differs from the op-by-op one only by the order of the f32 sums of the two
+//! products. Rounding: none (f32) or fp16; other dtypes take the general path.
+
+use super::fastmath;
+pub use super::gemm::NR;
+use super::gemm::{Level, OutPtr, Tile, MR};
+use super::gemv::Isa;
+use half::f16;
+use rayon::prelude::*;
+
+/// How an intermediate value is stored by the unfused program.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Round {
+    /// f32: kept as computed.
+    None,
+    /// fp16: rounded to nearest, ties to even.
+    F16,
+}
+
+/// A batch of logical matrices in f32: element (b, r, c) at `data[b·step + r·rs + c·cs]`
+/// (`step` 0 when one matrix serves every batch entry).
+#[derive(Clone, Copy)]
+pub struct Mat<'a> {
+    pub data: &'a [f32],
+    pub step: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl Mat<'_> {
+    /// `dst[r·ld + c] = self(b, r0 + r, c0 + c)` for r < rows, c < cols, reading the source
+    /// along its contiguous axis.
+    #[allow(clippy::too_many_arguments)]
+    fn gather(
+        &self,
+        b: usize,
+        (r0, rows): (usize, usize),
+        (c0, cols): (usize, usize),
+        dst: &mut [f32],
+        ld: usize,
+    ) {
+        let base = b * self.step + r0 * self.rs + c0 * self.cs;
+        let s = &self.data[base..];
+        if self.cs <= self.rs {
+            for r in 0..rows {
+                let d = &mut dst[r * ld..r * ld + cols];
+                d.iter_mut()
+                    .enumerate()
+                    .for_each(|(c, d)| *d = s[r * self.rs + c * self.cs]);
+            }
+        } else {
+            for c in 0..cols {
+                for r in 0..rows {
+                    dst[r * ld + c] = s[r * self.rs + c * self.cs];
+                }
+            }
+        }
+    }
+}
+
+/// One batched attention core: `softmax(Q · K [+ mask]) · Vᵀ` per batch entry, Q `[M, k]`,
+/// K `[k, N]`, V `[D, N]`, mask `[M, N]` (all logical shapes of [`Mat`]s).
+pub struct Problem<'a> {
+    pub nb: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub d: usize,
+    pub q: Mat<'a>,
+    pub keys: Mat<'a>,
+    pub v: Mat<'a>,
+    pub mask: Option<Mat<'a>>,
+    /// The scores, masked scores and probabilities as stored.
+    pub round: [Round; 3],
+    /// true: the result is `[nb, M, D]`; false: `[nb, D, M]`.
+    pub probs_left: bool,
+}
+
+/// Computes the attention of `p` on `isa`'s micro-kernels (narrowed to what the CPU runs):
+/// the result (layout as `p.probs_left` says) and, with `want_probs`, the probabilities
+/// `[nb, M, N]` (else empty).
+pub fn attention(p: &Problem, want_probs: bool, isa: Isa) -> (Vec<f32>, Vec<f32>) {
+    let (nb, m, n, k, d) = (p.nb, p.m, p.n, p.k, p.d);
+    let level = Level::of(isa);
+    // Keys and values per head in the micro-kernel's layout, zero rows up to a whole tile.
+    let (npad, dpad) = (n.div_ceil(MR) * MR, d.div_ceil(MR) * MR);
+    let heads = |step: usize| if step == 0 { 1 } else { nb };
+    let kt: Vec<Vec<f32>> = (0..heads(p.keys.step))
+        .into_par_iter()
+        .map(|b| {
+            let mut t = vec![0f32; npad * k];
+            // Kᵀ(j, c) = K(c, j): the source transposed (rs ↔ cs).
+            let kt = Mat {
+                rs: p.keys.cs,
+                cs: p.keys.rs,
+                ..p.keys
+            };
+            kt.gather(b, (0, n), (0, k), &mut t, k);
+            t
+        })
+        .collect();
+    let vw: Vec<Vec<f32>> = (0..heads(p.v.step))
+        .into_par_iter()
+        .map(|b| {
+            let mut t = vec![0f32; dpad * n];
+            p.v.gather(b, (0, d), (0, n), &mut t, n);
+            t
+        })
+        .collect();
+    let np = m.div_ceil(NR);
+    let tasks: Vec<(Vec<f32>, Vec<f32>)> = (0..nb * np)
+        .into_par_iter()
+        .map_init(
+            || Scratch {
+                q: vec![0f32; k * NR],
+                s: vec![0f32; n * NR],
+                mask: vec![0f32; if p.mask.is_some() { n * NR } else { 0 }],
+            },
+            |sc, t| {
+                let (b, i0) = (t / np, (t % np) * NR);
+                let w = NR.min(m - i0);
+                let kt = &kt[if p.keys.step == 0 { 0 } else { b }];
+                let vw = &vw[if p.v.step == 0 { 0 } else { b }];
+                panel(p, sc, (b, i0, w), kt, vw, level, want_probs)
+            },
+        )
+        .collect();
+    // Each batch entry's panels into its part of the output (and probabilities).
+    let mut out = vec![0f32; nb * m * d];
+    out.par_chunks_mut(m * d).enumerate().for_each(|(b, ob)| {
+        for (pi, (o, _)) in tasks[b * np..(b + 1) * np].iter().enumerate() {
+            let i0 = pi * NR;
+            let w = NR.min(m - i0);
+            for c in 0..d {
+                let row = &o[c * NR..c * NR + w];
+                match p.probs_left {
+                    true => row
+                        .iter()
+                        .enumerate()
+                        .for_each(|(i, &v)| ob[(i0 + i) * d + c] = v),
+                    false => ob[c * m + i0..c * m + i0 + w].copy_from_slice(row),
+                }
+            }
+        }
+    });
+    let mut probs = vec![0f32; if want_probs { nb * m * n } else { 0 }];
+    if want_probs {
+        probs.par_chunks_mut(m * n).enumerate().for_each(|(b, pb)| {
+            for (pi, (_, pr)) in tasks[b * np..(b + 1) * np].iter().enumerate() {
+                pb[pi * NR * n..pi * NR * n + pr.len()].copy_from_slice(pr);
+            }
+        });
+    }
+    (out, probs)
+}
+
+/// A task's buffers, reused from task to task on a thread.
+struct Scratch {
+    /// The panel's queries, `[k][NR]`.
+    q: Vec<f32>,
+    /// Scores, then probabilities, `[N][NR]`.
+    s: Vec<f32>,
+    /// The panel's mask, `[N][NR]` (empty without one).
+    mask: Vec<f32>,
+}
+
+/// One panel: queries `i0..i0 + w` of batch entry `b`; returns its output `[D][NR]` and, with
+/// `want_probs`, its probabilities `[w][N]`.
+fn panel(
+    p: &Problem,
+    sc: &mut Scratch,
+    (b, i0, w): (usize, usize, usize),
+    kt: &[f32],
+    vw: &[f32],
+    level: Level,
+    want_probs: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let (n, k, d) = (p.n, p.k, p.d);
+    // Q(i0 + i, c) → q[c][i]: the source transposed; columns past w stay zero.
+    if w < NR {
+        sc.q.fill(0.0);
+    }
+    let qt = Mat {
+        rs: p.q.cs,
+        cs: p.q.rs,
+        ..p.q
+    };
+    qt.gather(b, (0, k), (i0, w), &mut sc.q, NR);
+    // 1. Sᵀ = Kᵀ · Q, eight keys a tile.
+    for j in (0..n).step_by(MR) {
+        let mut t = Tile::once(k, kt[j * k..].as_ptr(), k, sc.q.as_ptr());
+        t.rows = MR.min(n - j);
+        t.out = OutPtr::F32(sc.s[j * NR..].as_mut_ptr());
+        // SAFETY: Kᵀ has `MR` rows of k from row j (padded to a whole tile), the query
+        // panel k × NR; rows × NR results land in rows j.. of the n × NR scores.
+        unsafe { t.run(level) };
+    }
+    // 2. The softmax down each column.
+    let mask = match p.mask {
+        Some(mk) => {
+            if w < NR {
+                sc.mask.fill(0.0);
+            }
+            // mask(i0 + i, j) → mask[j][i].
+            let mt = Mat {
+                rs: mk.cs,
+                cs: mk.rs,
+                ..mk
+            };
+            mt.gather(b, (0, n), (i0, w), &mut sc.mask, NR);
+            Some(&sc.mask[..])
+        }
+        None => None,
+    };
+    softmax_columns(&mut sc.s, mask, p.round, level);
+    let probs = match want_probs {
+        true => {
+            let mut pr = vec![0f32; w * n];
+            for (j, row) in sc.s.chunks_exact(NR).enumerate() {
+                for (i, &v) in row[..w].iter().enumerate() {
+                    pr[i * n + j] = v;
+                }
+            }
+            pr
+        }
+        false => vec![],
+    };
+    // 3. O = V · P, eight value rows a tile.
+    let mut o = vec![0f32; d.div_ceil(MR) * MR * NR];
+    for c in (0..d).step_by(MR) {
+        let mut t = Tile::once(n, vw[c * n..].as_ptr(), n, sc.s.as_ptr());
+        t.rows = MR.min(d - c);
+        t.out = OutPtr::F32(o[c * NR..].as_mut_ptr());
+        // SAFETY: V has `MR` rows of n from row c (padded), the probabilities n × NR; the
+        // tile's rows × NR results land in rows c.. of o.
+        unsafe { t.run(level) };
+    }
+    (o, probs)
+}
+
+/// The softmax of each of the [`NR`] columns of `s` (`[N][NR]`), in place, with the
+/// roundings of `round` (the masked one only with a mask).
+fn softmax_columns(s: &mut [f32], mask: Option<&[f32]>, round: [Round; 3], level: Level) {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: chosen only where the CPU has AVX-512 (`Level::of`); `mask`, when given,
+        // is as long as `s`, a whole number of rows of NR.
+        unsafe { avx512::softmax_columns(s, mask, round) };
+        return;
+    }
+    let _ = level;
+    let r = |v: f32, how: Round| match how {
+        Round::None => v,
+        Round::F16 => f16::from_f32(v).to_f32(),
+    };
+    let mut mx = [f32::NEG_INFINITY; NR];
+    for (j, row) in s.chunks_exact_mut(NR).enumerate() {
+        for (i, e) in row.iter_mut().enumerate() {
+            let mut v = r(*e, round[0]);
+            if let Some(mk) = mask {
+                v = r(v + mk[j * NR + i], round[1]);
+            }
+            *e = v;
+            mx[i] = mx[i].max(v);
+        }
+    }
+    let mut sum = [0f32; NR];
+    for row in s.chunks_exact_mut(NR) {
+        for (i, e) in row.iter_mut().enumerate() {
+            *e = fastmath::exp(*e - mx[i]);
+            sum[i] += *e;
+        }
+    }
+    let inv = sum.map(|v| 1.0 / v);
+    for row in s.chunks_exact_mut(NR) {
+        for (i, e) in row.iter_mut().enumerate() {
+            *e = r(*e * inv[i], round[2]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Round, NR};
+    use std::arch::x86_64::*;
+
+    /// Lanes of one zmm; a row of the panel is `NR / L` of them.
+    const L: usize = 16;
+    const V: usize = NR / L;
+
+    #[inline(always)]
+    unsafe fn rnd(x: __m512, how: Round) -> __m512 {
+        match how {
+            Round::None => x,
+            Round::F16 => _mm512_cvtph_ps(_mm512_cvtps_ph::<
+                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+            >(x)),
+        }
+    }
+
+    /// `fastmath::exp` lane by lane: the same operations in the same order (separate
+    /// multiplies and adds, no FMA), so the same bits.
+    #[inline(always)]
+    unsafe fn exp(xin: __m512) -> __m512 {
+        let c = _mm512_set1_ps;
+        let (mul, add, sub) = (_mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps);
+        const SHIFT: f32 = 12_582_912.0;
+        let x = _mm512_min_ps(_mm512_max_ps(xin, c(-87.3)), c(88.7));
+        let t = add(mul(x, c(std::f32::consts::LOG2_E)), c(SHIFT));
+        let n = sub(t, c(SHIFT));
+        let r = sub(sub(x, mul(n, c(0.693_359_4))), mul(n, c(-2.121_944_4e-4)));
+        let mut p = c(1.987_569_1e-4);
+        p = add(mul(p, r), c(1.398_2e-3));
+        p = add(mul(p, r), c(8.333_452e-3));
+        p = add(mul(p, r), c(4.166_579_6e-2));
+        p = add(mul(p, r), c(1.666_666_5e-1));
+        p = add(mul(p, r), c(0.5));
+        let e = add(add(mul(mul(p, r), r), r), c(1.0));
+        let nb = _mm512_sub_epi32(
+            _mm512_castps_si512(t),
+            _mm512_set1_epi32(SHIFT.to_bits() as i32),
+        );
+        let two_n = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+            nb,
+            _mm512_set1_epi32(127),
+        )));
+        let y = mul(e, two_n);
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(xin, xin);
+        _mm512_mask_blend_ps(nan, y, xin)
+    }
+
+    /// See `super::softmax_columns`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
+    pub(super) unsafe fn softmax_columns(s: &mut [f32], mask: Option<&[f32]>, round: [Round; 3]) {
+        let rows = s.len() / NR;
+        let sp = s.as_mut_ptr();
+        let mut mx = [_mm512_set1_ps(f32::NEG_INFINITY); V];
+        for j in 0..rows {
+            for (v, m) in mx.iter_mut().enumerate() {
+                let at = sp.add(j * NR + v * L);
+                let mut x = rnd(_mm512_loadu_ps(at), round[0]);
+                if let Some(mk) = mask {
+                    let a = _mm512_loadu_ps(mk.as_ptr().add(j * NR + v * L));
+                    x = rnd(_mm512_add_ps(x, a), round[1]);
+                }
+                _mm512_storeu_ps(at, x);
+                // max(x, m) keeps m where x is NaN, as `f32::max` does.
+                *m = _mm512_max_ps(x, *m);
+            }
+        }
+        let mut sum = [_mm512_setzero_ps(); V];
+        for j in 0..rows {
+            for v in 0..V {
+                let at = sp.add(j * NR + v * L);
+                let e = exp(_mm512_sub_ps(_mm512_loadu_ps(at), mx[v]));
+                _mm512_storeu_ps(at, e);
+                sum[v] = _mm512_add_ps(sum[v], e);
+            }
+        }
+        let inv = sum.map(|v| _mm512_div_ps(_mm512_set1_ps(1.0), v));
+        for j in 0..rows {
+            for (v, iv) in inv.iter().enumerate() {
+                let at = sp.add(j * NR + v * L);
+                _mm512_storeu_ps(at, rnd(_mm512_mul_ps(_mm512_loadu_ps(at), *iv), round[2]));
+            }
+        }
+    }
+}

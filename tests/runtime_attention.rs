@@ -1,0 +1,372 @@
+//! The fused attention's many-row kernels (`kernels::attention_with`: the blocks on candle's
+//! gemm, the panels on `kernels::gemm`'s micro-kernels at every level this CPU runs — AVX-512
+//! and the FMA and portable fallbacks) against a float64 attention written here: a Whisper
+//! encoder's self-attention (1500 frames, heads of 64, fp16 scores and probabilities), and
+//! small shapes for every layout of the operands, tile edges, a mask, f32 intermediates,
+//! batch broadcasting and the probabilities as a second output.
+
+use candle_core::{DType, Device, Tensor};
+use half::f16;
+use milkit::kernels::gemv::Isa;
+use milkit::kernels::{attention_with, Attention, Kernel};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % 20001) as f64 / 10000.0 - 1.0
+    }
+    /// `n` values in ±`scale`, exactly representable in `dt`.
+    fn vals(&mut self, n: usize, scale: f64, dt: DType) -> Vec<f64> {
+        (0..n).map(|_| stored(self.next() * scale, dt)).collect()
+    }
+}
+
+/// `x` as `dt` stores it.
+fn stored(x: f64, dt: DType) -> f64 {
+    match dt {
+        DType::F16 => f16::from_f64(x).to_f64(),
+        _ => x as f32 as f64,
+    }
+}
+
+/// Every kernel: the blocks, then the panels at each level this CPU runs.
+fn kernels() -> Vec<Kernel> {
+    let mut k = vec![Kernel::Blocks];
+    k.extend(Isa::supported().into_iter().map(Kernel::Panels));
+    k
+}
+
+/// A batch of logical `[r, c]` matrices (`b` of them, row-major).
+struct Logical {
+    b: usize,
+    r: usize,
+    c: usize,
+    v: Vec<f64>,
+}
+
+impl Logical {
+    fn at(&self, b: usize, r: usize, c: usize) -> f64 {
+        self.v[(b % self.b * self.r + r) * self.c + c]
+    }
+
+    /// The tensor `batch ++ [r, c]` (or `[c, r]` when `t`: stored transposed) of `dt`.
+    fn tensor(&self, batch: &[usize], t: bool, dt: DType) -> Tensor {
+        let (p, q) = if t {
+            (self.c, self.r)
+        } else {
+            (self.r, self.c)
+        };
+        let mut v = Vec::with_capacity(self.b * p * q);
+        for b in 0..self.b {
+            for i in 0..p {
+                for j in 0..q {
+                    let (r, c) = if t { (j, i) } else { (i, j) };
+                    v.push(self.at(b, r, c) as f32);
+                }
+            }
+        }
+        let mut shape = batch.to_vec();
+        shape.extend([p, q]);
+        Tensor::from_vec(v, shape, &Device::Cpu)
+            .unwrap()
+            .to_dtype(dt)
+            .unwrap()
+    }
+}
+
+/// The float64 attention of batch entry `b` (operands indexed `b` modulo their own count),
+/// each intermediate rounded as `round` stores it: the output `[D][M]`, the probabilities
+/// `[M][N]`, `Σ_j p·|v|` per output (the scale of its error) and `max_j |s|` per query.
+struct Want {
+    out: Vec<f64>,
+    probs: Vec<f64>,
+    mag: Vec<f64>,
+    smax: Vec<f64>,
+}
+
+fn reference(
+    b: usize,
+    q: &Logical,
+    k: &Logical,
+    v: &Logical,
+    mask: Option<&Logical>,
+    round: DType,
+) -> Want {
+    let (m, kk, n, d) = (q.r, q.c, k.c, v.r);
+    let mut w = Want {
+        out: vec![0.0; d * m],
+        probs: vec![0.0; m * n],
+        mag: vec![0.0; d * m],
+        smax: vec![0.0; m],
+    };
+    for i in 0..m {
+        let mut s: Vec<f64> = (0..n)
+            .map(|j| {
+                let dot: f64 = (0..kk).map(|c| q.at(b, i, c) * k.at(b, c, j)).sum();
+                let mut x = stored(dot, round);
+                if let Some(mk) = mask {
+                    x = stored(x + mk.at(b, i, j), round);
+                }
+                x
+            })
+            .collect();
+        w.smax[i] = s.iter().fold(0f64, |a, x| a.max(x.abs()));
+        let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        s.iter_mut().for_each(|x| *x = (*x - mx).exp());
+        let z: f64 = s.iter().sum();
+        for (p, e) in w.probs[i * n..(i + 1) * n].iter_mut().zip(&s) {
+            *p = stored(e / z, round);
+        }
+        for c in 0..d {
+            let p = &w.probs[i * n..(i + 1) * n];
+            w.out[c * m + i] = (0..n).map(|j| p[j] * v.at(b, c, j)).sum();
+            w.mag[c * m + i] = (0..n).map(|j| p[j] * v.at(b, c, j).abs()).sum();
+        }
+    }
+    w
+}
+
+/// The tolerance of a value whose probabilities weigh `mag`, for a query whose largest score
+/// is `smax`. The kernels sum in f32 in another order than float64, so a score or a
+/// probability near an fp16 rounding boundary may round one fp16 step (2⁻¹⁰ relative) the
+/// other way: a score's step moves its probability by up to 2⁻¹⁰·|s| relative and the
+/// normaliser by as much, a probability's step by 2⁻¹⁰ relative, 2⁻²⁴ among subnormals.
+/// With f32 intermediates only the sums' order: 1e-5 relative.
+fn tolerance(mag: f64, smax: f64, round: DType) -> f64 {
+    match round {
+        DType::F16 => mag * (2f64).powi(-10) * (1.0 + 2.0 * smax) + (2f64).powi(-24) + 1e-7,
+        _ => mag * 1e-5 * (1.0 + 2.0 * smax) + 1e-7,
+    }
+}
+
+/// Compares a kernel's output and probabilities with batch entry `b`'s reference;
+/// `probs_left` says the output is `[M][D]`. Returns the largest error over its tolerance
+/// and the fraction of probabilities that equal the reference's exactly.
+fn check(
+    what: &str,
+    (out, probs): (&[f32], Option<&[f32]>),
+    want: &Want,
+    probs_left: bool,
+    round: DType,
+) -> (f64, f64) {
+    let (m, d) = (want.smax.len(), want.out.len() / want.smax.len());
+    let mut worst = 0f64;
+    for c in 0..d {
+        for i in 0..m {
+            let g = out[if probs_left { i * d + c } else { c * m + i }] as f64;
+            let (w, tol) = (
+                want.out[c * m + i],
+                tolerance(want.mag[c * m + i], want.smax[i], round),
+            );
+            let err = (g - w).abs();
+            assert!(
+                err <= tol,
+                "{what}: output ({c}, {i}): {g} vs {w} (err {err:e}, tolerance {tol:e})"
+            );
+            worst = worst.max(err / tol);
+        }
+    }
+    let mut same = 1.0;
+    if let Some(p) = probs {
+        let n = want.probs.len() / m;
+        assert_eq!(p.len(), m * n, "{what}: probabilities");
+        let mut eq = 0usize;
+        for (e, (&g, &w)) in p.iter().zip(&want.probs).enumerate() {
+            let (g, i) = (g as f64, e / n);
+            let tol = tolerance(w, want.smax[i], round);
+            assert!(
+                (g - w).abs() <= tol,
+                "{what}: probability ({i}, {}): {g} vs {w}",
+                e % n
+            );
+            assert_eq!(g, stored(g, round), "{what}: a probability not rounded");
+            eq += (g == w) as usize;
+        }
+        same = eq as f64 / p.len() as f64;
+    }
+    (worst, same)
+}
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+#[test]
+fn whisper_encoder_self_attention_matches_float64_on_every_kernel() {
+    // Three heads of a base-sized window: queries, keys, values [1, H, 64, 1500] in fp16
+    // (Whisper's BC1S head layout: scores = qᵀ·k, output v·pᵀ), scores and probabilities
+    // stored as fp16. Queries in ±1 and keys in ±0.5 give scores of a few units, as
+    // Whisper's scaled queries do, so that the softmax is far from uniform.
+    let (h, s, dh) = (3, 1500, 64);
+    let mut r = Rng(19);
+    let q = Logical {
+        b: h,
+        r: s,
+        c: dh,
+        v: r.vals(h * s * dh, 1.0, DType::F16),
+    };
+    let k = Logical {
+        b: h,
+        r: dh,
+        c: s,
+        v: r.vals(h * s * dh, 0.5, DType::F16),
+    };
+    let v = Logical {
+        b: h,
+        r: dh,
+        c: s,
+        v: r.vals(h * s * dh, 1.0, DType::F16),
+    };
+    let (x, y, vt) = (
+        q.tensor(&[1, h], true, DType::F16),
+        k.tensor(&[1, h], false, DType::F16),
+        v.tensor(&[1, h], false, DType::F16),
+    );
+    assert_eq!(x.dims(), &[1, h, dh, s]);
+    let a = Attention {
+        x: &x,
+        tx: true,
+        y: &y,
+        ty: false,
+        mask: None,
+        round: [DType::F16; 3],
+        v: &vt,
+        tv: false,
+        probs_left: false,
+    };
+    let wants: Vec<Want> = (0..h)
+        .map(|b| reference(b, &q, &k, &v, None, DType::F16))
+        .collect();
+    for kernel in kernels() {
+        let (out, probs) = attention_with(&a, true, kernel).unwrap();
+        assert_eq!(out.dims(), &[1, h, dh, s], "{kernel:?}");
+        let (out, probs) = (f32s(&out), f32s(&probs.unwrap()));
+        for (b, want) in wants.iter().enumerate() {
+            let what = format!("{kernel:?}, head {b}");
+            let (worst, same) = check(
+                &what,
+                (
+                    &out[b * dh * s..(b + 1) * dh * s],
+                    Some(&probs[b * s * s..(b + 1) * s * s]),
+                ),
+                want,
+                false,
+                DType::F16,
+            );
+            // The scores are rounded before the softmax: only scores and probabilities at
+            // an fp16 rounding boundary may differ (without the scores' rounding about half
+            // of the probabilities would).
+            assert!(
+                same > 0.99,
+                "{what}: only {same} of the probabilities as rounded op by op"
+            );
+            eprintln!("{what}: worst error {worst:.3} of the tolerance, {same:.5} of the probabilities exact");
+        }
+    }
+}
+
+#[test]
+fn every_layout_mask_and_tile_edge_matches_float64_on_every_kernel() {
+    // 53 queries (a panel of 48 and a partial one), 37 keys and 11 values (partial tiles of
+    // 8), depth 5; batch [2, 3] with keys shared over the first axis ([3, ..]), values
+    // [3, ..] and one mask [M, N] for all.
+    let (m, n, kd, d) = (53, 37, 5, 11);
+    let (batch, nb) = ([2usize, 3], 6);
+    let mut case = 0;
+    for round in [DType::F16, DType::F32] {
+        for flags in 0..16u32 {
+            let [tx, ty, tv, probs_left] = [0, 1, 2, 3].map(|b| flags >> b & 1 == 1);
+            let with_mask = flags % 3 != 0;
+            let want_probs = flags % 2 == 0;
+            case += 1;
+            let mut r = Rng(100 + case);
+            let q = Logical {
+                b: nb,
+                r: m,
+                c: kd,
+                v: r.vals(nb * m * kd, 2.0, round),
+            };
+            let k = Logical {
+                b: 3,
+                r: kd,
+                c: n,
+                v: r.vals(3 * kd * n, 1.0, round),
+            };
+            let v = Logical {
+                b: 3,
+                r: d,
+                c: n,
+                v: r.vals(3 * d * n, 1.0, round),
+            };
+            // A causal-like mask: far keys out (−30000), the others a small bias.
+            let mv: Vec<f64> = (0..m * n)
+                .map(|e| match e % n > e / n + 3 {
+                    true => -30000.0,
+                    false => stored(r.next() * 0.5, round),
+                })
+                .collect();
+            let mk = Logical {
+                b: 1,
+                r: m,
+                c: n,
+                v: mv,
+            };
+            let x = q.tensor(&batch, tx, round);
+            let y = k.tensor(&[3], ty, round);
+            // op(v) is V [D, N], or Vᵀ [N, D] with the probabilities on the left.
+            let vt = v.tensor(&[3], tv != probs_left, round);
+            let mt = mk.tensor(&[], false, round);
+            let a = Attention {
+                x: &x,
+                tx,
+                y: &y,
+                ty,
+                mask: with_mask.then_some(&mt),
+                round: [round; 3],
+                v: &vt,
+                tv,
+                probs_left,
+            };
+            let wants: Vec<Want> = (0..nb)
+                .map(|b| reference(b, &q, &k, &v, with_mask.then_some(&mk), round))
+                .collect();
+            for kernel in kernels() {
+                let what = format!(
+                    "{kernel:?} {round:?} tx {tx} ty {ty} tv {tv} probs_left {probs_left} \
+                     mask {with_mask}"
+                );
+                let (out, probs) = attention_with(&a, want_probs, kernel).unwrap();
+                let shape = if probs_left {
+                    [2, 3, m, d]
+                } else {
+                    [2, 3, d, m]
+                };
+                assert_eq!(out.dims(), &shape, "{what}");
+                assert_eq!(probs.is_some(), want_probs, "{what}");
+                let out = f32s(&out);
+                let probs = probs.map(|p| f32s(&p));
+                for (b, want) in wants.iter().enumerate() {
+                    check(
+                        &format!("{what}, entry {b}"),
+                        (
+                            &out[b * m * d..(b + 1) * m * d],
+                            probs.as_ref().map(|p| &p[b * m * n..(b + 1) * m * n]),
+                        ),
+                        want,
+                        probs_left,
+                        round,
+                    );
+                }
+            }
+        }
+    }
+}
