@@ -24,4 +24,6 @@ pub use elementwise::{
 pub use gemv::{Packed, PackedWeight};
 pub use index::{pad, strided_assign, strided_slice, take, take_along, PadMode, Span};
 pub use linalg::{conv, einsum, matmul, ConvParams};
-pub use norm::{channel_affine, layer_norm, reduce, softmax, Reduce};
+pub use norm::{
+    channel_affine, layer_norm, layer_norm_on, layer_norm_rows, reduce, softmax, Reduce,
+};
