@@ -19,7 +19,8 @@ pub mod norm;
 pub use attention::{attention, attention_probs, Attention};
 pub use data::{cast, from_f32, from_vec, to_f32, to_f32_vec, to_vec, unpack_bits};
 pub use elementwise::{
-    binary, broadcast_shape, compare, logical, map_f32, map_i64, select, BinOp, CmpOp, LogicOp,
+    binary, broadcast_shape, compare, logical, map_f32, map_gelu, map_i64, select, BinOp, CmpOp,
+    LogicOp,
 };
 pub use gemv::{Packed, PackedWeight};
 pub use index::{pad, strided_assign, strided_slice, take, take_along, PadMode, Span};
