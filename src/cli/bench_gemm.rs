@@ -3,7 +3,7 @@
 //! plain f32 GEMM of the same shape (candle's gemm on f32 tensors already in memory) timed
 //! in the same run, alternating, so that the ratio is what milkit's path costs over the
 //! GEMM it is built on. Rates are 2·m·n·k FLOPs over the time of one product. Without
-//! `--only`, a second table times the encoder's small ops (layer norm over channels, GELU,
+//! `--only` (or with `--only ops` alone), a second table times the encoder's small ops (layer norm over channels, GELU,
 //! fc1 → GELU) the way they ran before and the way they run now, alternating.
 
 use anyhow::{Context, Result};
@@ -288,6 +288,10 @@ pub fn measure_ops(runs: usize) -> Result<Vec<OpRow>> {
 }
 
 pub fn run(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
+    if only == Some("ops") && !json {
+        print_ops(runs)?;
+        return Ok(0);
+    }
     let shapes: Vec<&Shape> = SHAPES
         .iter()
         .filter(|s| only.is_none_or(|o| s.name.contains(o)))
@@ -332,6 +336,14 @@ pub fn run(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
     }
     if only.is_none() {
         println!();
+        print_ops(runs)?;
+    }
+    Ok(0)
+}
+
+/// The small ops' table ([`measure_ops`]).
+fn print_ops(runs: usize) -> Result<()> {
+    {
         println!("encoder small ops, before and after, alternating; median ms");
         println!("| op | before ms | after ms | after / before |");
         println!("|---|---|---|---|");
@@ -345,5 +357,5 @@ pub fn run(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
             );
         }
     }
-    Ok(0)
+    Ok(())
 }
