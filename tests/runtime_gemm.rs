@@ -2,9 +2,11 @@
 //! form (fp16, f32, LUT4, int4), fp16 and f32 activations at a row stride wider than the
 //! columns, fp16 and f32 outputs with and without a bias, tile edges in rows and columns,
 //! depths that take several passes, and a 1x1 conv over a batch of two — through every
-//! micro-kernel this CPU runs (portable, FMA, AVX-512).
+//! micro-kernel this CPU runs (portable, FMA, AVX-512); the GELU epilogue against the product
+//! stored and then GELU, and GELU in f64.
 
 use half::f16;
+use milkit::kernels::fastmath::Gelu;
 use milkit::kernels::gemm::{self, Act, Out};
 use milkit::kernels::gemv::Isa;
 use milkit::kernels::PackedWeight;
@@ -267,4 +269,77 @@ fn flops_per_call_counts_every_contraction() {
     let want = 2 * (n * m * k) + 2 * (n * (m - 2) * n * 3) + 2 * 2 * (2 * 3 * 7 * 4);
     let got = milkit::transcribe::cost::flops_per_call(&model).unwrap();
     assert_eq!(got, want as u64);
+}
+
+/// erf in f64 by its Maclaurin series (|x| ≤ 5: cancellation stays below 1e-9), ±1 beyond.
+fn erf64(x: f64) -> f64 {
+    if x.abs() > 5.0 {
+        return x.signum();
+    }
+    let (mut term, mut sum, mut n) = (x, x, 0.0);
+    while term.abs() > 1e-17 && n < 400.0 {
+        n += 1.0;
+        term *= -x * x / n;
+        sum += term / (2.0 * n + 1.0);
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+/// coremltools' three GELU forms, in f64.
+fn gelu64(g: Gelu, x: f64) -> f64 {
+    match g {
+        Gelu::Exact => 0.5 * x * (1.0 + erf64(x / 2f64.sqrt())),
+        Gelu::Tanh => {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+        }
+        Gelu::Sigmoid => x / (1.0 + (-1.702 * x).exp()),
+    }
+}
+
+/// The GELU epilogue on every micro-kernel: the bits of the product stored, rounded, and
+/// `Gelu::apply` run on it (what a separate `gelu` op computes), and within fp16 rounding
+/// (f32 output: 1e-5) of GELU in f64 of the f64 product.
+#[test]
+fn gemm_with_a_gelu_epilogue_is_the_product_then_gelu_bit_for_bit() {
+    let mut rng = Rng(11);
+    let (n, k, m) = (21, 77, 59);
+    let w = rng.f16s(n * k);
+    let p = PackedWeight::from_f16(&[n, k, 1, 1], w.clone()).unwrap();
+    let x: Vec<f16> = (0..k * m)
+        .map(|_| f16::from_f32(rng.next() * 3.0))
+        .collect();
+    let bias: Vec<f32> = (0..n).map(|_| rng.next()).collect();
+    let wf = |r: usize, c: usize| w[r * k + c].to_f64();
+    let xf = |c: usize, j: usize| x[c * m + j].to_f64();
+    let want = reference(n, k, m, &wf, &xf, Some(&bias));
+    for g in [Gelu::Exact, Gelu::Tanh, Gelu::Sigmoid] {
+        for isa in Isa::supported() {
+            let what = format!("{g:?} {isa:?}");
+            let (b, a) = (Some(bias.as_slice()), Act::F16(&x));
+            let mut plain = vec![f16::ZERO; n * m];
+            gemm::gemm(&p, a, m, m, b, Out::F16(&mut plain), isa).unwrap();
+            let mut fused = vec![f16::ZERO; n * m];
+            gemm::gemm_then(&p, a, m, m, b, Some(g), Out::F16(&mut fused), isa).unwrap();
+            for (i, (f, y)) in fused.iter().zip(&plain).enumerate() {
+                let then = f16::from_f32(g.apply(y.to_f32()));
+                assert_eq!(f.to_bits(), then.to_bits(), "{what} f16 element {i}");
+                // The product may round to a neighbouring fp16 (f32 sums), GELU's slope
+                // is below 1.13, then one more rounding.
+                let w = gelu64(g, want.0[i]);
+                let tol = 1e-5 * want.1[i] + (w.abs() + want.0[i].abs()) * 1.2e-3 + 1e-6;
+                assert!((f.to_f64() - w).abs() <= tol, "{what}: {f} vs {w}");
+            }
+            let mut plain = vec![0f32; n * m];
+            gemm::gemm(&p, a, m, m, b, Out::F32(&mut plain), isa).unwrap();
+            let mut fused = vec![0f32; n * m];
+            gemm::gemm_then(&p, a, m, m, b, Some(g), Out::F32(&mut fused), isa).unwrap();
+            for (i, (f, y)) in fused.iter().zip(&plain).enumerate() {
+                assert_eq!(f.to_bits(), g.apply(*y).to_bits(), "{what} f32 element {i}");
+                let w = gelu64(g, want.0[i]);
+                let tol = 1.2e-5 * want.1[i] + 2e-6 * (1.0 + w.abs());
+                assert!((*f as f64 - w).abs() <= tol, "{what}: {f} vs {w}");
+            }
+        }
+    }
 }

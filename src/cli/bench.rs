@@ -67,7 +67,8 @@ pub struct GemmBench {
     /// Timed runs per side (alternating, after one warm-up); the median is shown.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
-    /// Only the shapes whose name contains this (`tiny`, `fc1`, `turbo`).
+    /// Only the shapes whose name contains this (`tiny`, `fc1`, `turbo`); `ops`: only the
+    /// encoder small ops before and after (layer norm, GELU, fc1 → GELU).
     #[arg(long)]
     pub only: Option<String>,
     /// milkit's kernel level (`avx512`, `avx2`, `portable`); default the CPU's best.

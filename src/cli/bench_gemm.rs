@@ -9,6 +9,10 @@
 //! With `--attention`: an encoder's fused self-attention (`kernels::attention_with`, fp16
 //! heads of 64 over 1500 frames, fp16 scores and probabilities) on the panels against the
 //! blocks they replace, alternating pair by pair, with the range of the pairs' ratios.
+//!
+//! Without `--only` (or with `--only ops` alone), a further table times the encoder's small
+//! ops (layer norm over channels, GELU, fc1 → GELU) the way they ran before and the way they
+//! run now, alternating.
 
 use anyhow::{Context, Result};
 use candle_core::{DType as CDType, Device, Tensor};
@@ -357,6 +361,133 @@ pub fn measure_attention(shapes: &[&AttnShape], runs: usize) -> Result<Vec<AttnR
     Ok(rows)
 }
 
+/// An encoder MLP `conv → gelu(EXACT)` of `s` (the fusion under test decides whether the
+/// GELU runs in the conv's store).
+fn conv_gelu_model(s: &Shape) -> Result<Model> {
+    let mut b = Builder::new(Opset::Ios18);
+    let x = b.input("x", ValueType::tensor(DType::F16, &[1, s.k, 1, s.m]));
+    let w: Vec<f16> = values(s.n * s.k, 7)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let bias: Vec<f16> = values(s.n, 9).into_iter().map(f16::from_f32).collect();
+    let y = b.op1(
+        "conv",
+        "fc1",
+        vec![
+            ("x", In::V(x)),
+            (
+                "weight",
+                In::C(Value::Tensor(ITensor::f16(&[s.n, s.k, 1, 1], &w))),
+            ),
+            ("bias", In::C(Value::Tensor(ITensor::f16(&[s.n], &bias)))),
+        ],
+    )?;
+    let g = b.gelu("act", &y, "EXACT")?;
+    let (inputs, block) = b.finish(&[(g, "y")])?;
+    Ok(Model::single(
+        Opset::Ios18,
+        inputs,
+        block,
+        Description::default(),
+    ))
+}
+
+/// One encoder small op timed the way it ran before and the way it runs now.
+pub struct OpRow {
+    pub what: String,
+    pub before_ms: f64,
+    pub after_ms: f64,
+    pub before_best_ms: f64,
+    pub after_best_ms: f64,
+}
+
+/// Times `before` and `after` alternately: one warm-up each, then `runs` pairs; medians.
+fn pair(
+    what: String,
+    runs: usize,
+    mut before: impl FnMut() -> Result<()>,
+    mut after: impl FnMut() -> Result<()>,
+) -> Result<OpRow> {
+    let (mut b, mut a) = (vec![], vec![]);
+    for i in 0..=runs.max(1) {
+        let t = Instant::now();
+        before()?;
+        let tb = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        after()?;
+        let ta = t.elapsed().as_secs_f64() * 1e3;
+        if i > 0 {
+            b.push(tb);
+            a.push(ta);
+        }
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok(OpRow {
+        what,
+        before_best_ms: best(&b),
+        after_best_ms: best(&a),
+        before_ms: median(&mut b),
+        after_ms: median(&mut a),
+    })
+}
+
+/// The encoder's small ops at tiny's and base's widths (1500 frames, fp16): layer norm
+/// over the channels of a BC1S tensor (rows permuted into a copy, against down the
+/// columns), GELU (the scalar-width map, against vector lanes), and fc1 → GELU as two
+/// steps against fused into the GEMM's store.
+pub fn measure_ops(runs: usize) -> Result<Vec<OpRow>> {
+    use milkit::kernels::{self, fastmath};
+    let dev = Device::Cpu;
+    let mut rows = vec![];
+    for c in [384usize, 512] {
+        let x =
+            Tensor::from_vec(values(c * 1500, 3), (1, c, 1, 1500), &dev)?.to_dtype(CDType::F16)?;
+        let g: Vec<f32> = values(c, 4).iter().map(|v| 1.0 + v).collect();
+        let b = values(c, 5);
+        rows.push(pair(
+            format!("layer_norm [1, {c}, 1, 1500] over axis 1"),
+            runs,
+            || kernels::layer_norm_rows(&x, &[1], Some(&g), Some(&b), 1e-5).map(drop),
+            || kernels::layer_norm(&x, &[1], Some(&g), Some(&b), 1e-5).map(drop),
+        )?);
+    }
+    for c in [1536usize, 2048] {
+        let x =
+            Tensor::from_vec(values(c * 1500, 3), (1, c, 1, 1500), &dev)?.to_dtype(CDType::F16)?;
+        rows.push(pair(
+            format!("gelu EXACT [1, {c}, 1, 1500]"),
+            runs,
+            || kernels::map_f32(&x, fastmath::gelu).map(drop),
+            || kernels::map_gelu(&x, fastmath::Gelu::Exact).map(drop),
+        )?);
+    }
+    for s in SHAPES
+        .iter()
+        .filter(|s| s.name.contains("fc1") && s.k <= 512)
+    {
+        let session = |fuse: bool| -> Result<Session> {
+            let opts = milkit::runtime::Options {
+                fuse_conv_gelu: fuse,
+                ..Default::default()
+            };
+            let mut sess = Session::from_model_with(conv_gelu_model(s)?, &opts)?;
+            sess.set_memoize(false);
+            Ok(sess)
+        };
+        let (mut two, mut one) = (session(false)?, session(true)?);
+        let x = Tensor::from_vec(values(s.k * s.m, 3), (1, s.k, 1, s.m), &dev)?
+            .to_dtype(CDType::F16)?;
+        rows.push(pair(
+            format!("{} → gelu: two steps / fused", s.name),
+            runs,
+            || two.predict(&[("x", x.clone())]).map(drop),
+            || one.predict(&[("x", x.clone())]).map(drop),
+        )?);
+    }
+    Ok(rows)
+}
+
 /// `bench gemm --attention`.
 pub fn run_attention(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
     let shapes: Vec<&AttnShape> = ATTENTION
@@ -414,6 +545,10 @@ pub fn run(runs: usize, only: Option<&str>, json: bool, compute: Compute) -> Res
     let bf16 = compute == Compute::Bf16;
     if bf16 {
         compute.require(milkit::kernels::gemm::bf16_cpu())?;
+    }
+    if only == Some("ops") && !json {
+        print_ops(runs)?;
+        return Ok(0);
     }
     let shapes: Vec<&Shape> = SHAPES
         .iter()
@@ -474,5 +609,31 @@ pub fn run(runs: usize, only: Option<&str>, json: bool, compute: Compute) -> Res
             ),
         }
     }
+    if only.is_none() {
+        println!();
+        print_ops(runs)?;
+    }
     Ok(0)
+}
+
+/// The small ops' table ([`measure_ops`]).
+fn print_ops(runs: usize) -> Result<()> {
+    {
+        println!("encoder small ops, before and after, alternating; median (best) ms");
+        println!("| op | before ms | after ms | after / before: medians (bests) |");
+        println!("|---|---|---|---|");
+        for r in measure_ops(runs)? {
+            println!(
+                "| {} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} ({:.2}) |",
+                r.what,
+                r.before_ms,
+                r.before_best_ms,
+                r.after_ms,
+                r.after_best_ms,
+                r.after_ms / r.before_ms,
+                r.after_best_ms / r.before_best_ms
+            );
+        }
+    }
+    Ok(())
 }

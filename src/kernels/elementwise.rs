@@ -3,6 +3,7 @@
 //! what an fp16 tensor program computing in fp32 produces; integers go through i64.
 
 use super::data::{from_f32, from_vec, is_float, to_vec, with_f32, CHUNK};
+use super::fastmath::Gelu;
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Tensor};
 use half::f16;
@@ -22,6 +23,20 @@ pub fn map_f32(t: &Tensor, f: impl Fn(f32) -> f32 + Sync + Send) -> Result<Tenso
         return from_vec(v, t.dims());
     }
     super::data::map_chunks(t, 1, |c| c.iter_mut().for_each(|x| *x = f(*x)))
+}
+
+/// GELU of every element of a float tensor, keeping its dtype: each chunk widened to f32,
+/// [`Gelu::apply_slice`] (vector lanes), rounded back once.
+pub fn map_gelu(t: &Tensor, g: Gelu) -> Result<Tensor> {
+    ensure!(
+        is_float(t.dtype()),
+        "expected a float tensor, got {:?}",
+        t.dtype()
+    );
+    if t.dtype() == DType::F64 {
+        return map_f32(t, |x| g.apply(x));
+    }
+    super::data::map_chunks(t, 1, |c| g.apply_slice(c))
 }
 
 /// Applies `f` to every element of an integer tensor, keeping its dtype.

@@ -89,6 +89,66 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + tanh(C * (x + 0.044_715 * x * x * x)))
 }
 
+/// Which GELU: the exact form, the tanh approximation, or `x · σ(1.702 x)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gelu {
+    Exact,
+    Tanh,
+    Sigmoid,
+}
+
+impl Gelu {
+    /// GELU of one value in this form.
+    #[inline(always)]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Gelu::Exact => gelu(x),
+            Gelu::Tanh => gelu_tanh(x),
+            Gelu::Sigmoid => x * sigmoid(1.702 * x),
+        }
+    }
+
+    /// Every value of `v` replaced by its GELU, in vector lanes as wide as the CPU has (the
+    /// same IEEE operations at any width, so the same bits).
+    pub fn apply_slice(self, v: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (checked above).
+                return unsafe { self.slice_avx512(v) };
+            }
+            if is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked above).
+                return unsafe { self.slice_avx2(v) };
+            }
+        }
+        self.apply_each(v)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn slice_avx512(self, v: &mut [f32]) {
+        self.apply_each(v)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn slice_avx2(self, v: &mut [f32]) {
+        self.apply_each(v)
+    }
+
+    /// The loop, inlined where it is called (so vectorised for the caller's target
+    /// features), one per form so that no branch stays inside it.
+    #[inline(always)]
+    pub fn apply_each(self, v: &mut [f32]) {
+        match self {
+            Gelu::Exact => v.iter_mut().for_each(|x| *x = gelu(*x)),
+            Gelu::Tanh => v.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
+            Gelu::Sigmoid => v.iter_mut().for_each(|x| *x = *x * sigmoid(1.702 * *x)),
+        }
+    }
+}
+
 /// `Σ a·b` with eight independent partial sums, so the loop vectorises (a plain iterator
 /// sum is one serial add chain: f32 addition is not reassociated by the compiler).
 #[inline]

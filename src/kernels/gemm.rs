@@ -24,6 +24,7 @@
 //!
 //! `kernels::attention_panel` runs its two products on the same micro-kernel ([`Tile`]).
 
+use super::fastmath::Gelu;
 use super::gemv::{Isa, PackedWeight};
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
@@ -133,12 +134,24 @@ pub fn gemm(
     out: Out,
     isa: Isa,
 ) -> Result<()> {
-    let level = match isa.min(Isa::cpu()) {
-        Isa::Avx512 => Level::Avx512,
-        Isa::Avx2 => Level::Fma,
-        Isa::Portable => Level::Plain,
-    };
-    product(w, x, ldx, m, bias, out, level)
+    gemm_then(w, x, ldx, m, bias, None, out, isa)
+}
+
+/// [`gemm`] with a GELU after the bias in the same store: the sum plus the bias rounded to
+/// the output dtype (fp16), widened, GELU in f32 ([`Gelu::apply`]), rounded again — the
+/// bits of the product stored and then `gelu` run on it as a separate op.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_then(
+    w: &PackedWeight,
+    x: Act,
+    ldx: usize,
+    m: usize,
+    bias: Option<&[f32]>,
+    post: Option<Gelu>,
+    out: Out,
+    isa: Isa,
+) -> Result<()> {
+    product(w, x, ldx, m, bias, post, out, Level::of(isa))
 }
 
 /// [`gemm`] with W and X rounded to bfloat16 (nearest, ties to even) and multiplied in
@@ -152,16 +165,31 @@ pub fn gemm_bf16(
     bias: Option<&[f32]>,
     out: Out,
 ) -> Result<()> {
-    require_bf16(bf16_cpu())?;
-    product(w, x, ldx, m, bias, out, Level::Bf16)
+    gemm_bf16_then(w, x, ldx, m, bias, None, out)
 }
 
+/// [`gemm_bf16`] with [`gemm_then`]'s GELU in the store.
+pub fn gemm_bf16_then(
+    w: &PackedWeight,
+    x: Act,
+    ldx: usize,
+    m: usize,
+    bias: Option<&[f32]>,
+    post: Option<Gelu>,
+    out: Out,
+) -> Result<()> {
+    require_bf16(bf16_cpu())?;
+    product(w, x, ldx, m, bias, post, out, Level::Bf16)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn product(
     w: &PackedWeight,
     x: Act,
     ldx: usize,
     m: usize,
     bias: Option<&[f32]>,
+    post: Option<Gelu>,
     out: Out,
     level: Level,
 ) -> Result<()> {
@@ -193,7 +221,7 @@ fn product(
     let task = |t: usize, rows: OutRows| {
         let r0 = t * MC;
         let b = bias.map(|b| &b[r0..]);
-        block(w, &xp, m, r0, b, rows, level);
+        block(w, &xp, m, r0, b, post, rows, level);
     };
     match out {
         Out::F16(o) => o
@@ -338,6 +366,7 @@ pub(super) struct Tile {
     pub rows: usize,
     pub cols: usize,
     pub bias: Option<*const f32>,
+    pub post: Option<Gelu>,
     pub out: OutPtr,
     pub ldc: usize,
 }
@@ -359,6 +388,7 @@ impl Tile {
             rows: MR,
             cols: NR,
             bias: None,
+            post: None,
             out: OutPtr::F32(std::ptr::null_mut()),
             ldc: NR,
         }
@@ -385,12 +415,14 @@ impl Tile {
 }
 
 /// Rows `r0..` of the product (as many as `out` holds) over all of k.
+#[allow(clippy::too_many_arguments)]
 fn block(
     w: &PackedWeight,
     xp: &Panels,
     m: usize,
     r0: usize,
     bias: Option<&[f32]>,
+    post: Option<Gelu>,
     mut out: OutRows,
     level: Level,
 ) {
@@ -449,6 +481,7 @@ fn block(
                     rows: MR.min(rows - ir),
                     cols: NR.min(m - j0),
                     bias: bias.map(|b| b[ir..].as_ptr()),
+                    post,
                     out: match outp {
                         // SAFETY (here and in the kernels): row ir, column j0 of this
                         // task's rows; the kernel writes only `rows × cols` from there.
@@ -511,6 +544,11 @@ unsafe fn tile_plain<const FUSED: bool>(t: &Tile) {
                         Some(b) => v + b,
                         None => v,
                     };
+                    let y = match (t.post, t.out) {
+                        (None, _) => y,
+                        (Some(g), OutPtr::F16(_)) => g.apply(f16::from_f32(y).to_f32()),
+                        (Some(g), OutPtr::F32(_)) => g.apply(y),
+                    };
                     match t.out {
                         OutPtr::F16(o) => *o.add(r * t.ldc + j0 + j) = f16::from_f32(y),
                         OutPtr::F32(o) => *o.add(r * t.ldc + j0 + j) = y,
@@ -529,7 +567,7 @@ unsafe fn tile_fma(t: &Tile) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{OutPtr, Tile, MR, NR};
+    use super::{Gelu, OutPtr, Tile, MR, NR};
     use std::arch::x86_64::*;
 
     /// The [`MR`] × [`NR`] tile in 24 zmm accumulators: per step of k, three loads of X's
@@ -672,6 +710,22 @@ mod avx512 {
         }
     }
 
+    /// GELU of 16 results (first rounded to fp16 when that is what is stored), the lanes
+    /// through [`Gelu::apply_each`], vectorised here at AVX-512.
+    #[inline(always)]
+    unsafe fn post(g: Gelu, y: __m512, f16_out: bool) -> __m512 {
+        let y = if f16_out {
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+            _mm512_cvtph_ps(h)
+        } else {
+            y
+        };
+        let mut lanes = [0f32; 16];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), y);
+        g.apply_each(&mut lanes);
+        _mm512_loadu_ps(lanes.as_ptr())
+    }
+
     /// Row `i` of the tile: to the partial sums, or (plus the bias) to the output.
     #[inline(always)]
     unsafe fn emit(t: &Tile, i: usize, a: [__m512; 3]) {
@@ -695,6 +749,10 @@ mod avx512 {
             let y = match b {
                 Some(b) => _mm512_add_ps(*s, b),
                 None => *s,
+            };
+            let y = match t.post {
+                Some(g) => post(g, y, matches!(t.out, OutPtr::F16(_))),
+                None => y,
             };
             let at = i * t.ldc + c0;
             match t.out {
@@ -721,6 +779,20 @@ pub fn conv1x1(
     isa: Isa,
     inputs: Inputs,
 ) -> Result<Tensor> {
+    conv1x1_then(x, p, bias, None, dtype, isa, inputs)
+}
+
+/// [`conv1x1`] with `post` (a GELU) in the store (see [`gemm_then`]); other dtypes than
+/// fp16 and f32 get the GELU after their conversion.
+pub fn conv1x1_then(
+    x: &Tensor,
+    p: &PackedWeight,
+    bias: Option<&[f32]>,
+    post: Option<Gelu>,
+    dtype: DType,
+    isa: Isa,
+    inputs: Inputs,
+) -> Result<Tensor> {
     let d = x.dims();
     ensure!(
         d.len() >= 2 && d[1] == p.k,
@@ -731,7 +803,7 @@ pub fn conv1x1(
     let (k, n) = (p.k, p.n);
     let mut shape = d.to_vec();
     shape[1] = n;
-    let run = |xs: Act, out: Out| -> Result<()> {
+    let run = |xs: Act, out: Out, post: Option<Gelu>| -> Result<()> {
         let mut out = out;
         for b in 0..nb {
             let xb = match xs {
@@ -743,28 +815,38 @@ pub fn conv1x1(
                 Out::F32(o) => Out::F32(&mut o[b * n * s..(b + 1) * n * s]),
             };
             match inputs {
-                Inputs::F32 => gemm(p, xb, s, s, bias, ob, isa)?,
-                Inputs::Bf16 => gemm_bf16(p, xb, s, s, bias, ob)?,
+                Inputs::F32 => gemm_then(p, xb, s, s, bias, post, ob, isa)?,
+                Inputs::Bf16 => gemm_bf16_then(p, xb, s, s, bias, post, ob)?,
             }
         }
         Ok(())
     };
-    let with_x = |out: Out| -> Result<()> {
+    let with_x = |out: Out, post: Option<Gelu>| -> Result<()> {
         match x.dtype() {
-            DType::F16 => super::data::with_slice(x, |v: &[f16]| run(Act::F16(v), out))?,
-            DType::F32 => super::data::with_slice(x, |v: &[f32]| run(Act::F32(v), out))?,
+            DType::F16 => super::data::with_slice(x, |v: &[f16]| run(Act::F16(v), out, post))?,
+            DType::F32 => super::data::with_slice(x, |v: &[f32]| run(Act::F32(v), out, post))?,
             _ => {
                 let v = super::to_f32_vec(x)?;
-                run(Act::F32(&v), out)
+                run(Act::F32(&v), out, post)
             }
         }
     };
     if dtype == DType::F16 {
         let mut y = vec![f16::ZERO; nb * n * s];
-        with_x(Out::F16(&mut y))?;
+        with_x(Out::F16(&mut y), post)?;
+        return super::from_vec(y, &shape);
+    }
+    if dtype == DType::F32 {
+        let mut y = vec![0f32; nb * n * s];
+        with_x(Out::F32(&mut y), post)?;
         return super::from_vec(y, &shape);
     }
     let mut y = vec![0f32; nb * n * s];
-    with_x(Out::F32(&mut y))?;
-    super::from_f32(y, &shape, dtype)
+    // Other dtypes: the product rounded to them, then the GELU, as two ops would.
+    with_x(Out::F32(&mut y), None)?;
+    let y = super::from_f32(y, &shape, dtype)?;
+    match post {
+        Some(g) => super::map_gelu(&y, g),
+        None => Ok(y),
+    }
 }

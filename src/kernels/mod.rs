@@ -20,9 +20,12 @@ pub mod norm;
 pub use attention::{attention, attention_probs, attention_with, Attention, Kernel};
 pub use data::{cast, from_f32, from_vec, to_f32, to_f32_vec, to_vec, unpack_bits};
 pub use elementwise::{
-    binary, broadcast_shape, compare, logical, map_f32, map_i64, select, BinOp, CmpOp, LogicOp,
+    binary, broadcast_shape, compare, logical, map_f32, map_gelu, map_i64, select, BinOp, CmpOp,
+    LogicOp,
 };
 pub use gemv::{Packed, PackedWeight};
 pub use index::{pad, strided_assign, strided_slice, take, take_along, PadMode, Span};
 pub use linalg::{conv, einsum, matmul, ConvParams};
-pub use norm::{channel_affine, layer_norm, reduce, softmax, Reduce};
+pub use norm::{
+    channel_affine, layer_norm, layer_norm_on, layer_norm_rows, reduce, softmax, Reduce,
+};

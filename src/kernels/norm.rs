@@ -1,12 +1,17 @@
 //! Row-wise maths over chosen axes: softmax, layer normalisation, per-channel affine maps and
 //! reductions. The chosen axes are brought to the end (a copy only when they are not already
 //! there), every row is processed in f32 (reductions accumulate in f64) on its own rayon
-//! task, and results are rounded once to the output dtype.
+//! task, and results are rounded once to the output dtype. Layer normalisation over axes
+//! followed by others (a BC1S `[B, C, 1, S]` over its channels) instead runs down the
+//! columns as they lie (`ColumnNorm`): the same f32 operations in the same order, no copy.
 
+use super::data::with_slice;
 use super::data::{from_f32, from_f64, from_vec, is_float, map_rows, to_f32_vec, to_vec};
 use super::fastmath;
+use super::gemv::Isa;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
+use half::f16;
 use rayon::prelude::*;
 
 /// `t` with `axes` (sorted, distinct) moved last and made contiguous, plus the permutation
@@ -72,6 +77,63 @@ pub fn layer_norm(
     beta: Option<&[f32]>,
     eps: f32,
 ) -> Result<Tensor> {
+    layer_norm_on(t, axes, gamma, beta, eps, Isa::best())
+}
+
+/// [`layer_norm`] with its column kernel's instruction set capped at `isa` (the result is
+/// the same bits whatever the level: every level does the same f32 operations in the same
+/// order; tests and benchmarks time or check the narrower ones).
+pub fn layer_norm_on(
+    t: &Tensor,
+    axes: &[usize],
+    gamma: Option<&[f32]>,
+    beta: Option<&[f32]>,
+    eps: f32,
+    isa: Isa,
+) -> Result<Tensor> {
+    ensure!(
+        is_float(t.dtype()),
+        "layer_norm of a {:?} tensor",
+        t.dtype()
+    );
+    if let Some((outer, n, inner)) = columns(t.dims(), axes) {
+        for p in [gamma, beta].into_iter().flatten() {
+            ensure!(
+                p.len() == n,
+                "layer_norm parameter has {} values for rows of {n}",
+                p.len()
+            );
+        }
+        let shape = Shape3 { outer, n, inner };
+        let norm = ColumnNorm { gamma, beta, eps };
+        return match t.dtype() {
+            DType::F16 => {
+                let y = with_slice(t, |x: &[f16]| norm.run(x, shape, isa))?;
+                from_vec(y, t.dims())
+            }
+            DType::F32 => {
+                let y = with_slice(t, |x: &[f32]| norm.run(x, shape, isa))?;
+                from_vec(y, t.dims())
+            }
+            d => {
+                let x = to_f32_vec(t)?;
+                from_f32(norm.run(&x, shape, isa), t.dims(), d)
+            }
+        };
+    }
+    layer_norm_rows(t, axes, gamma, beta, eps)
+}
+
+/// [`layer_norm`] by rows: the normalised axes moved last (a permuted copy when they are
+/// not), each row on its own. What every shape the column kernel does not take runs, and
+/// the reference the column kernel is checked and timed against.
+pub fn layer_norm_rows(
+    t: &Tensor,
+    axes: &[usize],
+    gamma: Option<&[f32]>,
+    beta: Option<&[f32]>,
+    eps: f32,
+) -> Result<Tensor> {
     ensure!(
         is_float(t.dtype()),
         "layer_norm of a {:?} tensor",
@@ -98,6 +160,180 @@ pub fn layer_norm(
         }
     })?;
     restore(y, perm)
+}
+
+/// `[outer, n, inner]` when `axes` (sorted) are consecutive and followed by axes whose
+/// product `inner` is above 1: every normalised row then lies across `n` rows of `inner`
+/// contiguous values (a BC1S `[B, C, 1, S]` over axis 1), which the column kernel reads as
+/// they lie. None otherwise (no axes, gaps, or rows already contiguous).
+fn columns(dims: &[usize], axes: &[usize]) -> Option<(usize, usize, usize)> {
+    let (&first, &last) = (axes.first()?, axes.last()?);
+    if last >= dims.len() || last - first + 1 != axes.len() {
+        return None;
+    }
+    let inner: usize = dims[last + 1..].iter().product();
+    let n: usize = dims[first..=last].iter().product();
+    let outer: usize = dims[..first].iter().product();
+    (inner > 1 && n > 0 && outer > 0).then_some((outer, n, inner))
+}
+
+/// A tensor seen as `outer` blocks of `n` rows of `inner` values, normalised down the `n`.
+#[derive(Clone, Copy)]
+struct Shape3 {
+    outer: usize,
+    n: usize,
+    inner: usize,
+}
+
+/// Frames (columns) one task of the column kernel holds: its f32 sums and a row's slice
+/// stay in L1 while it streams the `n` rows.
+const FRAMES: usize = 128;
+
+/// Elements the column kernel reads and writes: widened to f32 a row slice at a time, the
+/// results rounded once.
+trait ColElem: Copy + Send + Sync + Default {
+    fn widen(src: &[Self], dst: &mut [f32]);
+    fn narrow(src: &[f32], dst: &mut [Self]);
+}
+
+impl ColElem for f16 {
+    fn widen(src: &[f16], dst: &mut [f32]) {
+        super::convert::f16_to_f32(src, dst)
+    }
+    fn narrow(src: &[f32], dst: &mut [f16]) {
+        super::convert::f32_to_f16(src, dst)
+    }
+}
+
+impl ColElem for f32 {
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+    fn narrow(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+}
+
+/// A raw output pointer shared by the column tasks, each writing its own columns.
+#[derive(Clone, Copy)]
+struct OutPtr<T>(*mut T);
+// SAFETY: the tasks write disjoint elements (distinct column ranges or blocks).
+unsafe impl<T> Send for OutPtr<T> {}
+unsafe impl<T> Sync for OutPtr<T> {}
+
+/// Layer normalisation down columns: the row-wise maths of [`layer_norm`] (mean, then the
+/// mean of squared deviations, each summed in f32 from −0 in row order; `1 / sqrt(var +
+/// eps)`; `(x − mean) · inv · gamma + beta`), done for [`FRAMES`] columns at once, so
+/// every pass streams whole row slices, the loops run across columns in vector lanes, and
+/// the results are the bits the rows-last path gives.
+struct ColumnNorm<'a> {
+    gamma: Option<&'a [f32]>,
+    beta: Option<&'a [f32]>,
+    eps: f32,
+}
+
+impl ColumnNorm<'_> {
+    fn run<T: ColElem>(&self, x: &[T], s: Shape3, isa: Isa) -> Vec<T> {
+        let mut out = vec![T::default(); x.len()];
+        // Enough tasks for every thread, columns in whole vectors where the rows allow.
+        let threads = rayon::current_num_threads().max(1);
+        let per = s.inner.div_ceil(2 * threads).div_ceil(16) * 16;
+        let width = per.clamp(16, FRAMES).min(s.inner);
+        let blocks = s.inner.div_ceil(width);
+        let o = OutPtr(out.as_mut_ptr());
+        (0..s.outer * blocks).into_par_iter().for_each(|task| {
+            let (b, blk) = (task / blocks, task % blocks);
+            let j0 = blk * width;
+            let w = width.min(s.inner - j0);
+            let base = b * s.n * s.inner + j0;
+            // SAFETY: rows base + c·inner .. + w lie inside `x` and `out` (same length); no
+            // other task writes these columns of block b. The vector levels are only
+            // chosen where the CPU has them.
+            unsafe {
+                match isa.min(Isa::cpu()) {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512 => self.cols_avx512(x, o, base, w, s),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => self.cols_avx2(x, o, base, w, s),
+                    _ => self.cols(x, o, base, w, s),
+                }
+            }
+        });
+        out
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn cols_avx512<T: ColElem>(
+        &self,
+        x: &[T],
+        o: OutPtr<T>,
+        base: usize,
+        w: usize,
+        s: Shape3,
+    ) {
+        self.cols(x, o, base, w, s)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn cols_avx2<T: ColElem>(
+        &self,
+        x: &[T],
+        o: OutPtr<T>,
+        base: usize,
+        w: usize,
+        s: Shape3,
+    ) {
+        self.cols(x, o, base, w, s)
+    }
+
+    /// Columns `base .. base + w` (w ≤ [`FRAMES`]) of one block, all three passes.
+    #[inline(always)]
+    unsafe fn cols<T: ColElem>(&self, x: &[T], o: OutPtr<T>, base: usize, w: usize, s: Shape3) {
+        let mut buf = [0f32; FRAMES];
+        let mut acc = [-0f32; FRAMES];
+        let (buf, acc) = (&mut buf[..w], &mut acc[..w]);
+        let row = |c: usize| &x[base + c * s.inner..base + c * s.inner + w];
+        for c in 0..s.n {
+            T::widen(row(c), buf);
+            for (a, v) in acc.iter_mut().zip(buf.iter()) {
+                *a += *v;
+            }
+        }
+        let nf = s.n as f32;
+        let mut mean = [0f32; FRAMES];
+        let mean = &mut mean[..w];
+        for (m, a) in mean.iter_mut().zip(acc.iter_mut()) {
+            *m = *a / nf;
+            *a = -0.0;
+        }
+        for c in 0..s.n {
+            T::widen(row(c), buf);
+            for ((a, v), m) in acc.iter_mut().zip(buf.iter()).zip(mean.iter()) {
+                let d = *v - *m;
+                *a += d * d;
+            }
+        }
+        // acc becomes 1 / sqrt(var + eps).
+        for a in acc.iter_mut() {
+            *a = 1.0 / (*a / nf + self.eps).sqrt();
+        }
+        let mut res = [T::default(); FRAMES];
+        let res = &mut res[..w];
+        for c in 0..s.n {
+            T::widen(row(c), buf);
+            let g = self.gamma.map_or(1.0, |g| g[c]);
+            let b = self.beta.map_or(0.0, |b| b[c]);
+            for ((v, m), inv) in buf.iter_mut().zip(mean.iter()).zip(acc.iter()) {
+                let y = (*v - *m) * *inv;
+                *v = y * g + b;
+            }
+            T::narrow(buf, res);
+            // SAFETY: see `run`.
+            std::ptr::copy_nonoverlapping(res.as_ptr(), o.0.add(base + c * s.inner), w);
+        }
+    }
 }
 
 /// `x · scale[c] + shift[c]` where `c` indexes `axis` (batch norm folded to an affine map).
@@ -235,6 +471,85 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Layer norm of `v` seen as `[outer, n, inner]` down the `n`, in f64.
+    fn layer_norm_f64(
+        v: &[f64],
+        (outer, n, inner): (usize, usize, usize),
+        g: &[f64],
+        b: &[f64],
+        eps: f64,
+    ) -> Vec<f64> {
+        let mut out = vec![0.0; v.len()];
+        for o in 0..outer {
+            for j in 0..inner {
+                let at = |c: usize| o * n * inner + c * inner + j;
+                let mean = (0..n).map(|c| v[at(c)]).sum::<f64>() / n as f64;
+                let var = (0..n).map(|c| (v[at(c)] - mean).powi(2)).sum::<f64>() / n as f64;
+                for c in 0..n {
+                    out[at(c)] = (v[at(c)] - mean) / (var + eps).sqrt() * g[c] + b[c];
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn channel_layer_norm_of_an_odd_bc1s_tensor_matches_f64_and_the_row_path_bit_for_bit() {
+        let (b, c, s) = (2, 37, 203);
+        let v: Vec<f32> = (0..b * c * s)
+            .map(|i| (i as f32 * 0.731).sin() * 3.0 + (i % 7) as f32 * 0.25)
+            .collect();
+        let g: Vec<f32> = (0..c).map(|i| 0.5 + i as f32 * 0.03).collect();
+        let be: Vec<f32> = (0..c).map(|i| (i as f32 * 0.4).cos() * 0.2).collect();
+        let eps = 1e-5;
+        for dtype in [DType::F16, DType::F32] {
+            let t = from_f32(v.clone(), &[b, c, 1, s], dtype).unwrap();
+            let xv: Vec<f64> = to_f32_vec(&t).unwrap().iter().map(|&x| x as f64).collect();
+            let g64: Vec<f64> = g.iter().map(|&x| x as f64).collect();
+            let b64: Vec<f64> = be.iter().map(|&x| x as f64).collect();
+            let want = layer_norm_f64(&xv, (b, c, s), &g64, &b64, eps as f64);
+            let rows = layer_norm_rows(&t, &[1], Some(&g), Some(&be), eps).unwrap();
+            let rows = to_f32_vec(&rows).unwrap();
+            for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+                let y = layer_norm_on(&t, &[1], Some(&g), Some(&be), eps, isa).unwrap();
+                assert_eq!(y.dtype(), dtype);
+                assert_eq!(y.dims(), &[b, c, 1, s]);
+                let y = to_f32_vec(&y).unwrap();
+                // f32 maths, then one rounding: within an fp16 half-ulp (plus f32 noise).
+                let tol = |w: f64| match dtype {
+                    DType::F16 => w.abs() * 4.9e-4 + 1e-6,
+                    _ => w.abs() * 1e-5 + 1e-5,
+                };
+                for (i, (&a, &w)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a as f64 - w).abs() <= tol(w),
+                        "{dtype:?} {isa:?} [{i}]: {a} vs {w}"
+                    );
+                }
+                let same = y.iter().zip(&rows).all(|(a, r)| a.to_bits() == r.to_bits());
+                assert!(same, "{dtype:?} {isa:?}: not the row path's bits");
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_over_two_middle_axes_without_parameters_matches_f64() {
+        let dims = [3, 4, 5, 7];
+        let v: Vec<f32> = (0..420)
+            .map(|i| (i as f32 * 1.37).cos() * 2.0 - 0.3)
+            .collect();
+        let t = from_vec(v.clone(), &dims).unwrap();
+        let y = to_f32_vec(&layer_norm(&t, &[1, 2], None, None, 1e-3).unwrap()).unwrap();
+        let xv: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+        let want = layer_norm_f64(&xv, (3, 20, 7), &[1.0; 20], &[0.0; 20], 1e-3);
+        for (a, w) in y.iter().zip(&want) {
+            assert!((*a as f64 - w).abs() < 2e-5 * (1.0 + w.abs()), "{a} vs {w}");
+        }
+        // Not consecutive: the permuting path, same numbers.
+        let z = layer_norm(&t, &[1, 3], None, None, 1e-3).unwrap();
+        assert_eq!(z.dims(), &dims);
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub use builder::{Builder, In, V};
 pub use compression::{decode_grid, decode_lut, decode_shift_scale};
 pub use eval::{DictKeys, DictVal, EvalCx, EvalFn, ExecEnv, ListVal, RValue, StateCell};
 pub use infer::{ArgInfo, BlockSig, InferCx};
+pub use nn::{eval_conv_gelu, gelu_mode};
 pub use state::{eval_state_slice_update, eval_state_slice_update_view};
 
 use crate::ir::{Opset, ValueType};

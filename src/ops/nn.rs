@@ -322,6 +322,36 @@ fn usizes(v: Vec<i64>, what: &str) -> Result<Vec<usize>> {
 }
 
 fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
+    conv_then(cx, None)
+}
+
+/// A `conv` and the `gelu` that is the only reader of its result, as the runtime fuses them
+/// (`runtime::conv_fusion`): the conv's arguments, the gelu's mode as attribute
+/// `gelu_mode`. The GELU runs in the GEMM's store where that path runs, else on the conv's
+/// result: either way the bits of the two ops (the conv's result rounded to its dtype, the
+/// GELU in f32, rounded again).
+pub fn eval_conv_gelu(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let mode = cx
+        .attributes
+        .get("gelu_mode")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| anyhow!("fused conv+gelu lacks `gelu_mode`"))?;
+    conv_then(cx, Some(gelu_mode(mode)?))
+}
+
+/// The conv's result in its dtype, then `post` if any.
+fn conv_out(
+    cx: &EvalCx,
+    y: candle_core::Tensor,
+    post: Option<fastmath::Gelu>,
+) -> Result<Vec<RValue>> {
+    match post {
+        None => out0(cx, y),
+        Some(g) => one(kernels::map_gelu(&kernels::cast(&y, cx.out_dtype(0)?)?, g)?),
+    }
+}
+
+fn conv_then(cx: &EvalCx, post: Option<fastmath::Gelu>) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
     let packed = cx.packed("weight");
     let wdims = match packed {
@@ -365,7 +395,7 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
         // f32 sum rounded once, as op by op), without two more passes and tensors.
         let b = bias.as_ref().map(kernels::to_f32_vec).transpose()?;
         if let Some(y) = kernels::gemv::conv1x1(x, pw, b.as_deref(), cx.out_dtype(0)?)? {
-            return out0(cx, y);
+            return conv_out(cx, y, post);
         }
         // Encoder-sized, where the CPU has AVX-512: the blocked GEMM on `x` as it lies, the
         // same epilogue. Elsewhere the general path below (candle's gemm has tuned AVX2
@@ -375,13 +405,21 @@ fn eval_conv(cx: &EvalCx) -> Result<Vec<RValue>> {
         let isa = kernels::gemv::Isa::best();
         let inputs = cx.products();
         if isa == kernels::gemv::Isa::Avx512 || inputs == kernels::gemm::Inputs::Bf16 {
-            let y = kernels::gemm::conv1x1(x, pw, b.as_deref(), cx.out_dtype(0)?, isa, inputs)?;
+            let y = kernels::gemm::conv1x1_then(
+                x,
+                pw,
+                b.as_deref(),
+                post,
+                cx.out_dtype(0)?,
+                isa,
+                inputs,
+            )?;
             return out0(cx, y);
         }
     }
     let w = cx.weight_f32("weight")?;
     let y = kernels::conv(x, &w, bias.as_ref(), &p)?;
-    out0(cx, y)
+    conv_out(cx, y, post)
 }
 
 /// `conv_quantized` (iOS15, experimental): `conv` with a uint8 weight dequantized as
@@ -568,15 +606,20 @@ fn eval_softmax(cx: &EvalCx) -> Result<Vec<RValue>> {
     )?)
 }
 
+/// The GELU form a `gelu` op's `mode` names (coremltools' three).
+pub fn gelu_mode(mode: &str) -> Result<fastmath::Gelu> {
+    Ok(match mode {
+        "EXACT" => fastmath::Gelu::Exact,
+        "TANH_APPROXIMATION" => fastmath::Gelu::Tanh,
+        "SIGMOID_APPROXIMATION" => fastmath::Gelu::Sigmoid,
+        m => bail!("unknown gelu mode `{m}`"),
+    })
+}
+
 fn eval_gelu(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let y = match cx.str_or_default("mode")? {
-        "EXACT" => kernels::map_f32(x, fastmath::gelu)?,
-        "TANH_APPROXIMATION" => kernels::map_f32(x, fastmath::gelu_tanh)?,
-        "SIGMOID_APPROXIMATION" => kernels::map_f32(x, |v| v * fastmath::sigmoid(1.702 * v))?,
-        m => bail!("unknown gelu mode `{m}`"),
-    };
-    one(y)
+    let g = gelu_mode(cx.str_or_default("mode")?)?;
+    one(kernels::map_gelu(x, g)?)
 }
 
 // ---- cost: floating-point operations of one run (see `placement::Flops`)

@@ -5,6 +5,7 @@
 //! states (zero-initialised) across calls. Uses `ir`, `ops`, `kernels` and `package`.
 
 pub mod blend_fusion;
+pub mod conv_fusion;
 pub mod fusion;
 pub mod io;
 pub mod memo;
@@ -40,6 +41,9 @@ pub struct Options {
     pub fuse_state_updates: bool,
     /// Merge `add(mul(a, b), mul(c, d))` into one pass (see [`blend_fusion`]).
     pub fuse_blends: bool,
+    /// Run a `gelu` reading a `conv`'s only result in the conv's store (see
+    /// [`conv_fusion`]).
+    pub fuse_conv_gelu: bool,
     /// Refuse, at load, a program whose constants plus the values live at once during a run
     /// would take more than this many bytes (every value of fixed type counted at its
     /// storage size; see [`plan::check_memory`]), instead of letting an allocation fail;
@@ -85,6 +89,7 @@ impl Default for Options {
             fuse_attention: true,
             fuse_state_updates: true,
             fuse_blends: true,
+            fuse_conv_gelu: true,
             max_memory: Some(default_max_memory()),
             compute: precision::Compute::Package,
             max_loop_iterations: DEFAULT_MAX_LOOP_ITERATIONS,

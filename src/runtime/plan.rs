@@ -110,7 +110,8 @@ pub fn op_label(op_type: &str, name: &str, opset: Opset) -> String {
     format!("op `{name}` ({op_type}, opset {})", opset.opset_name())
 }
 
-/// Compiles `f`; `opts` choose the fusions ([`super::fusion`], [`super::state_fusion`]).
+/// Compiles `f`; `opts` choose the fusions ([`super::fusion`], [`super::state_fusion`],
+/// [`super::blend_fusion`], [`super::conv_fusion`]).
 pub fn compile(f: &Function, opts: &super::Options) -> Result<Plan> {
     compile_body(&f.inputs, vec![], &f.block, f.opset, opts, false)
 }
@@ -297,6 +298,7 @@ fn compile_body(
                 fuse_attention: false,
                 fuse_state_updates: false,
                 fuse_blends: false,
+                fuse_conv_gelu: false,
                 ..opts.clone()
             };
             for (i, b) in op.blocks.iter().enumerate() {
@@ -401,6 +403,9 @@ fn compile_body(
     }
     if opts.fuse_blends {
         super::blend_fusion::fuse_blends(&mut steps, &outs);
+    }
+    if opts.fuse_conv_gelu {
+        super::conv_fusion::fuse_conv_gelu(&mut steps, &consts, &outs);
     }
     schedule_frees(&mut steps, &outputs, nslots);
     let fixed_live = check_memory(&steps, const_bytes, cap)?;
