@@ -252,12 +252,19 @@ fn compile_body(
                     Arg::Value(v) => {
                         let val = value_from_ir(v)
                             .with_context(|| format!("{label}: inline value of `{p}`"))?;
+                        if let crate::ir::Value::Tensor(t) = v {
+                            t.data.release_pages();
+                        }
                         consts.push(Const {
                             val,
                             konst: Some(v.clone()),
                             f32: OnceLock::new(),
                             packed: None,
                         });
+                        if !nested {
+                            // Read by this op alone.
+                            left.insert(consts.len() - 1, 1);
+                        }
                         Src::Const(consts.len() - 1)
                     }
                 });
@@ -368,7 +375,8 @@ fn compile_body(
                         packed: Some(p),
                     });
                     names.insert(op.outputs[0].name.clone(), Src::Const(consts.len() - 1));
-                    // Inputs read by nothing else (a LUT's indices and palette) go now.
+                    // Inputs read by nothing else (a LUT's indices and palette, named or
+                    // inline) go now.
                     for i in step.args.iter().flat_map(|(_, s)| s) {
                         let Src::Const(i) = *i else { continue };
                         if let Some(n) = left.get_mut(&i) {
