@@ -6,7 +6,8 @@
 //! about 1.3× faster from 2 MiB pages on the development machine. The hint changes no
 //! value and is ignored where the kernel does not support it. It also counts the bytes it
 //! has handed out and not yet taken back, and the most at once ([`live_bytes`],
-//! [`peak_bytes`]), so tests can bound what a stage allocates. Uses nothing else in milkit.
+//! [`peak_bytes`]), so tests can bound what a stage allocates; and [`one_arena`] keeps
+//! glibc from giving every worker thread a heap of its own. Uses nothing else in milkit.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,6 +40,25 @@ fn grew(by: usize) {
 
 fn shrank(by: usize) {
     LIVE.fetch_sub(by, Ordering::Relaxed);
+}
+
+/// Makes glibc's malloc serve every thread from one arena (`M_ARENA_MAX` = 1), unless the
+/// environment sets the arena count itself (`MALLOC_ARENA_MAX`, or `arena_max` in
+/// `GLIBC_TUNABLES`). By default each worker thread that allocates gets an arena of its
+/// own, and what a worker frees there (a GEMM's panels, an op's output) stays resident
+/// for that worker: transcribing 153 s with tiny.en peaked at 258 MB against 216 MB with
+/// one arena, at the same CPU time (2 threads). Call it first thing in `main`, before any
+/// thread exists. Does nothing on other C libraries.
+pub fn one_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        if std::env::var_os("MALLOC_ARENA_MAX").is_none() && !tunables.contains("arena_max") {
+            // SAFETY: mallopt only changes a malloc parameter; called before threads
+            // exist, and a refusal (return 0) leaves the default in place.
+            unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+        }
+    }
 }
 
 /// Allocations from this size up get the hint.
