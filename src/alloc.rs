@@ -4,9 +4,62 @@
 //! on 4 KiB pages that is one TLB miss every 4 KiB, and where the kernel grants huge pages
 //! only on request (`transparent_hugepage=madvise`, a common default) streaming reads ran
 //! about 1.3× faster from 2 MiB pages on the development machine. The hint changes no
-//! value and is ignored where the kernel does not support it. Uses nothing else in milkit.
+//! value and is ignored where the kernel does not support it. It also counts the bytes it
+//! has handed out and not yet taken back, and the most at once ([`live_bytes`],
+//! [`peak_bytes`]), so tests can bound what a stage allocates; and [`one_arena`] keeps
+//! glibc from giving every worker thread a heap of its own. Uses nothing else in milkit.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes allocated through [`HugePageHint`] and not yet freed (0 where it is not the
+/// global allocator).
+pub fn live_bytes() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// The most [`live_bytes`] since the start or the last [`reset_peak`].
+pub fn peak_bytes() -> usize {
+    PEAK.load(Ordering::Relaxed)
+}
+
+/// Starts a new peak from the bytes live now.
+pub fn reset_peak() {
+    PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+fn grew(by: usize) {
+    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
+    if now > PEAK.load(Ordering::Relaxed) {
+        PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+fn shrank(by: usize) {
+    LIVE.fetch_sub(by, Ordering::Relaxed);
+}
+
+/// Makes glibc's malloc serve every thread from one arena (`M_ARENA_MAX` = 1), unless the
+/// environment sets the arena count itself (`MALLOC_ARENA_MAX`, or `arena_max` in
+/// `GLIBC_TUNABLES`). By default each worker thread that allocates gets an arena of its
+/// own, and what a worker frees there (a GEMM's panels, an op's output) stays resident
+/// for that worker: transcribing 153 s with tiny.en peaked at 258 MB against 216 MB with
+/// one arena, at the same CPU time (2 threads). Call it first thing in `main`, before any
+/// thread exists. Does nothing on other C libraries.
+pub fn one_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        if std::env::var_os("MALLOC_ARENA_MAX").is_none() && !tunables.contains("arena_max") {
+            // SAFETY: mallopt only changes a malloc parameter; called before threads
+            // exist, and a refusal (return 0) leaves the default in place.
+            unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+        }
+    }
+}
 
 /// Allocations from this size up get the hint.
 const HUGE: usize = 2 << 20;
@@ -38,8 +91,11 @@ unsafe impl GlobalAlloc for HugePageHint {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         // SAFETY: forwarded as is.
         let p = unsafe { System.alloc(l) };
-        if !p.is_null() && l.size() >= HUGE {
-            advise(p, l.size());
+        if !p.is_null() {
+            grew(l.size());
+            if l.size() >= HUGE {
+                advise(p, l.size());
+            }
         }
         p
     }
@@ -47,22 +103,33 @@ unsafe impl GlobalAlloc for HugePageHint {
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         // SAFETY: forwarded as is.
         let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() && l.size() >= HUGE {
-            advise(p, l.size());
+        if !p.is_null() {
+            grew(l.size());
+            if l.size() >= HUGE {
+                advise(p, l.size());
+            }
         }
         p
     }
 
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         // SAFETY: forwarded as is.
-        unsafe { System.dealloc(p, l) }
+        unsafe { System.dealloc(p, l) };
+        shrank(l.size());
     }
 
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         // SAFETY: forwarded as is.
         let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() && new >= HUGE {
-            advise(q, new);
+        if !q.is_null() {
+            if new >= l.size() {
+                grew(new - l.size());
+            } else {
+                shrank(l.size() - new);
+            }
+            if new >= HUGE {
+                advise(q, new);
+            }
         }
         q
     }

@@ -72,6 +72,7 @@ fn restore_sigpipe() {
 
 fn main() -> ExitCode {
     restore_sigpipe();
+    milkit::alloc::one_arena();
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Export(a) => cli::export::run(&a),

@@ -82,6 +82,35 @@ impl Bytes {
         }
     }
 
+    /// Whether the bytes are a window of a mapped file.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.inner, Inner::Mapped(_))
+    }
+
+    /// Drops the whole pages of this window of a mapped file from the process's resident
+    /// set (Linux `madvise(MADV_DONTNEED)`); the data stays in the page cache and is read
+    /// back on the next access, so nothing changes but memory use. A runtime that copies a
+    /// weight out of the mapping calls this so the weight is not resident twice. Does
+    /// nothing for owned bytes or elsewhere than Linux.
+    pub fn release_pages(&self) {
+        #[cfg(target_os = "linux")]
+        if let Inner::Mapped(m) = &self.inner {
+            const PAGE: usize = 4096;
+            let base = m.as_ptr() as usize;
+            let start = (base + self.range.start).next_multiple_of(PAGE);
+            let end = (base + self.range.end) / PAGE * PAGE;
+            if end > start {
+                // SAFETY: the range lies inside a read-only file mapping that
+                // `m` keeps alive; dropping its pages never changes what a later read
+                // sees (they are faulted in again from the file), and a failure is
+                // harmless.
+                unsafe {
+                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED)
+                };
+            }
+        }
+    }
+
     /// Decodes little-endian f16 values (copying, since the window may be unaligned).
     pub fn to_f16_vec(&self) -> Vec<half::f16> {
         self.as_slice()

@@ -82,6 +82,57 @@ pub fn pack_weights(
     Ok(())
 }
 
+/// A constant op whose one output only feeds packed weight inputs, folded straight into
+/// its packed form: a `const` fp16 / f32 tensor copied once from its (mapped) bytes, whose
+/// file pages are then released; a `constexpr_*` decompression read from its compressed
+/// inputs, never expanded. `None` where the op has no such form (it is then evaluated and
+/// packed at the end as any constant, see [`pack_weights`]).
+pub fn fold_packed(
+    op: &crate::ir::Operation,
+    args: &[(String, Vec<Src>)],
+    consts: &[Const],
+) -> Result<Option<PackedWeight>> {
+    let [out] = op.outputs.as_slice() else {
+        return Ok(None);
+    };
+    let ValueType::Tensor(tt) = &out.ty else {
+        return Ok(None);
+    };
+    let Some(shape) = tt
+        .shape
+        .iter()
+        .map(|d| match d {
+            crate::ir::Dim::Fixed(n) => Some(*n),
+            crate::ir::Dim::Unknown => None,
+        })
+        .collect::<Option<Vec<usize>>>()
+    else {
+        return Ok(None);
+    };
+    if shape.len() < 2 {
+        return Ok(None);
+    }
+    if op.op_type == "const" {
+        let Some(crate::ir::Value::Tensor(t)) = op.attributes.get("val") else {
+            return Ok(None);
+        };
+        if t.shape != shape || t.data.len() != t.dtype.storage_bytes(t.num_elements()) {
+            return Ok(None);
+        }
+        let p = match t.dtype {
+            crate::ir::DType::F16 => PackedWeight::from_f16(&shape, t.data.to_f16_vec())?,
+            crate::ir::DType::F32 => PackedWeight::from_f32(&shape, t.data.to_f32_vec())?,
+            _ => return Ok(None),
+        };
+        t.data.release_pages();
+        return Ok(Some(p));
+    }
+    if !matches!(tt.dtype, crate::ir::DType::F16 | crate::ir::DType::F32) {
+        return Ok(None);
+    }
+    from_origin(&op.op_type, args, consts, &shape)
+}
+
 fn arg<'a>(args: &'a [(String, Vec<Src>)], consts: &'a [Const], name: &str) -> Option<&'a Const> {
     match args.iter().find(|(p, _)| p == name)?.1.as_slice() {
         [Src::Const(i)] => consts.get(*i),

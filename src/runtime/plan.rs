@@ -200,6 +200,15 @@ fn compile_body(
         names.insert(n.clone(), Src::Const(consts.len() - 1));
         types.insert(n, ty);
     }
+    // Top level only: which values only ever feed packed weight inputs (folded straight
+    // into their packed form) and how often each is read (constants freed after their
+    // last folding use), so no weight is held expanded next to its packed copy.
+    let mut usage = if nested {
+        HashMap::new()
+    } else {
+        value_usage(block, opset)
+    };
+    let mut left: HashMap<usize, usize> = HashMap::new();
     let cap = opts.max_memory.unwrap_or(u64::MAX);
     let mut const_bytes = slot_inputs
         .iter()
@@ -244,12 +253,19 @@ fn compile_body(
                     Arg::Value(v) => {
                         let val = value_from_ir(v)
                             .with_context(|| format!("{label}: inline value of `{p}`"))?;
+                        if let crate::ir::Value::Tensor(t) = v {
+                            t.data.release_pages();
+                        }
                         consts.push(Const {
                             val,
                             konst: Some(v.clone()),
                             f32: OnceLock::new(),
                             packed: None,
                         });
+                        if !nested {
+                            // Read by this op alone.
+                            left.insert(consts.len() - 1, 1);
+                        }
                         Src::Const(consts.len() - 1)
                     }
                 });
@@ -348,6 +364,34 @@ fn compile_body(
         }
         if constant {
             const_bytes = const_bytes.saturating_add(out_bytes);
+            let packed_only = op.outputs.len() == 1
+                && usage
+                    .get(&op.outputs[0].name)
+                    .is_some_and(|u| u.packed_only);
+            if packed_only {
+                if let Some(p) = super::pack::fold_packed(op, &step.args, &consts)? {
+                    consts.push(Const {
+                        val: RValue::Str(vec![]),
+                        konst: None,
+                        f32: OnceLock::new(),
+                        packed: Some(p),
+                    });
+                    names.insert(op.outputs[0].name.clone(), Src::Const(consts.len() - 1));
+                    // Inputs read by nothing else (a LUT's indices and palette, named or
+                    // inline) go now.
+                    for i in step.args.iter().flat_map(|(_, s)| s) {
+                        let Src::Const(i) = *i else { continue };
+                        if let Some(n) = left.get_mut(&i) {
+                            *n -= 1;
+                            if *n == 0 {
+                                consts[i].val = RValue::Str(vec![]);
+                                consts[i].konst = None;
+                            }
+                        }
+                    }
+                    continue;
+                }
+            }
             let vals = {
                 let cx = make_cx(&step, opset, &consts, &[])?;
                 run_eval(eval, &cx).with_context(|| format!("{label}: evaluating a constant"))?
@@ -365,9 +409,16 @@ fn compile_body(
                     packed: None,
                 });
                 names.insert(o.name.clone(), Src::Const(consts.len() - 1));
+                if let Some(u) = usage.remove(&o.name).filter(|u| !u.pinned) {
+                    left.insert(consts.len() - 1, u.reads);
+                }
                 if op.op_type.starts_with("constexpr_") {
                     origins.insert(consts.len() - 1, (op.op_type.clone(), step.args.clone()));
                 }
+            }
+            // A mapped weight is now a copy of its own: its file pages need not stay.
+            if let Some(crate::ir::Value::Tensor(t)) = op.attributes.get("val") {
+                t.data.release_pages();
             }
             continue;
         }
@@ -429,6 +480,53 @@ fn compile_body(
             fixed_live,
         },
     })
+}
+
+/// How a function body reads one of its values.
+#[derive(Default)]
+struct Usage {
+    /// Times an op's input names it.
+    reads: usize,
+    /// Every read is a weight input its op takes packed ([`super::pack`]).
+    packed_only: bool,
+    /// A block output, or read by a nested block: the value must stay.
+    pinned: bool,
+}
+
+/// How `block`'s ops (and its outputs) read each value it names.
+fn value_usage(block: &Block, opset: Opset) -> HashMap<String, Usage> {
+    let mut out: HashMap<String, Usage> = HashMap::new();
+    for op in &block.operations {
+        let weight = crate::ops::lookup(&op.op_type, opset)
+            .and_then(|d| d.weight)
+            .filter(|w| w.packed);
+        for (p, binds) in &op.inputs {
+            for b in binds {
+                if let Arg::Var(n) = b {
+                    let u = out.entry(n.clone()).or_insert(Usage {
+                        packed_only: true,
+                        ..Usage::default()
+                    });
+                    u.reads += 1;
+                    u.packed_only &= weight.is_some_and(|w| w.input == p.as_str());
+                }
+            }
+        }
+        let mut free = vec![];
+        for b in &op.blocks {
+            free_names(b, &mut free);
+        }
+        for n in free {
+            out.entry(n).or_default().pinned = true;
+        }
+    }
+    for o in &block.outputs {
+        out.entry(o.clone()).or_default().pinned = true;
+    }
+    for u in out.values_mut() {
+        u.packed_only &= !u.pinned;
+    }
+    out
 }
 
 /// Whether a step draws random values, itself or in one of its nested blocks.

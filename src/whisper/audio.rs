@@ -444,16 +444,21 @@ fn log_mel_frames(
         "log-mel of {total} samples: at least {N_FFT} are needed"
     );
     // Centre padding: N_FFT/2 reflected samples on each side of the signal (the edge sample
-    // itself is not repeated, as numpy/torch "reflect").
+    // itself is not repeated, as numpy/torch "reflect"). The signal is the audio zero-padded
+    // or truncated to `total`; it is read in place (no padded copy of a whole recording).
     let pad = N_FFT / 2;
-    let mut padded = vec![0f64; total + 2 * pad];
-    for (dst, &s) in padded[pad..pad + total].iter_mut().zip(samples) {
-        *dst = f64::from(s);
-    }
-    for i in 0..pad {
-        padded[pad - 1 - i] = padded[pad + 1 + i];
-        padded[pad + total + i] = padded[pad + total - 2 - i];
-    }
+    let signal = |k: usize| samples.get(k).map_or(0.0, |&s| f64::from(s));
+    let padded = |i: usize| {
+        if i < pad {
+            signal(pad - i)
+        } else if i >= pad + total {
+            signal(2 * total + pad - 2 - i)
+        } else {
+            signal(i - pad)
+        }
+    };
+    // Frames whose samples all lie inside the audio read it directly.
+    let inside = pad..pad + total.min(samples.len());
 
     let window: Vec<f64> = (0..N_FFT)
         .map(|n| 0.5 - 0.5 * (2.0 * std::f64::consts::PI * n as f64 / N_FFT as f64).cos())
@@ -477,12 +482,15 @@ fn log_mel_frames(
             |(input, spectrum, scratch, power), (task, out)| -> Result<()> {
                 for (j, mel_frame) in out.chunks_exact_mut(n_mels).enumerate() {
                     let start = (task * FRAMES_PER_TASK + j) * HOP_LENGTH;
-                    for ((x, &s), &w) in input
-                        .iter_mut()
-                        .zip(&padded[start..start + N_FFT])
-                        .zip(&window)
-                    {
-                        *x = s * w;
+                    if inside.contains(&start) && start + N_FFT <= inside.end {
+                        let s = &samples[start - pad..start - pad + N_FFT];
+                        for ((x, &s), &w) in input.iter_mut().zip(s).zip(&window) {
+                            *x = f64::from(s) * w;
+                        }
+                    } else {
+                        for (i, (x, &w)) in input.iter_mut().zip(&window).enumerate() {
+                            *x = padded(start + i) * w;
+                        }
                     }
                     fft.process_with_scratch(input, spectrum, scratch)
                         .map_err(|e| anyhow::anyhow!("FFT failed: {e}"))?;
@@ -503,7 +511,10 @@ fn log_mel_frames(
             },
         )?;
 
-    let logs: Vec<f64> = mel.iter().map(|&v| v.max(1e-10).log10()).collect();
+    let mut logs = mel;
+    for v in &mut logs {
+        *v = v.max(1e-10).log10();
+    }
     let floor = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max) - 8.0;
     let mut features = vec![0f32; n_mels * n_frames];
     for (t, frame) in logs.chunks_exact(n_mels).enumerate() {
