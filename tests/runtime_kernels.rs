@@ -375,6 +375,94 @@ fn memoized_session_matches_plain_across_changed_inputs() {
     assert!(memo.memoized_values() >= 1);
 }
 
+/// An input that changes on every call (a decoder's KV cache fed back each token) is, after
+/// `memo::VOLATILE_AFTER` changes in a row, counted as changed for `memo::VOLATILE_CALLS`
+/// calls without its bytes being compared or copied; then compared again, so a value that
+/// settles is memoized once more, and the very same tensor handed in again is reused at
+/// once. Outputs stay bit-identical to a session without memoization throughout.
+#[test]
+fn memo_stops_comparing_an_input_that_changes_every_call_and_recovers() {
+    use milkit::runtime::memo::{VOLATILE_AFTER, VOLATILE_CALLS};
+    let mut r = Rng(11);
+    let (t, d, h) = (32, 16, 8);
+    let w: Vec<f32> = r.vec(h * d).into_iter().map(q16).collect();
+    let build = || {
+        let mut b = Builder::new(Opset::Ios17);
+        let enc = b.input("enc", tin(DType::F16, &[t, d]));
+        let q = b.input("q", tin(DType::F16, &[1, h]));
+        let wc = b.konst("w", f16_tensor(&[h, d], &w));
+        let kp = b
+            .op1(
+                "linear",
+                "k",
+                vec![("x", enc.into()), ("weight", wc.into())],
+            )
+            .unwrap();
+        let y = b
+            .op1(
+                "matmul",
+                "score",
+                vec![
+                    ("x", q.into()),
+                    ("y", kp.into()),
+                    ("transpose_y", In::C(Value::bool_scalar(true))),
+                ],
+            )
+            .unwrap();
+        model(b, &[(y, "score")])
+    };
+    let mut memo = Session::from_model(build()).unwrap();
+    memo.enable_profiling(true);
+    let mut plain = Session::from_model(build()).unwrap();
+    plain.set_memoize(false);
+    let linear_runs = |s: &Session| {
+        s.profile()
+            .iter()
+            .find(|p| p.0 == "linear")
+            .map_or(0, |p| p.1)
+    };
+    let mut rq = Rng(12);
+    let mut call = |memo: &mut Session, enc: &milkit::runtime::Tensor| {
+        let ins = [("enc", enc.clone()), ("q", host(&rq.vec(h), &[1, h]))];
+        let a = memo.predict(&ins).unwrap();
+        let b = plain.predict(&ins).unwrap();
+        assert_eq!(f32s(&a[0].1), f32s(&b[0].1), "memoized vs plain");
+    };
+    // A new value every call: compared while it has changed fewer than VOLATILE_AFTER
+    // times in a row, then taken as changed for VOLATILE_CALLS calls.
+    let changing = (VOLATILE_AFTER + VOLATILE_CALLS) as usize;
+    for _ in 0..changing {
+        call(&mut memo, &host(&r.vec(t * d), &[t, d]));
+    }
+    assert_eq!(linear_runs(&memo), changing, "every new value projected");
+    // Then one value, as a fresh tensor each call: the first call compares (nothing kept
+    // to compare with: runs), the second finds the same bytes and skips the projection.
+    let settled = r.vec(t * d);
+    for _ in 0..4 {
+        call(&mut memo, &host(&settled, &[t, d]));
+    }
+    assert_eq!(
+        linear_runs(&memo),
+        changing + 1,
+        "a settled value memoized again"
+    );
+    // Volatile again, then the very same tensor twice: reused without comparison.
+    for _ in 0..VOLATILE_AFTER + 1 {
+        call(&mut memo, &host(&r.vec(t * d), &[t, d]));
+    }
+    // (fp16 as the input is: a converted tensor would be a new one each call.)
+    let same = host(&r.vec(t * d), &[t, d])
+        .to_dtype(milkit::runtime::DType::F16)
+        .unwrap();
+    call(&mut memo, &same);
+    call(&mut memo, &same);
+    assert_eq!(
+        linear_runs(&memo),
+        changing + 1 + (VOLATILE_AFTER as usize + 1) + 1,
+        "the same tensor again is reused even while the input is volatile"
+    );
+}
+
 /// fp16 arithmetic with broadcasting equals, bit for bit, each element computed in f32 and
 /// rounded once — for same-shape operands longer than one parallel chunk, a decode step's
 /// cache blend shapes, a scalar, and axes that broadcast on both sides.

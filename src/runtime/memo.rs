@@ -5,6 +5,12 @@
 //! unchanged fed inputs — no state, no changed input — is skipped when the values it
 //! hands to the rest of the program are cached. Only those frontier values are kept (not
 //! every intermediate), and an entry is dropped as soon as one of its inputs changes.
+//!
+//! An input that changed on [`VOLATILE_AFTER`] calls in a row (a decoder's KV cache fed
+//! back every token: megabytes that differ every call) is then counted as changed without
+//! reading or copying its bytes for the next [`VOLATILE_CALLS`] calls, after which it is
+//! compared again; its remembered bytes are dropped meanwhile, so a comparison never
+//! matches a stale copy.
 
 use super::plan::{Plan, Src};
 use crate::ir::ValueType;
@@ -13,9 +19,13 @@ use crate::ops::RValue;
 use candle_core::DType;
 use std::collections::HashMap;
 
-/// An input as last seen: the tensor itself (its id answers "the very same tensor again"
-/// without reading it), dtype, shape, bytes.
-type Seen = (candle_core::Tensor, DType, Vec<usize>, Vec<u8>);
+/// Calls in a row on which an input changed before it is taken as changing every call.
+pub const VOLATILE_AFTER: u32 = 2;
+/// Calls a volatile input counts as changed without comparison before it is compared again.
+pub const VOLATILE_CALLS: u32 = 32;
+
+/// An input's content as last seen: dtype, shape, bytes.
+type Seen = (DType, Vec<usize>, Vec<u8>);
 
 /// Per-function memo state held by the session.
 pub struct Memo {
@@ -26,8 +36,16 @@ pub struct Memo {
     readers: Vec<Vec<usize>>,
     /// Slots that are block outputs.
     is_output: Vec<bool>,
-    /// Previous call's (dtype, shape, bytes) of each input; `None` if unseen.
+    /// Previous call's (dtype, shape, bytes) of each input; `None` if unseen (or not kept
+    /// while the input is volatile).
     last: Vec<Option<Seen>>,
+    /// Per input: the tensor of the previous call (its id answers "the very same tensor
+    /// again" even while its bytes are not kept).
+    held: Vec<Option<candle_core::Tensor>>,
+    /// Per input: calls in a row on which it changed.
+    streak: Vec<u32>,
+    /// Per input: calls left on which it counts as changed without being compared.
+    volatile: Vec<u32>,
     cache: HashMap<usize, (u128, RValue)>,
 }
 
@@ -85,6 +103,9 @@ impl Memo {
             readers,
             is_output,
             last: vec![None; plan.inputs.len()],
+            held: vec![None; plan.inputs.len()],
+            streak: vec![0; plan.inputs.len()],
+            volatile: vec![0; plan.inputs.len()],
             cache: HashMap::new(),
         })
     }
@@ -100,23 +121,38 @@ impl Memo {
             // The same tensor handed in again (a caller feeding one window's encoder output
             // or cross K/V to every token) is unchanged: tensors are immutable once made, so
             // its megabytes need no comparison. Any other tensor is compared by content.
-            if matches!(&self.last[i], Some((prev, ..)) if prev.id() == t.id()) {
+            if matches!(&self.held[i], Some(prev) if prev.id() == t.id()) {
+                self.streak[i] = 0;
+                self.volatile[i] = 0;
                 continue;
             }
+            self.held[i] = Some(t.clone());
+            if self.volatile[i] > 0 {
+                self.volatile[i] -= 1;
+                changed |= 1u128 << i;
+                continue;
+            }
+            let goes_volatile = self.streak[i] + 1 >= VOLATILE_AFTER;
             let same = kernels::data::with_bytes(t, |b| {
-                let same = matches!(&self.last[i], Some((_, d, s, old))
+                let same = matches!(&self.last[i], Some((d, s, old))
                     if *d == t.dtype() && s.as_slice() == t.dims() && old.as_slice() == b);
-                match (&mut self.last[i], same) {
-                    (Some(seen), true) => seen.0 = t.clone(),
-                    (slot, _) => {
-                        *slot = Some((t.clone(), t.dtype(), t.dims().to_vec(), b.to_vec()))
-                    }
+                if !same {
+                    // Not kept when it is about to count as changed uncompared.
+                    self.last[i] =
+                        (!goes_volatile).then(|| (t.dtype(), t.dims().to_vec(), b.to_vec()));
                 }
                 same
             })
             .unwrap_or(false);
-            if !same {
+            if same {
+                self.streak[i] = 0;
+            } else {
                 changed |= 1u128 << i;
+                self.streak[i] += 1;
+                if goes_volatile {
+                    self.streak[i] = 0;
+                    self.volatile[i] = VOLATILE_CALLS;
+                }
             }
         }
         self.cache.retain(|_, (d, _)| *d & changed == 0);

@@ -39,62 +39,49 @@ pub enum Cross {
 /// outputs of an instrumented program, e.g. calibration probes).
 pub type StepObserver = Box<dyn FnMut(Vec<(String, Tensor)>) -> Result<()> + Send>;
 
-/// One host-side self-attention cache, [channels × positions], at the precision of the
-/// decoder's cache input (fp16 for every package; fp32 when the session widens it).
+/// One host-side self-attention cache, [1, channels, 1, positions], at the precision of
+/// the decoder's cache input (fp16 for every package; fp32 when the session widens it).
+/// Each step writes only this token's column into it, in place, and feeds it as a new
+/// tensor sharing its storage (a new id, so the session's memo sees a new input), instead
+/// of copying the whole cache — megabytes per token at real sizes — into a fresh tensor.
+/// Nothing else keeps a tensor on this storage past a call but the session's memo, which
+/// drops whatever depends on the cache when the next call hands in a changed one.
 #[derive(Clone, Debug)]
-enum HostCache {
-    F16(Vec<f16>),
-    F32(Vec<f32>),
-}
+struct HostCache(Tensor);
 
 impl HostCache {
-    fn zeros(n: usize, wide: bool) -> HostCache {
-        if wide {
-            HostCache::F32(vec![0.0; n])
+    fn zeros(shape: &[usize], wide: bool) -> Result<HostCache> {
+        let dt = if wide {
+            candle_core::DType::F32
         } else {
-            HostCache::F16(vec![f16::ZERO; n])
-        }
+            candle_core::DType::F16
+        };
+        Ok(HostCache(Tensor::zeros(shape, dt, &Device::Cpu)?))
     }
 
-    fn clear(&mut self) {
-        match self {
-            HostCache::F16(v) => v.fill(f16::ZERO),
-            HostCache::F32(v) => v.fill(0.0),
-        }
+    /// Zeros in fresh storage (a tensor handed out before keeps its values).
+    fn clear(&mut self) -> Result<()> {
+        *self = HostCache(self.0.zeros_like()?);
+        Ok(())
     }
 
-    fn tensor(&self, shape: &[usize]) -> Result<Tensor> {
-        Ok(match self {
-            HostCache::F16(v) => Tensor::from_vec(v.clone(), shape, &Device::Cpu)?,
-            HostCache::F32(v) => Tensor::from_vec(v.clone(), shape, &Device::Cpu)?,
-        })
+    fn tensor(&self) -> Result<Tensor> {
+        Ok(self.0.reshape(self.0.dims())?)
     }
 
-    /// Writes a `*_cache_updates` output (`c` channels) into position `pos` of `s`.
-    fn set_column(&mut self, name: &str, t: &Tensor, c: usize, s: usize, pos: usize) -> Result<()> {
-        fn put<T: candle_core::WithDType>(
-            cache: &mut [T],
-            name: &str,
-            t: &Tensor,
-            c: usize,
-            s: usize,
-            pos: usize,
-        ) -> Result<()> {
-            let col: Vec<T> = t.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1()?;
-            ensure!(
-                col.len() == c,
-                "`{name}` has {} values, expected {c}",
-                col.len()
-            );
-            for (ch, v) in col.into_iter().enumerate() {
-                cache[ch * s + pos] = v;
-            }
-            Ok(())
-        }
-        match self {
-            HostCache::F16(v) => put(v, name, t, c, s, pos),
-            HostCache::F32(v) => put(v, name, t, c, s, pos),
-        }
+    /// Writes a `*_cache_updates` output (`c` channels) into position `pos`.
+    fn set_column(&mut self, name: &str, t: &Tensor, c: usize, pos: usize) -> Result<()> {
+        ensure!(
+            t.elem_count() == c,
+            "`{name}` has {} values, expected {c}",
+            t.elem_count()
+        );
+        let col = t
+            .to_dtype(self.0.dtype())?
+            .reshape(&[1, c, 1, 1])?
+            .contiguous()?;
+        self.0.slice_set(&col, 3, pos)?;
+        Ok(())
     }
 }
 
@@ -246,7 +233,10 @@ impl TextDecoder {
             None if outs.iter().any(|(n, _)| n == ALIGNMENT_OUTPUT) => Some((ALIGNMENT_OUTPUT, 1)),
             None => None,
         };
-        let n = channels * positions;
+        let cache_dims = match kind {
+            CacheKind::Io => [1, channels, 1, positions],
+            CacheKind::State => [1, 0, 1, 0],
+        };
         // A cache declared fp32 (a session computing at fp32) is kept at fp32 on the host.
         let wide_cache = cache_in.is_some_and(|(_, ty)| {
             ty.as_tensor()
@@ -260,8 +250,8 @@ impl TextDecoder {
             channels,
             positions,
             vocab,
-            key: HostCache::zeros(if kind == CacheKind::Io { n } else { 0 }, wide_cache),
-            value: HostCache::zeros(if kind == CacheKind::Io { n } else { 0 }, wide_cache),
+            key: HostCache::zeros(&cache_dims, wide_cache)?,
+            value: HostCache::zeros(&cache_dims, wide_cache)?,
             cross: None,
             observer: None,
             capture_alignment: false,
@@ -335,8 +325,8 @@ impl TextDecoder {
                 bail!("this decoder takes encoder_output_embeds, not precomputed cross K/V")
             }
         }
-        self.key.clear();
-        self.value.clear();
+        self.key.clear()?;
+        self.value.clear()?;
         self.session.reset_states()?;
         self.cross = Some(cross);
         Ok(())
@@ -364,8 +354,8 @@ impl TextDecoder {
             let t = match name.as_str() {
                 "input_ids" => Tensor::from_vec(vec![id], 1, &Device::Cpu)?,
                 "cache_length" => Tensor::from_vec(vec![pos as i32], 1, &Device::Cpu)?,
-                "key_cache" => self.key.tensor(&[1, c, 1, s])?,
-                "value_cache" => self.value.tensor(&[1, c, 1, s])?,
+                "key_cache" => self.key.tensor()?,
+                "value_cache" => self.value.tensor()?,
                 "kv_cache_update_mask" => Self::host(
                     (0..s)
                         .map(|j| f16::from_f32((j == pos) as u8 as f32))
@@ -411,7 +401,7 @@ impl TextDecoder {
                     } else {
                         &mut self.value
                     };
-                    cache.set_column(&name, &t, c, s, pos)?;
+                    cache.set_column(&name, &t, c, pos)?;
                 }
                 n if self.capture_alignment
                     && self.alignment_source.is_some_and(|(src, _)| src == n) =>
