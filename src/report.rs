@@ -740,9 +740,13 @@ pub struct AudioBenchReport {
     pub encoder_gflops: f64,
     /// Decoder time divided by decoder calls (prompt tokens included).
     pub decoder_ms_per_token: f64,
-    /// Bytes one decoder call must read: every stored weight (compressed weights as stored)
-    /// except embedding tables only gathered from, which count one row, plus the
-    /// precomputed cross-attention keys/values when the decoder takes them as inputs.
+    /// Bytes one token's decoder call must read, with the values a window's tokens share
+    /// (the encoder output and whatever is computed from it alone) computed once per
+    /// window: the stored weights of the ops that run every token (compressed weights as
+    /// stored; embedding tables only gathered from count one row; the cross-attention K/V
+    /// projections count 0), plus the cross-attention keys/values those ops read
+    /// (layers × 2 × frames × d elements), plus every per-token input: the self-attention
+    /// caches (inputs or states), the masks and the token.
     pub decoder_bytes_per_token: u64,
     /// Best read bandwidth over several passes of streaming a buffer of exactly
     /// `decoder_bytes_per_token` bytes with all threads, in 10^9 bytes per second.

@@ -241,15 +241,21 @@ fn bad_audio_is_an_error_naming_the_file() {
     assert!(err.contains("nope"), "{err}");
 }
 
-/// Bytes of the decoder weights one token reads, counted from the checkpoint: every decoder
-/// tensor at fp16, the embedding tables as one row each, plus the vocabulary head (a copy of
-/// the token embedding in milkit's decoder).
+/// What one token of the cache-as-input decoder must read, counted from the checkpoint's
+/// tensors and config: every decoder weight except the cross-attention K/V projections
+/// (computed once per window from the encoder output; the embedding tables count one row),
+/// plus the cross-attention K/V they produce (layers × 2 × 1500 × d fp16), plus the inputs
+/// that change every token: the two self-attention caches (layers·d × 448 fp16 each), the
+/// two 448-wide fp16 masks, and the two int32 scalars (token, position).
 fn independent_decoder_bytes(ckpt: &Path) -> u64 {
     let bytes = std::fs::read(ckpt.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut total = 0u64;
     for (name, t) in st.tensors() {
-        if !name.starts_with("model.decoder.") {
+        if !name.starts_with("model.decoder.")
+            || name.contains("encoder_attn.k_proj")
+            || name.contains("encoder_attn.v_proj")
+        {
             continue;
         }
         let n: usize = t.shape().iter().product();
@@ -262,7 +268,13 @@ fn independent_decoder_bytes(ckpt: &Path) -> u64 {
             total += 2 * n as u64;
         }
     }
-    total
+    let cfg: serde_json::Value = json(&ckpt.join("config.json"));
+    let c = |k: &str| cfg[k].as_u64().unwrap();
+    let (d, layers) = (c("d_model"), c("decoder_layers"));
+    let (frames, ctx) = (c("max_source_positions"), c("max_target_positions"));
+    let cross = layers * 2 * frames * d * 2;
+    let caches = 2 * layers * d * ctx * 2;
+    total + cross + caches + 2 * ctx * 2 + 2 * 4
 }
 
 #[test]

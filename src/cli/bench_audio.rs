@@ -20,19 +20,15 @@ fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Decoder bytes per token: stored weights (see [`cost::weight_bytes_per_call`]) plus the
-/// precomputed cross-attention inputs when the decoder takes them.
+/// Decoder bytes per token: what one token's call must read when the encoder output
+/// and the cross-attention K/V precomputed from it (the inputs a window's tokens share)
+/// are fixed; see [`cost::token_bytes_per_call`].
 fn decoder_bytes_per_token(tr: &Transcriber) -> Result<u64> {
     let path = tr.dir().join(DECODER_FILE);
     let m = milkit::package::load_package(&path)?;
-    let mut bytes = cost::weight_bytes_per_call(&m)
-        .with_context(|| format!("counting the weights of {}", path.display()))?;
-    for f in &tr.decoder_session().description().inputs {
-        if f.name.starts_with("encoder_attn_") {
-            bytes += (f.shape.iter().product::<usize>() * f.dtype.to_dtype().bits() / 8) as u64;
-        }
-    }
-    Ok(bytes)
+    let fixed = |n: &str| n == "encoder_output_embeds" || n.starts_with("encoder_attn_");
+    cost::token_bytes_per_call(&m, &fixed)
+        .with_context(|| format!("counting the bytes per token of {}", path.display()))
 }
 
 /// FLOPs of one window: the encoder's contractions, plus the CrossKV model's when the

@@ -2,17 +2,96 @@
 //! of the weight-stream floor that `milkit bench` reports; and the arithmetic of one call
 //! (the FLOPs of its contractions), the encoder rate's numerator.
 
-use crate::ir::{Arg, Model, Value};
+use crate::ir::{Arg, Model, Operation, Value, ValueType};
 use crate::package::convert::goes_to_blob;
 use anyhow::{anyhow, Result};
 use rayon::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 /// Bytes of stored weights one call of `m`'s main function reads: every blob constant
 /// (a `constexpr_*` weight counts its stored inputs, i.e. compressed bytes), except tables that
 /// only `gather` reads (embeddings), which count one row per call.
 pub fn weight_bytes_per_call(m: &Model) -> Result<u64> {
+    weight_bytes(m, &|_| true)
+}
+
+/// Bytes one token's call of `m`'s main function must read when the inputs for which
+/// `fixed` holds keep their values across a window's tokens (the encoder output, or
+/// precomputed cross-attention K/V), so that a runtime computes what depends only on them
+/// once per window. An op runs every token when one of its inputs derives from an input
+/// that is not fixed. The count is the sum of:
+/// - the stored weights those per-token ops read, as [`weight_bytes_per_call`] counts them
+///   (weights read only by ops of the fixed inputs, such as the cross-attention K/V
+///   projections, count 0);
+/// - every value derived from the fixed inputs (or a fixed input itself) that a per-token
+///   op reads, by its static type: the cross-attention K/V, counted once each;
+/// - every input that is not fixed, by its static type, states included: the
+///   self-attention caches, the masks and the token.
+///
+/// A value whose shape is not fixed counts 0.
+pub fn token_bytes_per_call(m: &Model, fixed: &dyn Fn(&str) -> bool) -> Result<u64> {
+    let f = m
+        .program
+        .main()
+        .ok_or_else(|| anyhow!("the program has no functions"))?;
+    let type_bytes = |ty: &ValueType| -> u64 {
+        let t = match ty {
+            ValueType::Tensor(t) | ValueType::State(t) => t,
+            _ => return 0,
+        };
+        t.num_elements()
+            .map_or(0, |n| (n * t.dtype.bits()).div_ceil(8) as u64)
+    };
+    let mut types: HashMap<&str, &ValueType> = HashMap::new();
+    let mut window: HashSet<&str> = HashSet::new();
+    let mut token: HashSet<&str> = HashSet::new();
+    let mut bytes = 0u64;
+    for v in &f.inputs {
+        types.insert(v.name.as_str(), &v.ty);
+        if fixed(&v.name) {
+            window.insert(v.name.as_str());
+        } else {
+            token.insert(v.name.as_str());
+            bytes += type_bytes(&v.ty);
+        }
+    }
+    let ops = f.block.walk();
+    let mut read: HashSet<&str> = HashSet::new();
+    for op in &ops {
+        let vars = || {
+            op.inputs.values().flatten().filter_map(|a| match a {
+                Arg::Var(v) => Some(v.as_str()),
+                Arg::Value(_) => None,
+            })
+        };
+        let set = if vars().any(|v| token.contains(v)) {
+            read.extend(vars().filter(|v| window.contains(v)));
+            &mut token
+        } else if vars().any(|v| window.contains(v)) {
+            &mut window
+        } else {
+            continue;
+        };
+        for o in &op.outputs {
+            set.insert(o.name.as_str());
+            types.insert(o.name.as_str(), &o.ty);
+        }
+    }
+    bytes += read
+        .iter()
+        .map(|v| types.get(v).map_or(0, |t| type_bytes(t)))
+        .sum::<u64>();
+    let per_token = |op: &Operation| {
+        op.outputs
+            .first()
+            .is_some_and(|o| token.contains(o.name.as_str()))
+    };
+    Ok(bytes + weight_bytes(m, &per_token)?)
+}
+
+/// [`weight_bytes_per_call`] counting only the reads of the ops for which `counts` holds.
+fn weight_bytes(m: &Model, counts: &dyn Fn(&Operation) -> bool) -> Result<u64> {
     let f = m
         .program
         .main()
@@ -30,6 +109,10 @@ pub fn weight_bytes_per_call(m: &Model) -> Result<u64> {
                     weights.insert(out.name.as_str(), (t.data.len() as u64, rows));
                 }
             }
+            continue;
+        }
+        let constexpr = op.op_type.starts_with("constexpr_");
+        if !constexpr && !counts(op) {
             continue;
         }
         let mut inline = 0u64;
