@@ -192,7 +192,7 @@ mod common;
 
 use common::programs::*;
 use common::rng::Rng;
-use milkit::ir::{DType, Opset, Tensor as ITensor, Value};
+use milkit::ir::{DType, Model, Opset, Tensor as ITensor, Value};
 use milkit::ops::{Builder, In};
 use milkit::package::blob::{pack_i4, pack_sub_byte, BlobDType};
 use milkit::runtime::Session;
@@ -321,6 +321,34 @@ fn compressed_weights_run_packed_for_decode_and_dense_for_gemm() {
     }
 }
 
+/// `score = q · (enc · W)ᵀ` (enc fp16 [t, d], q fp16 [1, h], W the constant [h, d]): a
+/// projection of `enc` that is invariant while `enc` is, for the memo's tests.
+fn projected_score_model(t: usize, d: usize, h: usize, w: &[f32]) -> Model {
+    let mut b = Builder::new(Opset::Ios17);
+    let enc = b.input("enc", tin(DType::F16, &[t, d]));
+    let q = b.input("q", tin(DType::F16, &[1, h]));
+    let wc = b.konst("w", f16_tensor(&[h, d], w));
+    let kp = b
+        .op1(
+            "linear",
+            "k",
+            vec![("x", enc.into()), ("weight", wc.into())],
+        )
+        .unwrap();
+    let y = b
+        .op1(
+            "matmul",
+            "score",
+            vec![
+                ("x", q.into()),
+                ("y", kp.into()),
+                ("transpose_y", In::C(Value::bool_scalar(true))),
+            ],
+        )
+        .unwrap();
+    model(b, &[(y, "score")])
+}
+
 /// `score = q · (enc · W)ᵀ`: the projection of `enc` is invariant while `enc` is. With
 /// memoization the projection runs once per distinct `enc`; outputs are bit-identical to a
 /// session without it, across a changed `enc`.
@@ -329,31 +357,7 @@ fn memoized_session_matches_plain_across_changed_inputs() {
     let mut r = Rng(5);
     let (t, d, h) = (64, 32, 16);
     let w: Vec<f32> = r.vec(h * d).into_iter().map(q16).collect();
-    let build = || {
-        let mut b = Builder::new(Opset::Ios17);
-        let enc = b.input("enc", tin(DType::F16, &[t, d]));
-        let q = b.input("q", tin(DType::F16, &[1, h]));
-        let wc = b.konst("w", f16_tensor(&[h, d], &w));
-        let kp = b
-            .op1(
-                "linear",
-                "k",
-                vec![("x", enc.into()), ("weight", wc.into())],
-            )
-            .unwrap();
-        let y = b
-            .op1(
-                "matmul",
-                "score",
-                vec![
-                    ("x", q.into()),
-                    ("y", kp.into()),
-                    ("transpose_y", In::C(Value::bool_scalar(true))),
-                ],
-            )
-            .unwrap();
-        model(b, &[(y, "score")])
-    };
+    let build = || projected_score_model(t, d, h, &w);
     let mut memo = Session::from_model(build()).unwrap();
     memo.enable_profiling(true);
     let mut plain = Session::from_model(build()).unwrap();
@@ -386,31 +390,7 @@ fn memo_stops_comparing_an_input_that_changes_every_call_and_recovers() {
     let mut r = Rng(11);
     let (t, d, h) = (32, 16, 8);
     let w: Vec<f32> = r.vec(h * d).into_iter().map(q16).collect();
-    let build = || {
-        let mut b = Builder::new(Opset::Ios17);
-        let enc = b.input("enc", tin(DType::F16, &[t, d]));
-        let q = b.input("q", tin(DType::F16, &[1, h]));
-        let wc = b.konst("w", f16_tensor(&[h, d], &w));
-        let kp = b
-            .op1(
-                "linear",
-                "k",
-                vec![("x", enc.into()), ("weight", wc.into())],
-            )
-            .unwrap();
-        let y = b
-            .op1(
-                "matmul",
-                "score",
-                vec![
-                    ("x", q.into()),
-                    ("y", kp.into()),
-                    ("transpose_y", In::C(Value::bool_scalar(true))),
-                ],
-            )
-            .unwrap();
-        model(b, &[(y, "score")])
-    };
+    let build = || projected_score_model(t, d, h, &w);
     let mut memo = Session::from_model(build()).unwrap();
     memo.enable_profiling(true);
     let mut plain = Session::from_model(build()).unwrap();
