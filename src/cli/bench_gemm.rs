@@ -115,19 +115,18 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// The encoder's form of the product: `conv` of x fp16 [1, k, 1, m] with a constant fp16
-/// weight [n, k, 1, 1] and bias [n].
-fn conv_model(s: &Shape) -> Result<Model> {
-    let mut b = Builder::new(Opset::Ios18);
+/// Input `x` fp16 [1, k, 1, m] and the op `name`: its `conv` with a constant fp16 weight
+/// [n, k, 1, 1] and bias [n] (the same values for every model of shape `s`).
+fn encoder_conv(b: &mut Builder, s: &Shape, name: &str) -> Result<milkit::ops::V> {
     let x = b.input("x", ValueType::tensor(DType::F16, &[1, s.k, 1, s.m]));
     let w: Vec<f16> = values(s.n * s.k, 7)
         .into_iter()
         .map(f16::from_f32)
         .collect();
     let bias: Vec<f16> = values(s.n, 9).into_iter().map(f16::from_f32).collect();
-    let y = b.op1(
+    b.op1(
         "conv",
-        "proj",
+        name,
         vec![
             ("x", In::V(x)),
             (
@@ -136,7 +135,14 @@ fn conv_model(s: &Shape) -> Result<Model> {
             ),
             ("bias", In::C(Value::Tensor(ITensor::f16(&[s.n], &bias)))),
         ],
-    )?;
+    )
+}
+
+/// The encoder's form of the product: `conv` of x fp16 [1, k, 1, m] with a constant fp16
+/// weight [n, k, 1, 1] and bias [n].
+fn conv_model(s: &Shape) -> Result<Model> {
+    let mut b = Builder::new(Opset::Ios18);
+    let y = encoder_conv(&mut b, s, "proj")?;
     let (inputs, block) = b.finish(&[(y, "y")])?;
     Ok(Model::single(
         Opset::Ios18,
@@ -365,24 +371,7 @@ pub fn measure_attention(shapes: &[&AttnShape], runs: usize) -> Result<Vec<AttnR
 /// GELU runs in the conv's store).
 fn conv_gelu_model(s: &Shape) -> Result<Model> {
     let mut b = Builder::new(Opset::Ios18);
-    let x = b.input("x", ValueType::tensor(DType::F16, &[1, s.k, 1, s.m]));
-    let w: Vec<f16> = values(s.n * s.k, 7)
-        .into_iter()
-        .map(f16::from_f32)
-        .collect();
-    let bias: Vec<f16> = values(s.n, 9).into_iter().map(f16::from_f32).collect();
-    let y = b.op1(
-        "conv",
-        "fc1",
-        vec![
-            ("x", In::V(x)),
-            (
-                "weight",
-                In::C(Value::Tensor(ITensor::f16(&[s.n, s.k, 1, 1], &w))),
-            ),
-            ("bias", In::C(Value::Tensor(ITensor::f16(&[s.n], &bias)))),
-        ],
-    )?;
+    let y = encoder_conv(&mut b, s, "fc1")?;
     let g = b.gelu("act", &y, "EXACT")?;
     let (inputs, block) = b.finish(&[(g, "y")])?;
     Ok(Model::single(
