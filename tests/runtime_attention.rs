@@ -277,94 +277,97 @@ fn whisper_encoder_self_attention_matches_float64_on_every_kernel() {
 #[test]
 fn every_layout_mask_and_tile_edge_matches_float64_on_every_kernel() {
     // 53 queries (a panel of 48 and a partial one), 37 keys and 11 values (partial tiles of
-    // 8), depth 5; batch [2, 3] with keys shared over the first axis ([3, ..]), values
-    // [3, ..] and one mask [M, N] for all.
-    let (m, n, kd, d) = (53, 37, 5, 11);
+    // 8), depth 5; then the decode-step form's few queries (3 and 1) against 37 and 70 keys
+    // (a whole 32-key step of the row kernels and a tail); batch [2, 3] with keys shared
+    // over the first axis ([3, ..]), values [3, ..] and one mask [M, N] for all.
+    let (kd, d) = (5, 11);
     let (batch, nb) = ([2usize, 3], 6);
     let mut case = 0;
-    for round in [DType::F16, DType::F32] {
-        for flags in 0..16u32 {
-            let [tx, ty, tv, probs_left] = [0, 1, 2, 3].map(|b| flags >> b & 1 == 1);
-            let with_mask = flags % 3 != 0;
-            let want_probs = flags % 2 == 0;
-            case += 1;
-            let mut r = Rng(100 + case);
-            let q = Logical {
-                b: nb,
-                r: m,
-                c: kd,
-                v: r.vals(nb * m * kd, 2.0, round),
-            };
-            let k = Logical {
-                b: 3,
-                r: kd,
-                c: n,
-                v: r.vals(3 * kd * n, 1.0, round),
-            };
-            let v = Logical {
-                b: 3,
-                r: d,
-                c: n,
-                v: r.vals(3 * d * n, 1.0, round),
-            };
-            // A causal-like mask: far keys out (−30000), the others a small bias.
-            let mv: Vec<f64> = (0..m * n)
-                .map(|e| match e % n > e / n + 3 {
-                    true => -30000.0,
-                    false => stored(r.next() * 0.5, round),
-                })
-                .collect();
-            let mk = Logical {
-                b: 1,
-                r: m,
-                c: n,
-                v: mv,
-            };
-            let x = q.tensor(&batch, tx, round);
-            let y = k.tensor(&[3], ty, round);
-            // op(v) is V [D, N], or Vᵀ [N, D] with the probabilities on the left.
-            let vt = v.tensor(&[3], tv != probs_left, round);
-            let mt = mk.tensor(&[], false, round);
-            let a = Attention {
-                x: &x,
-                tx,
-                y: &y,
-                ty,
-                mask: with_mask.then_some(&mt),
-                round: [round; 3],
-                v: &vt,
-                tv,
-                probs_left,
-            };
-            let wants: Vec<Want> = (0..nb)
-                .map(|b| reference(b, &q, &k, &v, with_mask.then_some(&mk), round))
-                .collect();
-            for kernel in kernels() {
-                let what = format!(
-                    "{kernel:?} {round:?} tx {tx} ty {ty} tv {tv} probs_left {probs_left} \
-                     mask {with_mask}"
-                );
-                let (out, probs) = attention_with(&a, want_probs, kernel).unwrap();
-                let shape = if probs_left {
-                    [2, 3, m, d]
-                } else {
-                    [2, 3, d, m]
+    for (m, n) in [(53, 37), (3, 37), (1, 70)] {
+        for round in [DType::F16, DType::F32] {
+            for flags in 0..16u32 {
+                let [tx, ty, tv, probs_left] = [0, 1, 2, 3].map(|b| flags >> b & 1 == 1);
+                let with_mask = flags % 3 != 0;
+                let want_probs = flags % 2 == 0;
+                case += 1;
+                let mut r = Rng(100 + case);
+                let q = Logical {
+                    b: nb,
+                    r: m,
+                    c: kd,
+                    v: r.vals(nb * m * kd, 2.0, round),
                 };
-                assert_eq!(out.dims(), &shape, "{what}");
-                assert_eq!(probs.is_some(), want_probs, "{what}");
-                let out = f32s(&out);
-                let probs = probs.map(|p| f32s(&p));
-                for (b, want) in wants.iter().enumerate() {
-                    check(
-                        &format!("{what}, entry {b}"),
-                        (
-                            &out[b * m * d..(b + 1) * m * d],
-                            probs.as_ref().map(|p| &p[b * m * n..(b + 1) * m * n]),
-                        ),
-                        want,
-                        probs_left,
-                        round,
+                let k = Logical {
+                    b: 3,
+                    r: kd,
+                    c: n,
+                    v: r.vals(3 * kd * n, 1.0, round),
+                };
+                let v = Logical {
+                    b: 3,
+                    r: d,
+                    c: n,
+                    v: r.vals(3 * d * n, 1.0, round),
+                };
+                // A causal-like mask: far keys out (−30000), the others a small bias.
+                let mv: Vec<f64> = (0..m * n)
+                    .map(|e| match e % n > e / n + 3 {
+                        true => -30000.0,
+                        false => stored(r.next() * 0.5, round),
+                    })
+                    .collect();
+                let mk = Logical {
+                    b: 1,
+                    r: m,
+                    c: n,
+                    v: mv,
+                };
+                let x = q.tensor(&batch, tx, round);
+                let y = k.tensor(&[3], ty, round);
+                // op(v) is V [D, N], or Vᵀ [N, D] with the probabilities on the left.
+                let vt = v.tensor(&[3], tv != probs_left, round);
+                let mt = mk.tensor(&[], false, round);
+                let a = Attention {
+                    x: &x,
+                    tx,
+                    y: &y,
+                    ty,
+                    mask: with_mask.then_some(&mt),
+                    round: [round; 3],
+                    v: &vt,
+                    tv,
+                    probs_left,
+                };
+                let wants: Vec<Want> = (0..nb)
+                    .map(|b| reference(b, &q, &k, &v, with_mask.then_some(&mk), round))
+                    .collect();
+                for kernel in kernels() {
+                    let what = format!(
+                        "{kernel:?} {round:?} m {m} n {n} tx {tx} ty {ty} tv {tv} \
+                     probs_left {probs_left} mask {with_mask}"
                     );
+                    let (out, probs) = attention_with(&a, want_probs, kernel).unwrap();
+                    let shape = if probs_left {
+                        [2, 3, m, d]
+                    } else {
+                        [2, 3, d, m]
+                    };
+                    assert_eq!(out.dims(), &shape, "{what}");
+                    assert_eq!(probs.is_some(), want_probs, "{what}");
+                    let out = f32s(&out);
+                    let probs = probs.map(|p| f32s(&p));
+                    for (b, want) in wants.iter().enumerate() {
+                        check(
+                            &format!("{what}, entry {b}"),
+                            (
+                                &out[b * m * d..(b + 1) * m * d],
+                                probs.as_ref().map(|p| &p[b * m * n..(b + 1) * m * n]),
+                            ),
+                            want,
+                            probs_left,
+                            round,
+                        );
+                    }
                 }
             }
         }

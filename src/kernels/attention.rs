@@ -396,19 +396,22 @@ impl<'a> Rows<'a> {
         }
     }
 
-    /// `s += Σ_r q[r] · row(row0 + r)` over `q.len()` rows of `n = s.len()`; fp16 rows four
-    /// at a time, converted in registers (`buf`: scratch for the f32 rows).
+    /// `s += Σ_r q[r] · row(row0 + r)` over `q.len()` rows of `n = s.len()`; fp16 rows
+    /// converted in registers, row after row on AVX-512 (one sequential stream), four at a
+    /// time on AVX2 (`buf`: scratch for the f32 rows).
     fn axpy(&self, row0: usize, q: &[f32], s: &mut [f32], buf: &mut [f32], simd: bool, wide: bool) {
         let n = s.len();
         let mut r = 0;
+        if let (Rows::H(h), true) = (self, wide) {
+            let w = &h[row0 * n..(row0 + q.len()) * n];
+            super::gemv::wide::axpy_rows_f16(w, q, s, true);
+            return;
+        }
         if let Rows::H(h) = self {
             while r + 4 <= q.len() {
                 let w = &h[(row0 + r) * n..(row0 + r + 4) * n];
                 let qv = [q[r], q[r + 1], q[r + 2], q[r + 3]];
-                match wide {
-                    true => super::gemv::wide::axpy4_f16(w, qv, s, true),
-                    false => super::gemv::simd::axpy4_f16(w, qv, s, simd),
-                }
+                super::gemv::simd::axpy4_f16(w, qv, s, simd);
                 r += 4;
             }
         }

@@ -181,7 +181,7 @@ fn shared_arena_keeps_every_product() {
 /// The AVX-512 kernels (where the CPU has them) and their portable forms against the plain
 /// per-element loops: fp16 rows (counts past the last group of four, lengths past the last
 /// 32-element step), 4-bit code rows with one palette (LUT4) and with block scales (int4:
-/// blocks of 32/64/96 and the whole row), and the attention's four-row fp16 update.
+/// blocks of 32/64/96 and the whole row), and the attention's row-by-row fp16 update.
 #[test]
 fn wide_kernels_match_plain_loops() {
     use super::wide;
@@ -248,25 +248,24 @@ fn wide_kernels_match_plain_loops() {
             }
         }
         let n = k;
-        let w: Vec<half::f16> = (0..4 * n).map(|_| half::f16::from_f32(r.f())).collect();
-        let q = [r.f(), r.f(), r.f(), r.f()];
-        let s0: Vec<f32> = (0..n).map(|_| r.f()).collect();
-        let mut want = s0.clone();
-        simd::axpy4_f16(&w, q, &mut want, false);
-        for o in [false, on] {
-            let mut got = s0.clone();
-            wide::axpy4_f16(&w, q, &mut got, o);
-            for j in 0..n {
-                let mag = s0[j].abs()
-                    + (0..4)
-                        .map(|t| (q[t] * w[t * n + j].to_f32()).abs())
-                        .sum::<f32>();
-                close(
-                    got[j],
-                    want[j],
-                    mag,
-                    &format!("wide axpy4 n {n} at {j} on {o}"),
-                );
+        for rows in [1usize, 4, 7] {
+            let w: Vec<half::f16> = (0..rows * n).map(|_| half::f16::from_f32(r.f())).collect();
+            let q: Vec<f32> = (0..rows).map(|_| r.f()).collect();
+            let s0: Vec<f32> = (0..n).map(|_| r.f()).collect();
+            for o in [false, on] {
+                let mut got = s0.clone();
+                wide::axpy_rows_f16(&w, &q, &mut got, o);
+                for j in 0..n {
+                    let term = |t: usize| q[t] as f64 * w[t * n + j].to_f32() as f64;
+                    let want = s0[j] as f64 + (0..rows).map(term).sum::<f64>();
+                    let mag = s0[j].abs() + (0..rows).map(|t| term(t).abs() as f32).sum::<f32>();
+                    close(
+                        got[j],
+                        want as f32,
+                        mag,
+                        &format!("wide axpy_rows {rows} rows n {n} at {j} on {o}"),
+                    );
+                }
             }
         }
     }
