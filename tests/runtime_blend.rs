@@ -1,7 +1,9 @@
 //! `add(mul(a, b), mul(c, d))` fused into one pass (`runtime::blend_fusion`): a decoder's
 //! cache blend `cache·(1 − mask) + new·mask` with broadcasting, in fp16 (intermediate
 //! roundings matter: arbitrary mask values) and f32, must equal op-by-op evaluation bit for
-//! bit; a product with a second reader is left unfused.
+//! bit; a product with a second reader is left unfused. A blend that only feeds a fused
+//! decode-step attention's keys or values through a reshape into heads moves into the
+//! attention (its rows filled head by head), with the same bits as the blend run whole.
 
 mod common;
 
@@ -106,4 +108,140 @@ fn product_with_another_reader_is_not_fused() {
     let (want, _) = run(DType::F16, true, false, &mut Rng(7));
     assert!(!fused);
     assert_eq!(got, want);
+}
+
+/// Keys and values of 2 heads of depth 8 over `n` positions, each the blend of a cache with
+/// this token's column (`cache·(1 − mask) + new·mask`), reshaped into heads and attended by
+/// one query: the WhisperKit decoder's self-attention.
+fn attention_over_blends(n: usize) -> milkit::ir::Model {
+    let dt = DType::F16;
+    let mut b = Builder::new(milkit::ir::Opset::Ios17);
+    let q = b.input("q", tin(dt, &[1, 2, 8, 1]));
+    let mask = b.input("mask", tin(dt, &[1, 1, 1, n]));
+    let keep = b
+        .op1(
+            "sub",
+            "keep",
+            vec![("x", c(Value::f16_scalar(1.0))), ("y", In::from(&mask))],
+        )
+        .unwrap();
+    let mut heads = vec![];
+    for name in ["k", "v"] {
+        let cache = b.input(&format!("{name}_cache"), tin(dt, &[1, D, 1, n]));
+        let new = b.input(&format!("{name}_new"), tin(dt, &[1, D, 1, 1]));
+        let old = b
+            .op1(
+                "mul",
+                &format!("{name}_old"),
+                vec![("x", In::from(&cache)), ("y", In::V(keep.clone()))],
+            )
+            .unwrap();
+        let put = b
+            .op1(
+                "mul",
+                &format!("{name}_put"),
+                vec![("x", In::from(&new)), ("y", In::from(&mask))],
+            )
+            .unwrap();
+        let merged = b
+            .op1(
+                "add",
+                &format!("{name}_merged"),
+                vec![("x", In::V(old)), ("y", In::V(put))],
+            )
+            .unwrap();
+        let h = b
+            .op1(
+                "reshape",
+                &format!("{name}_heads"),
+                vec![("x", In::V(merged)), ("shape", ints(&[1, 2, 8, n as i32]))],
+            )
+            .unwrap();
+        heads.push(h);
+    }
+    let scores = b
+        .op1(
+            "matmul",
+            "scores",
+            vec![
+                ("x", In::from(&q)),
+                ("y", In::V(heads[0].clone())),
+                ("transpose_x", c(Value::bool_scalar(true))),
+            ],
+        )
+        .unwrap();
+    let p = b
+        .op1(
+            "softmax",
+            "p",
+            vec![("x", In::V(scores)), ("axis", ints(&[3]))],
+        )
+        .unwrap();
+    let out = b
+        .op1(
+            "matmul",
+            "out",
+            vec![
+                ("x", In::V(heads[1].clone())),
+                ("y", In::V(p)),
+                ("transpose_y", c(Value::bool_scalar(true))),
+            ],
+        )
+        .unwrap();
+    model(b, &[(out, "out")])
+}
+
+/// Calls per op type, from a session's profile.
+type OpCounts = Vec<(String, usize)>;
+
+#[test]
+fn blend_moved_into_a_decode_attention_keeps_the_bits() {
+    // 45 positions: a whole 32-element step of the row kernels and a tail; the mask picks
+    // position 7 (a decode step) or mixes arbitrary values (any blend).
+    let n = 45;
+    for (seed, one_hot) in [(11, true), (12, false)] {
+        let results: Vec<(Vec<u32>, OpCounts)> = [true, false]
+            .iter()
+            .map(|&fuse| {
+                let opts = Options {
+                    fuse_blends: fuse,
+                    ..Options::default()
+                };
+                let mut s = Session::from_model_with(attention_over_blends(n), &opts).unwrap();
+                s.enable_profiling(true);
+                let mut r = Rng(seed);
+                let t = |v: Vec<f32>, shape: &[usize]| {
+                    host(&v, shape).to_dtype(candle_core::DType::F16).unwrap()
+                };
+                let mask: Vec<f32> = match one_hot {
+                    true => (0..n).map(|j| (j == 7) as u8 as f32).collect(),
+                    false => r.vec(n),
+                };
+                let ins = [
+                    ("q", t(r.vec(16), &[1, 2, 8, 1])),
+                    ("mask", t(mask, &[1, 1, 1, n])),
+                    ("k_cache", t(r.vec(D * n), &[1, D, 1, n])),
+                    ("k_new", t(r.vec(D), &[1, D, 1, 1])),
+                    ("v_cache", t(r.vec(D * n), &[1, D, 1, n])),
+                    ("v_new", t(r.vec(D), &[1, D, 1, 1])),
+                ];
+                let out = s.predict(&ins).unwrap();
+                let bits = f32s(&out[0].1).iter().map(|x| x.to_bits()).collect();
+                let ops = s.profile().iter().map(|p| (p.0.clone(), p.1)).collect();
+                (bits, ops)
+            })
+            .collect();
+        let (moved, whole) = (&results[0], &results[1]);
+        let count =
+            |ops: &[(String, usize)], op: &str| ops.iter().find(|p| p.0 == op).map_or(0, |p| p.1);
+        // Moved in: one attention step, no blend and no reshape left.
+        assert_eq!(count(&moved.1, "matmul+softmax+matmul"), 1, "{:?}", moved.1);
+        assert_eq!(count(&moved.1, blend_fusion::FUSED), 0, "{:?}", moved.1);
+        assert_eq!(count(&moved.1, "reshape"), 0, "{:?}", moved.1);
+        // Without blend fusion: the blend's three ops each, the same attention step.
+        assert_eq!(count(&whole.1, "mul"), 4, "{:?}", whole.1);
+        assert_eq!(count(&whole.1, "matmul+softmax+matmul"), 1, "{:?}", whole.1);
+        assert_eq!(moved.0, whole.0, "seed {seed}: the outputs differ");
+        assert!(moved.0.iter().any(|&b| b != 0));
+    }
 }

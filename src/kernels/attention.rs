@@ -9,6 +9,7 @@
 //! AVX-512 does (`kernels::attention_panel`), else as blocks of [`ROWS`] on candle's gemm.
 
 use super::attention_panel::{self as panel, Mat, Problem, Round};
+use super::blend::BlendRows;
 use super::data::{from_vec, to_f32};
 use super::elementwise::broadcast_shape;
 use super::fastmath;
@@ -138,13 +139,11 @@ pub fn attention_probs(a: &Attention, want_probs: bool) -> Result<(Tensor, Optio
     attention_with(a, want_probs, Kernel::best())
 }
 
-/// [`attention_probs`] on the given many-row `kernel` (benchmarks and tests time and check
-/// each).
-pub fn attention_with(
-    a: &Attention,
-    want_probs: bool,
-    kernel: Kernel,
-) -> Result<(Tensor, Option<Tensor>)> {
+/// `(M, N, K, D)`: M queries of depth K against N keys, values of depth D.
+type Dims = (usize, usize, usize, usize);
+
+/// The batch shape and the [`Dims`] of an attention.
+fn shapes(a: &Attention) -> Result<(Vec<usize>, Dims)> {
     let (xr, yr, vr) = (a.x.rank(), a.y.rank(), a.v.rank());
     ensure!(
         xr >= 2 && yr >= 2 && vr >= 2,
@@ -173,8 +172,33 @@ pub fn attention_with(
     );
     let mut batch = broadcast_shape(&a.x.dims()[..xr - 2], &a.y.dims()[..yr - 2])?;
     batch = broadcast_shape(&batch, &a.v.dims()[..vr - 2])?;
+    Ok((batch, (m, n, k, d)))
+}
+
+/// The decode-step attention with its keys and/or values the rows of a cache blend
+/// `a·b + c·d` ([`BlendRows`]) instead of a tensor: `a.y` / `a.v` then only give the shape
+/// (a broadcast placeholder). Each head's rows are filled where they are read, so the
+/// blended cache is never written whole. `None` where the decode-step form does not apply
+/// (more queries, other layouts): the caller computes the blend and calls [`attention_probs`].
+pub fn attention_blended(
+    a: &Attention,
+    want_probs: bool,
+    fill: [Option<&BlendRows>; 2],
+) -> Result<Option<(Tensor, Option<Tensor>)>> {
+    let (batch, dims) = shapes(a)?;
+    few_rows(a, &batch, dims, want_probs, fill)
+}
+
+/// [`attention_probs`] on the given many-row `kernel` (benchmarks and tests time and check
+/// each).
+pub fn attention_with(
+    a: &Attention,
+    want_probs: bool,
+    kernel: Kernel,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let (batch, (m, n, k, d)) = shapes(a)?;
     let nb: usize = batch.iter().product();
-    if let Some(r) = few_rows(a, &batch, (m, n, k, d), want_probs)? {
+    if let Some(r) = few_rows(a, &batch, (m, n, k, d), want_probs, [None, None])? {
         return Ok(r);
     }
     if let Kernel::Panels(isa) = kernel {
@@ -442,6 +466,43 @@ fn with_rows<R>(t: &Tensor, f: impl FnOnce(Rows) -> Result<R>) -> Result<Option<
     }))
 }
 
+/// Where a decode step reads its keys or values: a tensor's rows, or the rows of a cache
+/// blend ([`BlendRows`]) filled head by head where they are read.
+#[derive(Clone, Copy)]
+enum Heads<'a> {
+    Rows(Rows<'a>),
+    Blend(&'a BlendRows<'a>),
+}
+
+impl<'a> Heads<'a> {
+    /// Head `b`'s `rows` rows of `n`, and the row they start at: in the tensor, or filled
+    /// into `buf` (starting at 0).
+    fn head<'s>(&self, b: usize, rows: usize, n: usize, buf: &'s mut Vec<f16>) -> (Rows<'s>, usize)
+    where
+        'a: 's,
+    {
+        match *self {
+            Heads::Rows(r) => (r, b * rows),
+            Heads::Blend(br) => {
+                buf.resize(rows * n, f16::ZERO);
+                br.fill(b * rows, buf);
+                (Rows::H(buf), 0)
+            }
+        }
+    }
+}
+
+fn with_heads<R>(
+    t: &Tensor,
+    fill: Option<&BlendRows>,
+    f: impl FnOnce(Heads) -> Result<R>,
+) -> Result<Option<R>> {
+    match fill {
+        Some(br) => f(Heads::Blend(br)).map(Some),
+        None => with_rows(t, |r| f(Heads::Rows(r))),
+    }
+}
+
 /// The decode-step form: a few query rows against keys `[.., K, N]` and values `[.., D, N]`
 /// (Whisper's head layout, result `[.., D, M]`), reading keys and values in their storage
 /// dtype row by row — no f32 copy of a 1500-position cross-attention cache per token.
@@ -451,9 +512,22 @@ fn few_rows(
     batch: &[usize],
     (m, n, k, d): (usize, usize, usize, usize),
     want_probs: bool,
+    fill: [Option<&BlendRows>; 2],
 ) -> Result<Option<(Tensor, Option<Tensor>)>> {
     if m > FEW || a.ty || a.tv || a.probs_left || a.y.dtype() != a.v.dtype() {
         return Ok(None);
+    }
+    // Blended keys or values must be exactly the batch's heads of rows of `n`.
+    for (br, t, rows) in [(fill[0], a.y, k), (fill[1], a.v, d)] {
+        if let Some(br) = br {
+            let r = t.rank();
+            if t.dims()[..r - 2] != *batch
+                || br.dims.last() != Some(&n)
+                || br.rows() != batch.iter().product::<usize>() * rows
+            {
+                return Ok(None);
+            }
+        }
     }
     let nb: usize = batch.iter().product();
     let q = op(batched(&to_f32(a.x)?, batch)?, a.tx)?;
@@ -472,22 +546,32 @@ fn few_rows(
         }
         None => None,
     };
-    let (y, v) = (batched(a.y, batch)?, batched(a.v, batch)?);
+    // Placeholders stand for blended operands (filled per head below).
+    let (y, v) = match fill {
+        [None, None] => (batched(a.y, batch)?, batched(a.v, batch)?),
+        [Some(_), None] => (a.y.clone(), batched(a.v, batch)?),
+        [None, Some(_)] => (batched(a.y, batch)?, a.v.clone()),
+        [Some(_), Some(_)] => (a.y.clone(), a.v.clone()),
+    };
     let isa = super::gemv::Isa::best();
     let (simd, wide) = (
         isa != super::gemv::Isa::Portable,
         isa == super::gemv::Isa::Avx512,
     );
-    let out = with_rows(&y, |ky| {
-        with_rows(&v, |vv| {
+    let out = with_heads(&y, fill[0], |ky| {
+        with_heads(&v, fill[1], |vv| {
             Ok((0..nb)
                 .into_par_iter()
                 .map(|b| {
                     let mut buf = vec![0f32; n];
                     let mut s = vec![0f32; m * n];
+                    // This head's keys: rows of the tensor, or its rows of the blend
+                    // filled here (they stay in this core's cache).
+                    let mut kh = vec![];
+                    let (ky, k0) = ky.head(b, k, n, &mut kh);
                     for (i, si) in s.chunks_mut(n).enumerate() {
                         let qi = &q[(b * m + i) * k..(b * m + i + 1) * k];
-                        ky.axpy(b * k, qi, si, &mut buf, simd, wide);
+                        ky.axpy(k0, qi, si, &mut buf, simd, wide);
                     }
                     round_to(&mut s, a.round[0]);
                     if let Some(mk) = &mask {
@@ -503,16 +587,18 @@ fn few_rows(
                     }
                     round_to(&mut s, a.round[2]);
                     let mut o = vec![0f32; d * m];
+                    let mut vh = vec![];
+                    let (vv, v0) = vv.head(b, d, n, &mut vh);
                     // One query row against fp16 values: the `d` value rows in one pass of
-                    // the 4-row kernel (AVX-512).
+                    // the row kernel (AVX-512).
                     if let (Some(h), 1, true) = (vv.f16(), m, wide) {
-                        let hb = &h[b * d * n..(b + 1) * d * n];
+                        let hb = &h[v0 * n..(v0 + d) * n];
                         super::gemv::wide::f16_rows(hb, &s, &mut o, true);
                     } else {
                         for r in 0..d {
                             for i in 0..m {
                                 o[r * m + i] =
-                                    vv.dot(b * d + r, &s[i * n..(i + 1) * n], &mut buf, simd);
+                                    vv.dot(v0 + r, &s[i * n..(i + 1) * n], &mut buf, simd);
                             }
                         }
                     }

@@ -70,28 +70,25 @@ impl<'a> Operand<'a> {
     }
 }
 
-/// `a·b + c·d` (broadcast). Operands of one float dtype (fp16 or f32) are computed
-/// in f32 and rounded to it after each product and after the sum — bit-identical to
-/// `mul`, `mul`, `add` evaluated one by one; anything else runs as those three ops.
-pub fn mul_mul_add(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Result<Tensor> {
-    let dt = a.dtype();
-    let same = [b, c, d].iter().all(|t| t.dtype() == dt);
-    if !same || !matches!(dt, DType::F16 | DType::F32) || a.rank() == 0 {
-        let p = binary(a, b, BinOp::Mul)?;
-        let q = binary(c, d, BinOp::Mul)?;
-        return binary(&p, &q, BinOp::Add);
-    }
+/// The output shape of `a·b + c·d` (rank ≥ 1), or an error when the operands do not
+/// broadcast.
+fn out_shape(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Result<Vec<usize>> {
     let mut out = broadcast_shape(a.dims(), b.dims())?;
     out = broadcast_shape(&out, &broadcast_shape(c.dims(), d.dims())?)?;
     if out.is_empty() {
         out.push(1);
     }
-    let len = *out.last().unwrap_or(&1);
-    let total: usize = out.iter().product();
-    if total == 0 {
-        return from_f32(vec![], &out, dt);
-    }
-    let ts = [a, b, c, d]
+    Ok(out)
+}
+
+/// Calls `f` with the four operands (fp16 or f32, all `dt`) laid against the output shape.
+fn with_operands<R>(
+    ts: [&Tensor; 4],
+    out: &[usize],
+    dt: DType,
+    f: impl FnOnce(Vec<Operand>) -> R,
+) -> Result<R> {
+    let ts = ts
         .iter()
         .map(|t| {
             Ok(if t.is_contiguous() {
@@ -114,56 +111,127 @@ pub fn mul_mul_add(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Result<Ten
             DType::F16 => Data::H(&cs.as_slice::<f16>()?[s0..s1]),
             _ => Data::F(&cs.as_slice::<f32>()?[s0..s1]),
         };
-        ops.push(Operand::new(v, t.dims(), &out));
+        ops.push(Operand::new(v, t.dims(), out));
+    }
+    Ok(f(ops))
+}
+
+/// The rows (of the last axis) of `a·b + c·d` on fp16 operands, computed on demand: a
+/// consumer that reads the result row by row (a decode step's attention over a blended KV
+/// cache) fills each row where it needs it, and the whole result is never written.
+pub struct BlendRows<'a> {
+    ops: Vec<Operand<'a>>,
+    /// The output shape; rows are of its last axis.
+    pub dims: Vec<usize>,
+}
+
+impl BlendRows<'_> {
+    /// Output rows `first..first + out.len() / row_len` into `out`, each rounded exactly as
+    /// `mul`, `mul` and `add` on fp16 tensors round (`out`: a whole number of rows).
+    pub fn fill(&self, first: usize, out: &mut [f16]) {
+        let len = *self.dims.last().unwrap_or(&1);
+        let mut bufs = vec![0f32; 4 * len];
+        let mut last = [usize::MAX; 4];
+        for (i, yr) in out.chunks_mut(len).enumerate() {
+            let r = first + i;
+            // Each operand's row widened once and reused while the next output row reads
+            // the same elements (a broadcast mask is one row for the whole cache).
+            for (k, (op, buf)) in self.ops.iter().zip(bufs.chunks_mut(len)).enumerate() {
+                if last[k] != op.row_base[r] {
+                    op.row(r, buf);
+                    last[k] = op.row_base[r];
+                }
+            }
+            let (a, rest) = bufs.split_at(len);
+            let (b, rest) = rest.split_at(len);
+            let (c, d) = rest.split_at(len);
+            super::convert::blend_to_f16(a, b, c, d, yr);
+        }
+    }
+
+    /// How many rows the result has.
+    pub fn rows(&self) -> usize {
+        self.dims[..self.dims.len() - 1].iter().product()
+    }
+}
+
+/// Calls `f` with the rows of `a·b + c·d` on demand ([`BlendRows`]) when all four operands
+/// are fp16 and broadcast; `None` otherwise (then [`mul_mul_add`] computes it whole).
+pub fn with_rows<R>(
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    d: &Tensor,
+    f: impl FnOnce(&BlendRows) -> R,
+) -> Result<Option<R>> {
+    if [a, b, c, d].iter().any(|t| t.dtype() != DType::F16) || a.rank() == 0 {
+        return Ok(None);
+    }
+    let out = out_shape(a, b, c, d)?;
+    if out.iter().product::<usize>() == 0 {
+        return Ok(None);
+    }
+    let dims = out.clone();
+    with_operands([a, b, c, d], &out, DType::F16, |ops| {
+        f(&BlendRows { ops, dims })
+    })
+    .map(Some)
+}
+
+/// `a·b + c·d` (broadcast). Operands of one float dtype (fp16 or f32) are computed
+/// in f32 and rounded to it after each product and after the sum — bit-identical to
+/// `mul`, `mul`, `add` evaluated one by one; anything else runs as those three ops.
+pub fn mul_mul_add(a: &Tensor, b: &Tensor, c: &Tensor, d: &Tensor) -> Result<Tensor> {
+    let dt = a.dtype();
+    let same = [b, c, d].iter().all(|t| t.dtype() == dt);
+    if !same || !matches!(dt, DType::F16 | DType::F32) || a.rank() == 0 {
+        let p = binary(a, b, BinOp::Mul)?;
+        let q = binary(c, d, BinOp::Mul)?;
+        return binary(&p, &q, BinOp::Add);
+    }
+    let out = out_shape(a, b, c, d)?;
+    let len = *out.last().unwrap_or(&1);
+    let total: usize = out.iter().product();
+    if total == 0 {
+        return from_f32(vec![], &out, dt);
     }
     let rows_per_task = MIN_TASK.div_ceil(len).max(1);
     if dt == DType::F16 {
-        // Each operand's row widened once per task and reused while the next output row
-        // reads the same elements (a broadcast mask is one row for the whole cache); then
-        // one pass multiplies, rounds, adds and narrows.
-        let mut out16 = vec![f16::ZERO; total];
-        out16
-            .par_chunks_mut(rows_per_task * len)
-            .enumerate()
-            .for_each(|(t, ys)| {
-                let mut bufs = vec![0f32; 4 * len];
-                let mut last = [usize::MAX; 4];
-                for (i, yr) in ys.chunks_mut(len).enumerate() {
-                    let r = t * rows_per_task + i;
-                    for (k, (op, buf)) in ops.iter().zip(bufs.chunks_mut(len)).enumerate() {
-                        if last[k] != op.row_base[r] {
-                            op.row(r, buf);
-                            last[k] = op.row_base[r];
-                        }
-                    }
-                    let (a, rest) = bufs.split_at(len);
-                    let (b, rest) = rest.split_at(len);
-                    let (c, d) = rest.split_at(len);
-                    super::convert::blend_to_f16(a, b, c, d, yr);
-                }
-            });
-        return from_vec(out16, &out);
+        // Rows filled in parallel tasks, one pass each.
+        let filled = with_rows(a, b, c, d, |br| {
+            let mut out16 = vec![f16::ZERO; total];
+            out16
+                .par_chunks_mut(rows_per_task * len)
+                .enumerate()
+                .for_each(|(t, ys)| br.fill(t * rows_per_task, ys));
+            out16
+        })?;
+        if let Some(out16) = filled {
+            return from_vec(out16, &out);
+        }
     }
     // f32: one row's two products and their sum, each an f32 operation as op by op.
-    let row = |r: usize, p: &mut [f32], q: &mut [f32], y: &mut [f32]| {
-        ops[0].row(r, p);
-        ops[1].row(r, y);
-        p.iter_mut().zip(&*y).for_each(|(p, v)| *p *= v);
-        ops[2].row(r, q);
-        ops[3].row(r, y);
-        q.iter_mut().zip(&*y).for_each(|(q, v)| *q *= v);
-        y.iter_mut()
-            .zip(p.iter().zip(&*q))
-            .for_each(|(y, (p, q))| *y = p + q);
-    };
-    let mut y = vec![0f32; total];
-    y.par_chunks_mut(rows_per_task * len)
-        .enumerate()
-        .for_each(|(t, ys)| {
-            let (mut p, mut q) = (vec![0f32; len], vec![0f32; len]);
-            for (i, yr) in ys.chunks_mut(len).enumerate() {
-                row(t * rows_per_task + i, &mut p, &mut q, yr);
-            }
-        });
-    from_f32(y, &out, dt)
+    with_operands([a, b, c, d], &out, dt, |ops| {
+        let row = |r: usize, p: &mut [f32], q: &mut [f32], y: &mut [f32]| {
+            ops[0].row(r, p);
+            ops[1].row(r, y);
+            p.iter_mut().zip(&*y).for_each(|(p, v)| *p *= v);
+            ops[2].row(r, q);
+            ops[3].row(r, y);
+            q.iter_mut().zip(&*y).for_each(|(q, v)| *q *= v);
+            y.iter_mut()
+                .zip(p.iter().zip(&*q))
+                .for_each(|(y, (p, q))| *y = p + q);
+        };
+        let mut y = vec![0f32; total];
+        y.par_chunks_mut(rows_per_task * len)
+            .enumerate()
+            .for_each(|(t, ys)| {
+                let (mut p, mut q) = (vec![0f32; len], vec![0f32; len]);
+                for (i, yr) in ys.chunks_mut(len).enumerate() {
+                    row(t * rows_per_task + i, &mut p, &mut q, yr);
+                }
+            });
+        from_f32(y, &out, dt)
+    })?
 }

@@ -17,7 +17,9 @@ pub mod index;
 pub mod linalg;
 pub mod norm;
 
-pub use attention::{attention, attention_probs, attention_with, Attention, Kernel};
+pub use attention::{
+    attention, attention_blended, attention_probs, attention_with, Attention, Kernel,
+};
 pub use data::{cast, from_f32, from_vec, to_f32, to_f32_vec, to_vec, unpack_bits};
 pub use elementwise::{
     binary, broadcast_shape, compare, logical, map_f32, map_gelu, map_i64, select, BinOp, CmpOp,

@@ -2,9 +2,13 @@
 //! inputs merges this token into the cache (`cache·(1 − mask) + new·mask`) — into one step
 //! running `kernels::blend::mul_mul_add`, which rounds like the three ops and makes one
 //! pass instead of three. Fused only when each product has the add as its only reader and
-//! is no block output.
+//! is no block output. Then, where such a blend only feeds (through a reshape into heads)
+//! the keys or values of a fused attention, the blend moves into the attention step
+//! ([`fuse_into_attention`]): a decode step fills each head's blended rows where it reads
+//! them, and the blended cache is never written whole.
 
 use super::step::{slot_uses, splice_fused, Src, Step};
+use crate::ir::{Dim, Value};
 use crate::kernels;
 use crate::ops::eval::{out0, EvalCx, RValue};
 use anyhow::Result;
@@ -76,4 +80,90 @@ pub fn fuse_blends(steps: &mut Vec<Step>, outputs: &[Src]) {
 fn eval_mul_mul_add(cx: &EvalCx) -> Result<Vec<RValue>> {
     let (a, b, c, d) = (cx.t("a")?, cx.t("b")?, cx.t("c")?, cx.t("d")?);
     out0(cx, kernels::blend::mul_mul_add(a, b, c, d)?)
+}
+
+/// Moves each blend that only feeds a fused attention's keys or values through one
+/// `reshape` (which keeps the rows: the last axis unchanged, every dimension fixed) into
+/// the attention step, removing the blend and the reshape. Run after [`fuse_blends`] and
+/// the attention fusion.
+pub fn fuse_into_attention(steps: &mut Vec<Step>, outputs: &[Src]) {
+    let uses = slot_uses(steps, outputs);
+    let only_use = |slot: usize| match uses.get(&slot).map(Vec::as_slice) {
+        Some([i]) if *i != usize::MAX => Some(*i),
+        _ => None,
+    };
+    let mut maker: HashMap<usize, usize> = HashMap::new();
+    for (i, st) in steps.iter().enumerate() {
+        for &o in &st.outs {
+            maker.insert(o, i);
+        }
+    }
+    let fixed = |st: &Step| -> Option<Vec<usize>> {
+        st.out_types[0]
+            .as_tensor()?
+            .shape
+            .iter()
+            .map(|d| match d {
+                Dim::Fixed(n) => Some(*n),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut removed = vec![false; steps.len()];
+    let mut rewrites: Vec<(usize, &str, usize, usize, Vec<usize>)> = vec![];
+    for (i, st) in steps.iter().enumerate() {
+        if st.op_type != super::fusion::FUSED {
+            continue;
+        }
+        for p in ["y", "v"] {
+            let Some(Src::Slot(k1)) = st.single(p) else {
+                continue;
+            };
+            let Some(r) = maker.get(&k1).copied() else {
+                continue;
+            };
+            let rs = &steps[r];
+            if rs.op_type != "reshape" || rs.outs != [k1] || only_use(k1) != Some(i) {
+                continue;
+            }
+            let Some(Src::Slot(k2)) = rs.single("x") else {
+                continue;
+            };
+            let Some(b) = maker.get(&k2).copied() else {
+                continue;
+            };
+            let bs = &steps[b];
+            if bs.op_type != FUSED || bs.outs != [k2] || only_use(k2) != Some(r) {
+                continue;
+            }
+            let (Some(shape), Some(blended)) = (fixed(rs), fixed(bs)) else {
+                continue;
+            };
+            if shape.last() != blended.last() || removed[r] || removed[b] {
+                continue;
+            }
+            removed[r] = true;
+            removed[b] = true;
+            rewrites.push((i, p, b, r, shape));
+        }
+    }
+    for (i, p, b, _, shape) in rewrites {
+        let (names, shape_attr) = super::fusion::blend_args(p);
+        let srcs: Vec<Src> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|o| {
+                steps[b]
+                    .single(o)
+                    .expect("a fused blend binds a, b, c and d")
+            })
+            .collect();
+        let st = &mut steps[i];
+        st.args.retain(|(n, _)| n != p);
+        for (name, src) in names.iter().zip(srcs) {
+            st.args.push((name.clone(), vec![src]));
+        }
+        let dims: Vec<i32> = shape.iter().map(|&n| n as i32).collect();
+        st.attributes.insert(shape_attr, Value::i32s(&dims));
+    }
+    splice_fused(steps, BTreeMap::new(), &removed);
 }

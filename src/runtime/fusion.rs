@@ -5,12 +5,17 @@
 //! have later readers: they are then a second output of the fused step); the fused step keeps
 //! the unfused program's storage dtypes (scores, masked scores and probabilities are
 //! rounded to them), so results match op-by-op evaluation up to f32 summation order.
+//! Keys or values that are a cache blend may be moved in by
+//! [`super::blend_fusion::fuse_into_attention`]; the step then fills their rows per head
+//! (`kernels::attention_blended`), or computes the blend whole where the decode-step form
+//! does not apply.
 
 use super::step::{slot_uses, splice_fused, Const, Src, Step};
 use crate::ir::{Value, ValueType};
-use crate::kernels::{self, Attention};
+use crate::kernels::{self, blend::BlendRows, Attention};
 use crate::ops::eval::{storage_dtype, EvalCx, RValue};
 use anyhow::{anyhow, Result};
+use candle_core::Tensor;
 use std::collections::BTreeMap;
 
 /// The op type fused steps report (in profiles and errors).
@@ -198,6 +203,22 @@ fn match_chain(
     })
 }
 
+/// The arguments a fused attention takes instead of `p` (`y` or `v`) when that operand is
+/// a moved-in blend: its four operands, and the attribute with the reshaped shape.
+pub fn blend_args(p: &str) -> ([String; 4], String) {
+    (
+        ["a", "b", "c", "d"].map(|o| format!("{p}_blend_{o}")),
+        format!("{p}_blend_shape"),
+    )
+}
+
+/// A blended operand moved into the attention: the blend's four operands and the shape
+/// its result is reshaped to.
+type Blended<'t> = ([&'t Tensor; 4], Vec<usize>);
+
+/// The attention's result and, when asked for, its probabilities.
+type Outs = (Tensor, Option<Tensor>);
+
 fn eval_fused_attention(cx: &EvalCx) -> Result<Vec<RValue>> {
     let flag = |k: &str| -> Result<bool> {
         match cx
@@ -222,27 +243,94 @@ fn eval_fused_attention(cx: &EvalCx) -> Result<Vec<RValue>> {
     };
     // Constants through their cached f32 copy; computed values as they are (the kernel
     // reads fp16 keys/values of a decode step without widening them first).
-    let get = |n: &str| -> Result<candle_core::Tensor> {
+    let get = |n: &str| -> Result<Tensor> {
         match cx.all(n).first().and_then(|b| b.f32_cache) {
             Some(_) => cx.f32(n),
             None => Ok(cx.t(n)?.clone()),
         }
     };
-    let (x, y, v) = (get("x")?, get("y")?, get("v")?);
-    let mask = cx.opt_t("mask")?;
-    let a = Attention {
-        x: &x,
-        tx: flag("tx")?,
-        y: &y,
-        ty: flag("ty")?,
-        mask,
-        round: [dt("round_scores")?, dt("round_masked")?, dt("round_probs")?],
-        v: &v,
-        tv: flag("tv")?,
-        probs_left: flag("probs_left")?,
+    // Keys or values that are a cache blend moved into this step
+    // (`blend_fusion::fuse_into_attention`): its four operands and the reshaped shape.
+    let blended = |p: &str| -> Result<Option<Blended>> {
+        let (names, shape) = blend_args(p);
+        if !cx.has(&names[0]) {
+            return Ok(None);
+        }
+        let ops = [
+            cx.t(&names[0])?,
+            cx.t(&names[1])?,
+            cx.t(&names[2])?,
+            cx.t(&names[3])?,
+        ];
+        let dims = cx
+            .attributes
+            .get(&shape)
+            .and_then(|v| v.as_tensor())
+            .map(|t| t.to_i64_vec())
+            .ok_or_else(|| anyhow!("fused attention lacks `{shape}`"))??;
+        Ok(Some((ops, dims.iter().map(|&n| n as usize).collect())))
     };
+    let (yb, vb) = (blended("y")?, blended("v")?);
+    // A blended operand as a placeholder of its shape (the decode-step kernel fills its
+    // rows), or computed whole where that kernel does not apply.
+    let placeholder = |b: &Blended| -> Result<Tensor> {
+        let t = Tensor::zeros((), b.0[0].dtype(), b.0[0].device())?;
+        Ok(t.broadcast_as(b.1.as_slice())?)
+    };
+    let whole = |b: &Blended| -> Result<Tensor> {
+        let [a, bb, c, d] = b.0;
+        Ok(kernels::blend::mul_mul_add(a, bb, c, d)?.reshape(b.1.as_slice())?)
+    };
+    let operand = |p: &str, b: &Option<Blended>, lazy: bool| match b {
+        Some(b) if lazy => placeholder(b),
+        Some(b) => whole(b),
+        None => get(p),
+    };
+    let mask = cx.opt_t("mask")?;
     let want = flag("probs_out")?;
-    let (out, probs) = kernels::attention_probs(&a, want)?;
+    let run = |lazy: bool| -> Result<Option<Outs>> {
+        let (x, y, v) = (
+            get("x")?,
+            operand("y", &yb, lazy)?,
+            operand("v", &vb, lazy)?,
+        );
+        let a = Attention {
+            x: &x,
+            tx: flag("tx")?,
+            y: &y,
+            ty: flag("ty")?,
+            mask,
+            round: [dt("round_scores")?, dt("round_masked")?, dt("round_probs")?],
+            v: &v,
+            tv: flag("tv")?,
+            probs_left: flag("probs_left")?,
+        };
+        if !lazy {
+            return kernels::attention_probs(&a, want).map(Some);
+        }
+        // Each blended operand's rows (`None`: not fp16, computed whole instead).
+        let with = |b: &Option<Blended>,
+                    f: &mut dyn FnMut(Option<&BlendRows>) -> Result<Option<Outs>>|
+         -> Result<Option<Outs>> {
+            match b {
+                Some(([a, bb, c, d], _)) => {
+                    let r = kernels::blend::with_rows(a, bb, c, d, |br| f(Some(br)))?;
+                    Ok(r.transpose()?.flatten())
+                }
+                None => f(None),
+            }
+        };
+        with(&yb, &mut |fy| {
+            with(&vb, &mut |fv| {
+                kernels::attention_blended(&a, want, [fy, fv])
+            })
+        })
+    };
+    let lazy = yb.is_some() || vb.is_some();
+    let (out, probs) = match run(lazy)? {
+        Some(r) => r,
+        None => run(false)?.ok_or_else(|| anyhow!("attention returned nothing"))?,
+    };
     let mut res = vec![RValue::T(kernels::cast(&out, cx.out_dtype(0)?)?)];
     if let Some(p) = probs {
         res.push(RValue::T(kernels::cast(&p, cx.out_dtype(1)?)?));

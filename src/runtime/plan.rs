@@ -454,6 +454,9 @@ fn compile_body(
     }
     if opts.fuse_blends {
         super::blend_fusion::fuse_blends(&mut steps, &outs);
+        if opts.fuse_attention {
+            super::blend_fusion::fuse_into_attention(&mut steps, &outs);
+        }
     }
     if opts.fuse_conv_gelu {
         super::conv_fusion::fuse_conv_gelu(&mut steps, &consts, &outs);
