@@ -117,9 +117,11 @@ fn rows_cols(shape: &[usize]) -> Result<(usize, usize)> {
 
 /// Packs one code per byte (each < 16) into nibbles, low nibble first.
 fn pack_nibbles(codes: &[u8]) -> Vec<u8> {
-    codes
-        .chunks(2)
-        .map(|c| (c[0] & 15) | (c.get(1).copied().unwrap_or(0) & 15) << 4)
+    let pairs = codes.chunks_exact(2);
+    let tail = pairs.remainder().first().map(|&c| c & 15);
+    pairs
+        .map(|c| (c[0] & 15) | (c[1] & 15) << 4)
+        .chain(tail)
         .collect()
 }
 
