@@ -218,14 +218,15 @@ fn bf16_compute_names_avx512_bf16_where_the_cpu_lacks_it() {
     }
 }
 
-const FLOOR_DB: f64 = 62.0;
+const FLOOR_DB: f64 = 60.9;
 
 /// tiny.en's BC1S encoder (WhisperKit ABI: fp16 data, every projection a 1x1 conv on the
 /// packed fp16 weight) on jfk.wav's features, against PyTorch float32's encoder output:
-/// the package's own precision and bf16 products. Measured here (AMD EPYC Zen 4): 79.1 dB
-/// fp16, 68.3 dB bf16. The floor is 62 dB: the measurement less 6 dB of margin (another
-/// CPU's summation order or a changed attention kernel may move it a little; a wrong
-/// rounding or pairing would cost tens of dB).
+/// the package's own precision and bf16 products (the 1x1 convs and the self-attention's
+/// two products). Measured here (AMD EPYC Zen 4): 79.2 dB fp16, 67.0 dB bf16 (68.3 dB
+/// while attention stayed f32). The floor is 60.9 dB: the measurement less 6 dB of margin
+/// (another CPU's summation order may move it a little; a wrong rounding or pairing would
+/// cost tens of dB).
 #[test]
 fn bf16_encoder_stays_above_its_psnr_floor_against_pytorch_float32() {
     use milkit::ir::Opset;
@@ -344,6 +345,60 @@ fn gemm_bench_times_bf16_next_to_the_fp16_conv_and_the_plain_gemm() {
     ]);
     let v: serde_json::Value = serde_json::from_slice(&plain.stdout).unwrap();
     assert!(v[0].get("bf16").is_none(), "{v}");
+}
+
+/// `bench gemm --attention --compute bf16`: the panels on bf16 products timed next to the
+/// f32 panels, their rate and ratio derived from their own times, their output within
+/// bf16's reach of the f32 panels'.
+#[test]
+fn attention_bench_times_the_bf16_panels_next_to_the_f32_panels() {
+    let out = milkit(&[
+        "bench",
+        "gemm",
+        "--attention",
+        "--only",
+        "tiny",
+        "--runs",
+        "1",
+        "--compute",
+        "bf16",
+        "--json",
+    ]);
+    if !gemm::bf16_cpu() {
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("AVX512-BF16"));
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{v}");
+    let (r, b) = (&rows[0], &rows[0]["bf16"]);
+    let three = |o: &serde_json::Value, k: &str| -> Vec<f64> {
+        o[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    let (ms, panels) = (three(b, "ms"), three(r, "panels_ms"));
+    assert!(ms[0] > 0.0 && ms[0] <= ms[1] && ms[1] <= ms[2], "{r}");
+    let rate = r["gflop"].as_f64().unwrap() / (ms[1] / 1e3);
+    assert!(
+        (b["gflops"].as_f64().unwrap() - rate).abs() <= 1e-9 * rate,
+        "{r}"
+    );
+    // One round: its ratio is the two times'.
+    let ratio = ms[1] / panels[1];
+    assert!((three(b, "ratio")[1] - ratio).abs() <= 1e-9 * ratio, "{r}");
+    // bf16 operands (8-bit mantissas) against the f32 panels' fp16 data: well above 40 dB
+    // (65 dB measured), never the same bits (which would be ∞).
+    let db = b["psnr_db"].as_f64().unwrap();
+    assert!(db > 40.0 && db < 100.0, "{db}");
 }
 
 /// Every command with a compute option offers bf16 and says what it is: a faster

@@ -56,8 +56,8 @@ pub struct RunArgs {
     /// Precision the package is computed in. `package`: its own types, as a device computes
     /// them. `fp32`: every fp16 tensor widened to float32 (to compare with float32
     /// references; not what a device computes). `bf16`: its own types, the encoder-sized
-    /// 1x1 convs on bfloat16-rounded inputs with float32 sums — a faster evaluation mode,
-    /// less exact, not what a device computes; needs a CPU with AVX512-BF16.
+    /// 1x1 convs and self-attention on bfloat16-rounded inputs with float32 sums — a faster
+    /// evaluation mode, less exact, not what a device computes; needs a CPU with AVX512-BF16.
     #[arg(long, value_enum, default_value = "package")]
     pub compute: milkit::runtime::precision::Compute,
     /// Print to stderr where the time went: the load (parse, fold and pack the weights),

@@ -242,7 +242,9 @@ fn eval_fused_attention(cx: &EvalCx) -> Result<Vec<RValue>> {
         probs_left: flag("probs_left")?,
     };
     let want = flag("probs_out")?;
-    let (out, probs) = kernels::attention_probs(&a, want)?;
+    // A session computing bf16 products runs the panels on them (`--compute bf16`).
+    let kernel = kernels::Kernel::for_products(cx.products());
+    let (out, probs) = kernels::attention_with(&a, want, kernel)?;
     let mut res = vec![RValue::T(kernels::cast(&out, cx.out_dtype(0)?)?)];
     if let Some(p) = probs {
         res.push(RValue::T(kernels::cast(&p, cx.out_dtype(1)?)?));
