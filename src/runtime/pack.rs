@@ -188,7 +188,7 @@ fn from_origin(
             }
             // The codes as they lie (no copy of a weight's worth of bytes).
             kernels::data::with_slice(it, |codes: &[u8]| {
-                if codes.iter().any(|&c| c as usize >= pal) {
+                if kernels::gemv::max_code(codes) as usize >= pal {
                     return Ok(None);
                 }
                 Ok(Some(PackedWeight::lut4(shape, codes, lut)?))
