@@ -144,12 +144,26 @@ fn run_round_trips_numpy_with_boundary_conversions() {
         .arg("--out")
         .arg(&out2)
         .arg("--quiet")
+        .arg("--profile")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(
         std::fs::read(out.join("y.npy")).unwrap(),
         std::fs::read(out2.join("y.npy")).unwrap()
+    );
+    // `--profile` (asked for, so printed even with --quiet, on stderr): the load, the one
+    // prediction, and the op types with their calls.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("load: ") && err.contains("prediction 0: "),
+        "{err}"
+    );
+    assert!(err.contains("| reduce_sum | 1 | "), "{err}");
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
     );
 }
 

@@ -3,7 +3,9 @@
 //! and the FMA and portable fallbacks) against a float64 attention written here: a Whisper
 //! encoder's self-attention (1500 frames, heads of 64, fp16 scores and probabilities), and
 //! small shapes for every layout of the operands, tile edges, a mask, f32 intermediates,
-//! batch broadcasting and the probabilities as a second output.
+//! batch broadcasting and the probabilities as a second output. The panels on bf16 products
+//! (`Kernel::PanelsBf16`, `--compute bf16`) against the same float64 attention computed on
+//! the bf16-rounded operands.
 
 use candle_core::{DType, Device, Tensor};
 use half::f16;
@@ -88,6 +90,18 @@ struct Want {
     smax: Vec<f64>,
 }
 
+/// `x` rounded to bfloat16 (nearest, ties to even; every `x` here is an f32 value).
+fn bf(x: f64) -> f64 {
+    half::bf16::from_f32(x as f32).to_f64()
+}
+
+/// What the two products multiply: the values as they are, or rounded to bfloat16.
+#[derive(Clone, Copy, PartialEq)]
+enum Products {
+    Exact,
+    Bf16,
+}
+
 fn reference(
     b: usize,
     q: &Logical,
@@ -96,6 +110,22 @@ fn reference(
     mask: Option<&Logical>,
     round: DType,
 ) -> Want {
+    reference_of(b, (q, k, v), mask, round, Products::Exact)
+}
+
+/// [`reference`] with the products' operands (queries, keys, stored probabilities,
+/// values) rounded as `products` says.
+fn reference_of(
+    b: usize,
+    (q, k, v): (&Logical, &Logical, &Logical),
+    mask: Option<&Logical>,
+    round: DType,
+    products: Products,
+) -> Want {
+    let r = |x: f64| match products {
+        Products::Exact => x,
+        Products::Bf16 => bf(x),
+    };
     let (m, kk, n, d) = (q.r, q.c, k.c, v.r);
     let mut w = Want {
         out: vec![0.0; d * m],
@@ -106,7 +136,7 @@ fn reference(
     for i in 0..m {
         let mut s: Vec<f64> = (0..n)
             .map(|j| {
-                let dot: f64 = (0..kk).map(|c| q.at(b, i, c) * k.at(b, c, j)).sum();
+                let dot: f64 = (0..kk).map(|c| r(q.at(b, i, c)) * r(k.at(b, c, j))).sum();
                 let mut x = stored(dot, round);
                 if let Some(mk) = mask {
                     x = stored(x + mk.at(b, i, j), round);
@@ -123,8 +153,8 @@ fn reference(
         }
         for c in 0..d {
             let p = &w.probs[i * n..(i + 1) * n];
-            w.out[c * m + i] = (0..n).map(|j| p[j] * v.at(b, c, j)).sum();
-            w.mag[c * m + i] = (0..n).map(|j| p[j] * v.at(b, c, j).abs()).sum();
+            w.out[c * m + i] = (0..n).map(|j| r(p[j]) * r(v.at(b, c, j))).sum();
+            w.mag[c * m + i] = (0..n).map(|j| r(p[j]) * r(v.at(b, c, j)).abs()).sum();
         }
     }
     w
@@ -170,25 +200,29 @@ fn check(
             worst = worst.max(err / tol);
         }
     }
-    let mut same = 1.0;
-    if let Some(p) = probs {
-        let n = want.probs.len() / m;
-        assert_eq!(p.len(), m * n, "{what}: probabilities");
-        let mut eq = 0usize;
-        for (e, (&g, &w)) in p.iter().zip(&want.probs).enumerate() {
-            let (g, i) = (g as f64, e / n);
-            let tol = tolerance(w, want.smax[i], round);
-            assert!(
-                (g - w).abs() <= tol,
-                "{what}: probability ({i}, {}): {g} vs {w}",
-                e % n
-            );
-            assert_eq!(g, stored(g, round), "{what}: a probability not rounded");
-            eq += (g == w) as usize;
-        }
-        same = eq as f64 / p.len() as f64;
-    }
+    let same = probs.map_or(1.0, |p| check_probs(what, p, want, round));
     (worst, same)
+}
+
+/// The probabilities `[M][N]` against the reference's, within [`tolerance`] and rounded
+/// to `round`; returns the fraction equal to the reference's exactly.
+fn check_probs(what: &str, p: &[f32], want: &Want, round: DType) -> f64 {
+    let m = want.smax.len();
+    let n = want.probs.len() / m;
+    assert_eq!(p.len(), m * n, "{what}: probabilities");
+    let mut eq = 0usize;
+    for (e, (&g, &w)) in p.iter().zip(&want.probs).enumerate() {
+        let (g, i) = (g as f64, e / n);
+        let tol = tolerance(w, want.smax[i], round);
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: probability ({i}, {}): {g} vs {w}",
+            e % n
+        );
+        assert_eq!(g, stored(g, round), "{what}: a probability not rounded");
+        eq += (g == w) as usize;
+    }
+    eq as f64 / p.len() as f64
 }
 
 fn f32s(t: &Tensor) -> Vec<f32> {
@@ -368,6 +402,244 @@ fn every_layout_mask_and_tile_edge_matches_float64_on_every_kernel() {
                             round,
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The bf16 panels' output for batch entry `b` against float64 sums on its own
+/// probabilities: `Σ_j bf16(p_j)·bf16(v(c, j))` with the probabilities the kernel handed
+/// out (each checked against the float64 softmax by [`check`]), within what f32 sums of
+/// exact products can be off, 1e-5 of `Σ |terms|` plus 1e-7 (the bf16 products are exact
+/// in f32; 1500 terms in random order stay far below their worst case). Returns the largest
+/// error against the unrounded float64 attention over that same tolerance.
+fn check_bf16_output(
+    what: &str,
+    (out, probs): (&[f32], &[f32]),
+    (v, b): (&Logical, usize),
+    exact: &Want,
+    probs_left: bool,
+) -> f64 {
+    let (m, d) = (exact.smax.len(), v.r);
+    let n = probs.len() / m;
+    let mut unrounded = 0f64;
+    for c in 0..d {
+        for i in 0..m {
+            let g = out[if probs_left { i * d + c } else { c * m + i }] as f64;
+            let (mut want, mut mag) = (0f64, 0f64);
+            for j in 0..n {
+                let t = bf(probs[i * n + j] as f64) * bf(v.at(b, c, j));
+                want += t;
+                mag += t.abs();
+            }
+            let tol = 1e-5 * mag + 1e-7;
+            assert!(
+                (g - want).abs() <= tol,
+                "{what}: output ({c}, {i}): {g} vs {want} from its own probabilities (err \
+                 {:e}, tolerance {tol:e})",
+                (g - want).abs()
+            );
+            let tol = 1e-5 * exact.mag[c * m + i] + 1e-7;
+            unrounded = unrounded.max((g - exact.out[c * m + i]).abs() / tol);
+        }
+    }
+    unrounded
+}
+
+/// The loose form for runs without the probabilities: the bf16 reference within the fp16
+/// tolerance of [`check`] widened to a bf16 step (2⁻⁸): a probability that rounds one fp16
+/// (or f32) step the other way may round one bf16 step the other way in the product.
+fn check_bf16_loose(what: &str, out: &[f32], want: &Want, probs_left: bool) {
+    let (m, d) = (want.smax.len(), want.out.len() / want.smax.len());
+    for c in 0..d {
+        for i in 0..m {
+            let g = out[if probs_left { i * d + c } else { c * m + i }] as f64;
+            let w = want.out[c * m + i];
+            let tol =
+                want.mag[c * m + i] * 2f64.powi(-8) * (1.0 + 2.0 * want.smax[i]) + 2f64.powi(-24);
+            assert!(
+                (g - w).abs() <= tol,
+                "{what}: output ({c}, {i}): {g} vs {w} (tolerance {tol:e})"
+            );
+        }
+    }
+}
+
+#[test]
+fn bf16_panels_match_float64_attention_of_the_bf16_rounded_operands() {
+    // A Whisper encoder's self-attention as in the first test (three heads of a base
+    // window, fp16 queries, keys, values, scores and probabilities; Whisper's BC1S layout).
+    let (h, s, dh) = (3, 1500, 64);
+    let mut r = Rng(23);
+    let q = Logical {
+        b: h,
+        r: s,
+        c: dh,
+        v: r.vals(h * s * dh, 1.0, DType::F16),
+    };
+    let k = Logical {
+        b: h,
+        r: dh,
+        c: s,
+        v: r.vals(h * s * dh, 0.5, DType::F16),
+    };
+    let v = Logical {
+        b: h,
+        r: dh,
+        c: s,
+        v: r.vals(h * s * dh, 1.0, DType::F16),
+    };
+    let (x, y, vt) = (
+        q.tensor(&[1, h], true, DType::F16),
+        k.tensor(&[1, h], false, DType::F16),
+        v.tensor(&[1, h], false, DType::F16),
+    );
+    let a = Attention {
+        x: &x,
+        tx: true,
+        y: &y,
+        ty: false,
+        mask: None,
+        round: [DType::F16; 3],
+        v: &vt,
+        tv: false,
+        probs_left: false,
+    };
+    if !milkit::kernels::gemm::bf16_cpu() {
+        // The kernel cannot run here: it must say so, never fall back.
+        let e = attention_with(&a, false, Kernel::PanelsBf16).unwrap_err();
+        assert!(format!("{e:#}").contains("AVX512-BF16"), "{e:#}");
+        eprintln!("this CPU lacks AVX512-BF16: only the error is checked");
+        return;
+    }
+    let (out, probs) = attention_with(&a, true, Kernel::PanelsBf16).unwrap();
+    assert_eq!(out.dims(), &[1, h, dh, s]);
+    let (out, probs) = (f32s(&out), f32s(&probs.unwrap()));
+    // Without the probabilities handed out, the same result (they are only copied).
+    let alone = f32s(&attention_with(&a, false, Kernel::PanelsBf16).unwrap().0);
+    assert_eq!(out, alone);
+    for b in 0..h {
+        let what = format!("bf16 panels, head {b}");
+        let want = reference_of(b, (&q, &k, &v), None, DType::F16, Products::Bf16);
+        let exact = reference(b, &q, &k, &v, None, DType::F16);
+        let (o, p) = (
+            &out[b * dh * s..(b + 1) * dh * s],
+            &probs[b * s * s..(b + 1) * s * s],
+        );
+        // The probabilities: the float64 softmax of the bf16 operands' scores, as the
+        // f32 panels' are of theirs (scores and probabilities rounded to fp16); the output
+        // near the bf16 reference, then exactly from those probabilities.
+        let same = check_probs(&what, p, &want, DType::F16);
+        check_bf16_loose(&what, o, &want, false);
+        assert!(
+            same > 0.99,
+            "{what}: only {same} of the probabilities as the bf16 reference rounds them"
+        );
+        let unrounded = check_bf16_output(&what, (o, p), (&v, b), &exact, false);
+        // The operands are rounded: far outside f32's reach of the unrounded attention.
+        assert!(
+            unrounded > 10.0,
+            "{what}: within {unrounded:.2}× the f32 tolerance of the unrounded attention: \
+             no bf16 rounding seen"
+        );
+        eprintln!(
+            "{what}: {same:.5} of the probabilities exact; {unrounded:.0}× the f32 \
+             tolerance from the unrounded attention"
+        );
+    }
+}
+
+#[test]
+fn bf16_panels_handle_every_layout_mask_and_odd_depth() {
+    if !milkit::kernels::gemm::bf16_cpu() {
+        return; // the error is checked by the test above
+    }
+    // As the layout test above: 53 queries, 37 keys (an odd count: the probabilities'
+    // last pair half zero), depth 5 (odd: the last query/key pair half zero), 11 values,
+    // batch [2, 3] with shared keys and values and one mask.
+    let (m, n, kd, d) = (53, 37, 5, 11);
+    let (batch, nb) = ([2usize, 3], 6);
+    let mut case = 0;
+    for round in [DType::F16, DType::F32] {
+        for flags in 0..16u32 {
+            let [tx, ty, tv, probs_left] = [0, 1, 2, 3].map(|b| flags >> b & 1 == 1);
+            let with_mask = flags % 3 != 0;
+            let want_probs = flags % 2 == 0;
+            case += 1;
+            let mut r = Rng(300 + case);
+            let q = Logical {
+                b: nb,
+                r: m,
+                c: kd,
+                v: r.vals(nb * m * kd, 2.0, round),
+            };
+            let k = Logical {
+                b: 3,
+                r: kd,
+                c: n,
+                v: r.vals(3 * kd * n, 1.0, round),
+            };
+            let v = Logical {
+                b: 3,
+                r: d,
+                c: n,
+                v: r.vals(3 * d * n, 1.0, round),
+            };
+            let mv: Vec<f64> = (0..m * n)
+                .map(|e| match e % n > e / n + 3 {
+                    true => -30000.0,
+                    false => stored(r.next() * 0.5, round),
+                })
+                .collect();
+            let mk = Logical {
+                b: 1,
+                r: m,
+                c: n,
+                v: mv,
+            };
+            let x = q.tensor(&batch, tx, round);
+            let y = k.tensor(&[3], ty, round);
+            let vt = v.tensor(&[3], tv != probs_left, round);
+            let mt = mk.tensor(&[], false, round);
+            let a = Attention {
+                x: &x,
+                tx,
+                y: &y,
+                ty,
+                mask: with_mask.then_some(&mt),
+                round: [round; 3],
+                v: &vt,
+                tv,
+                probs_left,
+            };
+            let what = format!(
+                "bf16 panels {round:?} tx {tx} ty {ty} tv {tv} probs_left {probs_left} mask \
+                 {with_mask}"
+            );
+            let (out, probs) = attention_with(&a, want_probs, Kernel::PanelsBf16).unwrap();
+            assert_eq!(
+                out.dims(),
+                &if probs_left {
+                    [2, 3, m, d]
+                } else {
+                    [2, 3, d, m]
+                },
+                "{what}"
+            );
+            let out = f32s(&out);
+            let probs = probs.map(|p| f32s(&p));
+            for b in 0..nb {
+                let what = format!("{what}, entry {b}");
+                let mask = with_mask.then_some(&mk);
+                let want = reference_of(b, (&q, &k, &v), mask, round, Products::Bf16);
+                let o = &out[b * m * d..(b + 1) * m * d];
+                check_bf16_loose(&what, o, &want, probs_left);
+                if let Some(p) = &probs {
+                    let p = &p[b * m * n..(b + 1) * m * n];
+                    check_probs(&what, p, &want, round);
+                    let exact = reference(b, &q, &k, &v, mask, round);
+                    check_bf16_output(&what, (o, p), (&v, b), &exact, probs_left);
                 }
             }
         }

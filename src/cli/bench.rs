@@ -75,8 +75,9 @@ pub struct GemmBench {
     #[arg(long)]
     pub isa: Option<String>,
     /// `bf16`: also time the conv computed on bf16 inputs (f32 sums; `--compute bf16`, a
-    /// faster evaluation mode, not what a device computes) in the same alternation; needs
-    /// a CPU with AVX512-BF16. `package` (default): fp16 conv and f32 GEMM only.
+    /// faster evaluation mode, not what a device computes) in the same alternation (with
+    /// `--attention`: the panels on bf16 products); needs a CPU with AVX512-BF16.
+    /// `package` (default): fp16 conv and f32 GEMM only.
     #[arg(long, value_enum, default_value = "package")]
     pub compute: milkit::runtime::precision::Compute,
     /// Time the encoders' fused self-attention instead: its panels (on LEVEL's kernels)
@@ -105,7 +106,8 @@ pub struct AudioBench {
     #[arg(long)]
     pub profile: bool,
     /// Precision the packages are computed in, as for `milkit transcribe` (`bf16`: the
-    /// encoder's 1x1 convs on bf16 inputs, a faster evaluation mode, not what a device
+    /// encoder's 1x1 convs and self-attention on bf16 inputs, a faster evaluation mode, not
+    /// what a device
     /// computes).
     #[arg(long, value_enum, default_value = "package")]
     pub compute: milkit::runtime::precision::Compute,
@@ -204,7 +206,9 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
                 milkit::kernels::gemv::Isa::set_cap(level.first().copied());
             }
             match b.attention {
-                true => super::bench_gemm::run_attention(b.runs, b.only.as_deref(), b.json),
+                true => {
+                    super::bench_gemm::run_attention(b.runs, b.only.as_deref(), b.json, b.compute)
+                }
                 false => super::bench_gemm::run(b.runs, b.only.as_deref(), b.json, b.compute),
             }
         }

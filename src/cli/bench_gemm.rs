@@ -8,7 +8,9 @@
 //!
 //! With `--attention`: an encoder's fused self-attention (`kernels::attention_with`, fp16
 //! heads of 64 over 1500 frames, fp16 scores and probabilities) on the panels against the
-//! blocks they replace, alternating pair by pair, with the range of the pairs' ratios.
+//! blocks they replace, alternating pair by pair, with the range of the pairs' ratios; with
+//! `--compute bf16` also the panels on bf16 products (`Kernel::PanelsBf16`) in the same
+//! alternation, with their ratio to the f32 panels and their output's PSNR against them.
 //!
 //! Without `--only` (or with `--only ops` alone), a further table times the encoder's small
 //! ops (layer norm over channels, GELU, fc1 → GELU) the way they ran before and the way they
@@ -293,6 +295,21 @@ pub struct AttnRow {
     pub panels_gflops: f64,
     /// Panels over blocks, per pair: [min, median, max].
     pub ratio: [f64; 3],
+    /// With `--compute bf16`: the panels on bf16 products.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bf16: Option<AttnBf16Row>,
+}
+
+/// The bf16 panels of one attention shape (see [`AttnRow::bf16`]).
+#[derive(serde::Serialize)]
+pub struct AttnBf16Row {
+    /// [min, median, max] ms.
+    pub ms: [f64; 3],
+    pub gflops: f64,
+    /// bf16 panels over the f32 panels, per round: [min, median, max].
+    pub ratio: [f64; 3],
+    /// The output's PSNR against the f32 panels' (dB, peak the largest |y|).
+    pub psnr_db: f64,
 }
 
 /// [min, median, max].
@@ -301,9 +318,9 @@ fn spread(v: &mut [f64]) -> [f64; 3] {
     [v[0], m, v[v.len() - 1]]
 }
 
-/// Times every attention shape: one warm-up of each kernel, then `runs` pairs, the order
-/// swapped every other pair.
-pub fn measure_attention(shapes: &[&AttnShape], runs: usize) -> Result<Vec<AttnRow>> {
+/// Times every attention shape: one warm-up of each kernel, then `runs` pairs (triples with
+/// `bf16`: the bf16 panels last), the order of the first two swapped every other round.
+pub fn measure_attention(shapes: &[&AttnShape], runs: usize, bf16: bool) -> Result<Vec<AttnRow>> {
     use milkit::kernels::{attention_with, Attention, Kernel};
     let dev = Device::Cpu;
     let panels = Kernel::Panels(milkit::kernels::gemv::Isa::best());
@@ -327,14 +344,17 @@ pub fn measure_attention(shapes: &[&AttnShape], runs: usize) -> Result<Vec<AttnR
             tv: false,
             probs_left: false,
         };
-        let time = |kernel: Kernel| -> Result<f64> {
+        let run = |kernel: Kernel| -> Result<(f64, Tensor)> {
             let t = Instant::now();
             let o = attention_with(&a, false, kernel)?;
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            drop(o);
-            Ok(ms)
+            Ok((t.elapsed().as_secs_f64() * 1e3, o.0))
+        };
+        let time = |kernel: Kernel| -> Result<f64> { Ok(run(kernel)?.0) };
+        let flat = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.flatten_all()?.to_dtype(CDType::F32)?.to_vec1()?)
         };
         let (mut old, mut new, mut ratio) = (vec![], vec![], vec![]);
+        let (mut halves, mut half_ratio, mut psnr_db) = (vec![], vec![], f64::NAN);
         for i in 0..=runs.max(1) {
             let (to, tn) = if i % 2 == 0 {
                 let to = time(Kernel::Blocks)?;
@@ -343,6 +363,15 @@ pub fn measure_attention(shapes: &[&AttnShape], runs: usize) -> Result<Vec<AttnR
                 let tn = time(panels)?;
                 (time(Kernel::Blocks)?, tn)
             };
+            if bf16 {
+                let (tb, ob) = run(Kernel::PanelsBf16)?;
+                if i == 0 {
+                    psnr_db = psnr(&flat(&run(panels)?.1)?, &flat(&ob)?);
+                } else {
+                    halves.push(tb);
+                    half_ratio.push(tb / tn);
+                }
+            }
             if i > 0 {
                 old.push(to);
                 new.push(tn);
@@ -351,6 +380,15 @@ pub fn measure_attention(shapes: &[&AttnShape], runs: usize) -> Result<Vec<AttnR
         }
         let gflop = 4.0 * (s.heads * s.s * s.s * s.d) as f64 / 1e9;
         let (bo, bn) = (spread(&mut old), spread(&mut new));
+        let bf16 = (!halves.is_empty()).then(|| {
+            let ms = spread(&mut halves);
+            AttnBf16Row {
+                ms,
+                gflops: gflop / (ms[1] / 1e3),
+                ratio: spread(&mut half_ratio),
+                psnr_db,
+            }
+        });
         rows.push(AttnRow {
             shape: s.name.to_string(),
             heads: s.heads,
@@ -362,6 +400,7 @@ pub fn measure_attention(shapes: &[&AttnShape], runs: usize) -> Result<Vec<AttnR
             blocks_gflops: gflop / (bo[1] / 1e3),
             panels_gflops: gflop / (bn[1] / 1e3),
             ratio: spread(&mut ratio),
+            bf16,
         });
     }
     Ok(rows)
@@ -477,8 +516,17 @@ pub fn measure_ops(runs: usize) -> Result<Vec<OpRow>> {
     Ok(rows)
 }
 
-/// `bench gemm --attention`.
-pub fn run_attention(runs: usize, only: Option<&str>, json: bool) -> Result<u8> {
+/// `bench gemm --attention` (with `compute` bf16: the bf16 panels too).
+pub fn run_attention(runs: usize, only: Option<&str>, json: bool, compute: Compute) -> Result<u8> {
+    anyhow::ensure!(
+        compute != Compute::Fp32,
+        "bench gemm --attention --compute fp32: the kernels compute in float32 already; use \
+         `package` or `bf16`"
+    );
+    let bf16 = compute == Compute::Bf16;
+    if bf16 {
+        compute.require(milkit::kernels::gemm::bf16_cpu())?;
+    }
     let shapes: Vec<&AttnShape> = ATTENTION
         .iter()
         .filter(|s| only.is_none_or(|o| s.name.contains(o)))
@@ -488,7 +536,7 @@ pub fn run_attention(runs: usize, only: Option<&str>, json: bool) -> Result<u8> 
         "--only {} matches no shape",
         only.unwrap_or_default()
     );
-    let rows = measure_attention(&shapes, runs)?;
+    let rows = measure_attention(&shapes, runs, bf16)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(0);
@@ -500,15 +548,32 @@ pub fn run_attention(runs: usize, only: Option<&str>, json: bool) -> Result<u8> 
         milkit::kernels::gemv::Isa::best().name(),
         runs.max(1)
     );
+    let extra = match bf16 {
+        true => " bf16 panels ms | bf16 GFLOP/s | bf16 / panels | bf16 PSNR vs panels |",
+        false => "",
+    };
     println!(
         "| attention [heads × {{S×S×d}}] | GFLOP | blocks ms | panels ms | blocks GFLOP/s \
-         | panels GFLOP/s | panels / blocks |"
+         | panels GFLOP/s | panels / blocks |{extra}"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "|---|---|---|---|---|---|---|{}",
+        if bf16 { "---|---|---|---|" } else { "" }
+    );
     let r3 = |v: [f64; 3], p: usize| format!("{:.p$} ({:.p$}–{:.p$})", v[1], v[0], v[2]);
     for r in &rows {
+        let tail = match &r.bf16 {
+            Some(b) => format!(
+                " {} | {:.0} | {} | {:.1} dB |",
+                r3(b.ms, 1),
+                b.gflops,
+                r3(b.ratio, 2),
+                b.psnr_db
+            ),
+            None => String::new(),
+        };
         println!(
-            "| {} [{}×{{{}×{}×{}}}] | {:.2} | {} | {} | {:.0} | {:.0} | {} |",
+            "| {} [{}×{{{}×{}×{}}}] | {:.2} | {} | {} | {:.0} | {:.0} | {} |{tail}",
             r.shape,
             r.heads,
             r.s,

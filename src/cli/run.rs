@@ -56,10 +56,14 @@ pub struct RunArgs {
     /// Precision the package is computed in. `package`: its own types, as a device computes
     /// them. `fp32`: every fp16 tensor widened to float32 (to compare with float32
     /// references; not what a device computes). `bf16`: its own types, the encoder-sized
-    /// 1x1 convs on bfloat16-rounded inputs with float32 sums — a faster evaluation mode,
-    /// less exact, not what a device computes; needs a CPU with AVX512-BF16.
+    /// 1x1 convs and self-attention on bfloat16-rounded inputs with float32 sums — a faster
+    /// evaluation mode, less exact, not what a device computes; needs a CPU with AVX512-BF16.
     #[arg(long, value_enum, default_value = "package")]
     pub compute: milkit::runtime::precision::Compute,
+    /// Print to stderr where the time went: the load (parse, fold and pack the weights),
+    /// each prediction, and per op type the calls and time summed over the predictions.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// `4096`, `512K`, `64M`, `4G`, `1T` (powers of 1024; `iB`/`B` suffixes allowed).
@@ -131,7 +135,11 @@ pub fn run(a: &RunArgs) -> Result<u8> {
         compute: a.compute,
         ..Default::default()
     };
+    let t_load = std::time::Instant::now();
     let mut session = Session::load_with(&a.package, &opts)?;
+    let load = t_load.elapsed();
+    session.enable_profiling(a.profile);
+    let mut predicted = vec![];
     let fname = a.function.as_deref();
     let expected = session.inputs(fname)?;
     let mut feeds = Vec::new();
@@ -179,6 +187,7 @@ pub fn run(a: &RunArgs) -> Result<u8> {
         .map(|(n, _, t)| (n.as_str(), t.clone()))
         .collect();
     for k in 0..a.repeat {
+        let t_run = std::time::Instant::now();
         let outs = session.predict_values(fname, &named).map_err(|e| {
             // Name the file behind an input the runtime rejected.
             let msg = format!("{e:#}");
@@ -195,6 +204,7 @@ pub fn run(a: &RunArgs) -> Result<u8> {
                 e
             }
         })?;
+        predicted.push(t_run.elapsed());
         // Created only once a prediction succeeded: nothing is written on failure.
         std::fs::create_dir_all(&a.out)
             .with_context(|| format!("cannot create {}", a.out.display()))?;
@@ -227,6 +237,9 @@ pub fn run(a: &RunArgs) -> Result<u8> {
             }
         }
     }
+    if a.profile {
+        print_profile(&session, load, &predicted);
+    }
     if a.save_states {
         let dir = a.out.join("states");
         std::fs::create_dir_all(&dir)
@@ -248,6 +261,26 @@ pub fn run(a: &RunArgs) -> Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// `--profile`'s table (stderr, so that stdout stays clean): the load, each prediction, then
+/// every op type with its calls, time and share of the predictions' time, slowest first.
+fn print_profile(session: &Session, load: std::time::Duration, runs: &[std::time::Duration]) {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    eprintln!("load: {:.1} ms", ms(load));
+    for (k, d) in runs.iter().enumerate() {
+        eprintln!("prediction {k}: {:.1} ms", ms(*d));
+    }
+    let total: f64 = runs.iter().map(|d| ms(*d)).sum::<f64>().max(1e-9);
+    eprintln!("| op | calls | ms | share of the predictions |");
+    eprintln!("|---|---|---|---|");
+    for (op, n, d) in session.profile() {
+        eprintln!(
+            "| {op} | {n} | {:.1} | {:.1} % |",
+            ms(d),
+            100.0 * ms(d) / total
+        );
+    }
 }
 
 fn write_text(path: &std::path::Path, text: &str, output: &str) -> Result<()> {

@@ -103,9 +103,9 @@ pub struct DecodeArgs {
     /// Whisper packages), as a device computes them. `fp32`: every fp16 tensor widened to
     /// float32, to compare with PyTorch float32 references without fp16 rounding (slower,
     /// twice the weight memory; not what a device computes). `bf16`: the package's types,
-    /// the encoder's 1x1 convs on bfloat16-rounded inputs with float32 sums — a faster
-    /// evaluation mode, less exact, not what a device computes; needs a CPU with
-    /// AVX512-BF16 (an error elsewhere).
+    /// the encoder's 1x1 convs and self-attention on bfloat16-rounded inputs with float32
+    /// sums — a faster evaluation mode, less exact, not what a device computes; needs a CPU
+    /// with AVX512-BF16 (an error elsewhere).
     #[arg(long, value_enum, default_value = "package")]
     pub compute: Compute,
 }

@@ -7,12 +7,15 @@
 //! Three forms ([`Kernel`]): a decode step's few query rows read keys and values as stored
 //! ([`few_rows`]); many rows run as panels of 48 on `kernels::gemm`'s micro-kernel where
 //! AVX-512 does (`kernels::attention_panel`), else as blocks of [`ROWS`] on candle's gemm.
+//! A session computing bf16 products (`--compute bf16`) runs the panels on the bf16
+//! micro-kernel ([`Kernel::PanelsBf16`]); the decode-step form and the blocks stay f32.
 
 use super::attention_panel::{self as panel, Mat, Problem, Round};
 use super::blend::BlendRows;
 use super::data::{from_vec, to_f32};
 use super::elementwise::broadcast_shape;
 use super::fastmath;
+use super::gemm::Inputs;
 use super::gemv::Isa;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
@@ -115,6 +118,10 @@ pub enum Kernel {
     /// intermediate is stored as f32 or fp16 (others take [`Kernel::Blocks`]). The
     /// portable and FMA levels are its tested fallbacks, not fast ones.
     Panels(Isa),
+    /// The panels with both products on bf16-rounded operands and f32 sums (the bf16
+    /// micro-kernel, `vdpbf16ps`; an evaluation mode): where the panels apply, else the
+    /// blocks in f32. An error where the CPU lacks AVX512-BF16.
+    PanelsBf16,
 }
 
 impl Kernel {
@@ -124,6 +131,15 @@ impl Kernel {
         match Isa::best() {
             Isa::Avx512 => Kernel::Panels(Isa::Avx512),
             _ => Kernel::Blocks,
+        }
+    }
+
+    /// The runtime's choice for a session whose encoder-sized products multiply `inputs`:
+    /// [`Kernel::PanelsBf16`] for bf16 products, else [`Kernel::best`].
+    pub fn for_products(inputs: Inputs) -> Kernel {
+        match inputs {
+            Inputs::Bf16 => Kernel::PanelsBf16,
+            Inputs::F32 => Kernel::best(),
         }
     }
 }
@@ -201,8 +217,13 @@ pub fn attention_with(
     if let Some(r) = few_rows(a, &batch, (m, n, k, d), want_probs, [None, None])? {
         return Ok(r);
     }
-    if let Kernel::Panels(isa) = kernel {
-        if let Some(r) = panels(a, &batch, (m, n, k, d), want_probs, isa)? {
+    let panelled = match kernel {
+        Kernel::Panels(isa) => Some((isa, Inputs::F32)),
+        Kernel::PanelsBf16 => Some((Isa::Avx512, Inputs::Bf16)),
+        Kernel::Blocks => None,
+    };
+    if let Some((isa, inputs)) = panelled {
+        if let Some(r) = panels(a, &batch, (m, n, k, d), want_probs, isa, inputs)? {
             return Ok(r);
         }
     }
@@ -312,15 +333,16 @@ fn flat(t: &Tensor, batch: &[usize]) -> Result<(Vec<f32>, usize)> {
     })
 }
 
-/// The many-row form on [`attention_panel`](super::attention_panel): `None` where a stored
-/// dtype is neither f32 nor fp16, or there are fewer queries than one panel (the blocks
-/// handle those).
+/// The many-row form on [`attention_panel`](super::attention_panel) (products of `inputs`):
+/// `None` where a stored dtype is neither f32 nor fp16, or there are fewer queries than one
+/// panel (the blocks handle those).
 fn panels(
     a: &Attention,
     batch: &[usize],
     (m, n, k, d): (usize, usize, usize, usize),
     want_probs: bool,
     isa: Isa,
+    inputs: Inputs,
 ) -> Result<Option<(Tensor, Option<Tensor>)>> {
     let mut round = [Round::None; 3];
     for (r, dt) in round.iter_mut().zip(a.round) {
@@ -386,7 +408,7 @@ fn panels(
         round,
         probs_left: a.probs_left,
     };
-    let (out, probs) = panel::attention(&p, want_probs, isa);
+    let (out, probs) = panel::attention(&p, want_probs, isa, inputs)?;
     let mut shape = batch.to_vec();
     shape.extend(if a.probs_left { [m, d] } else { [d, m] });
     let mut pshape = batch.to_vec();

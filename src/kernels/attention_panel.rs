@@ -21,11 +21,21 @@
 //! path's (keys in order), and `exp` is `fastmath::exp`'s arithmetic lane by lane, so the
 //! result differs from the op-by-op one only by the order of the f32 sums of the two
 //! products. Rounding: none (f32) or fp16; other dtypes take the general path.
+//!
+//! bf16 products ([`Inputs::Bf16`]; `--compute bf16`, an evaluation mode): the same panels
+//! and softmax, the two products on `kernels::gemm`'s bf16 micro-kernel (`vdpbf16ps`, f32
+//! sums): the keys packed once per head as `Kᵀ` rows of bf16 pairs along k (`[N][⌈k/2⌉]`
+//! words), the values as `V` rows of pairs along N (`[D][⌈N/2⌉]`), the panel's queries as
+//! pairs of rows (`[⌈k/2⌉][NR]`), and after the softmax the panel's probabilities, as
+//! stored (rounded to their dtype), packed as pairs of key rows (`[⌈N/2⌉][NR]`). Each
+//! operand is rounded to bfloat16 (nearest, ties to even) once; the scores, their
+//! roundings, the softmax and the probabilities handed out are as above.
 
 use super::fastmath;
 pub use super::gemm::NR;
-use super::gemm::{Level, OutPtr, Tile, MR};
+use super::gemm::{bf16_pairs, bf16_panel_pairs, Inputs, Level, OutPtr, Tile, MR};
 use super::gemv::Isa;
+use anyhow::Result;
 use half::f16;
 use rayon::prelude::*;
 
@@ -97,16 +107,61 @@ pub struct Problem<'a> {
     pub probs_left: bool,
 }
 
-/// Computes the attention of `p` on `isa`'s micro-kernels (narrowed to what the CPU runs):
-/// the result (layout as `p.probs_left` says) and, with `want_probs`, the probabilities
-/// `[nb, M, N]` (else empty).
-pub fn attention(p: &Problem, want_probs: bool, isa: Isa) -> (Vec<f32>, Vec<f32>) {
+/// A head's keys or values in the micro-kernel's left-operand layout: f32 rows, or rows of
+/// bf16 pairs (whose words the bf16 micro-kernel reads through the tile's `*const f32`).
+enum Rows {
+    F32(Vec<f32>),
+    Bf16(Vec<u32>),
+}
+
+impl Rows {
+    /// `src` (`rows × len` f32, zero rows up to a whole tile included) in `level`'s layout:
+    /// as it is, or each row as bf16 pairs along it.
+    fn new(src: Vec<f32>, len: usize, level: Level) -> Rows {
+        if level != Level::Bf16 {
+            return Rows::F32(src);
+        }
+        let l2 = len.div_ceil(2);
+        let mut words = vec![0u32; src.len() / len.max(1) * l2];
+        if len > 0 {
+            for (r, w) in src.chunks_exact(len).zip(words.chunks_exact_mut(l2)) {
+                bf16_pairs(r, w);
+            }
+        }
+        Rows::Bf16(words)
+    }
+
+    /// Row `r` of rows of `len` (counted in the layout's units: values or pairs).
+    fn row(&self, r: usize, len: usize) -> *const f32 {
+        match self {
+            Rows::F32(v) => v[r * len..].as_ptr(),
+            Rows::Bf16(v) => v[r * len..].as_ptr().cast(),
+        }
+    }
+}
+
+/// Computes the attention of `p` on `isa`'s micro-kernels (narrowed to what the CPU runs),
+/// or with `inputs` = [`Inputs::Bf16`] on the bf16 one (an error where the CPU lacks
+/// AVX512-BF16): the result (layout as `p.probs_left` says) and, with `want_probs`, the
+/// probabilities `[nb, M, N]` (else empty).
+pub fn attention(
+    p: &Problem,
+    want_probs: bool,
+    isa: Isa,
+    inputs: Inputs,
+) -> Result<(Vec<f32>, Vec<f32>)> {
     let (nb, m, n, k, d) = (p.nb, p.m, p.n, p.k, p.d);
-    let level = Level::of(isa);
+    let level = match inputs {
+        Inputs::F32 => Level::of(isa),
+        Inputs::Bf16 => {
+            super::gemm::require_bf16(super::gemm::bf16_cpu())?;
+            Level::Bf16
+        }
+    };
     // Keys and values per head in the micro-kernel's layout, zero rows up to a whole tile.
     let (npad, dpad) = (n.div_ceil(MR) * MR, d.div_ceil(MR) * MR);
     let heads = |step: usize| if step == 0 { 1 } else { nb };
-    let kt: Vec<Vec<f32>> = (0..heads(p.keys.step))
+    let kt: Vec<Rows> = (0..heads(p.keys.step))
         .into_par_iter()
         .map(|b| {
             let mut t = vec![0f32; npad * k];
@@ -117,18 +172,19 @@ pub fn attention(p: &Problem, want_probs: bool, isa: Isa) -> (Vec<f32>, Vec<f32>
                 ..p.keys
             };
             kt.gather(b, (0, n), (0, k), &mut t, k);
-            t
+            Rows::new(t, k, level)
         })
         .collect();
-    let vw: Vec<Vec<f32>> = (0..heads(p.v.step))
+    let vw: Vec<Rows> = (0..heads(p.v.step))
         .into_par_iter()
         .map(|b| {
             let mut t = vec![0f32; dpad * n];
             p.v.gather(b, (0, d), (0, n), &mut t, n);
-            t
+            Rows::new(t, n, level)
         })
         .collect();
     let np = m.div_ceil(NR);
+    let bf16 = level == Level::Bf16;
     let tasks: Vec<(Vec<f32>, Vec<f32>)> = (0..nb * np)
         .into_par_iter()
         .map_init(
@@ -136,13 +192,15 @@ pub fn attention(p: &Problem, want_probs: bool, isa: Isa) -> (Vec<f32>, Vec<f32>
                 q: vec![0f32; k * NR],
                 s: vec![0f32; n * NR],
                 mask: vec![0f32; if p.mask.is_some() { n * NR } else { 0 }],
+                qb: vec![0u32; if bf16 { k.div_ceil(2) * NR } else { 0 }],
+                pb: vec![0u32; if bf16 { n.div_ceil(2) * NR } else { 0 }],
             },
             |sc, t| {
                 let (b, i0) = (t / np, (t % np) * NR);
                 let w = NR.min(m - i0);
                 let kt = &kt[if p.keys.step == 0 { 0 } else { b }];
                 let vw = &vw[if p.v.step == 0 { 0 } else { b }];
-                panel(p, sc, (b, i0, w), kt, vw, level, want_probs)
+                panel(p, sc, (b, i0, w), (kt, vw), level, want_probs)
             },
         )
         .collect();
@@ -172,7 +230,7 @@ pub fn attention(p: &Problem, want_probs: bool, isa: Isa) -> (Vec<f32>, Vec<f32>
             }
         });
     }
-    (out, probs)
+    Ok((out, probs))
 }
 
 /// A task's buffers, reused from task to task on a thread.
@@ -183,6 +241,10 @@ struct Scratch {
     s: Vec<f32>,
     /// The panel's mask, `[N][NR]` (empty without one).
     mask: Vec<f32>,
+    /// bf16 products only: the queries as pairs of rows, `[⌈k/2⌉][NR]` words.
+    qb: Vec<u32>,
+    /// bf16 products only: the probabilities as pairs of rows, `[⌈N/2⌉][NR]` words.
+    pb: Vec<u32>,
 }
 
 /// One panel: queries `i0..i0 + w` of batch entry `b`; returns its output `[D][NR]` and, with
@@ -191,12 +253,17 @@ fn panel(
     p: &Problem,
     sc: &mut Scratch,
     (b, i0, w): (usize, usize, usize),
-    kt: &[f32],
-    vw: &[f32],
+    (kt, vw): (&Rows, &Rows),
     level: Level,
     want_probs: bool,
 ) -> (Vec<f32>, Vec<f32>) {
     let (n, k, d) = (p.n, p.k, p.d);
+    let bf16 = level == Level::Bf16;
+    // The products' depths in the operands' units: values, or bf16 pairs.
+    let (kw, nw) = match bf16 {
+        true => (k.div_ceil(2), n.div_ceil(2)),
+        false => (k, n),
+    };
     // Q(i0 + i, c) → q[c][i]: the source transposed; columns past w stay zero.
     if w < NR {
         sc.q.fill(0.0);
@@ -207,13 +274,21 @@ fn panel(
         ..p.q
     };
     qt.gather(b, (0, k), (i0, w), &mut sc.q, NR);
+    let qp: *const f32 = match bf16 {
+        true => {
+            bf16_panel_pairs(&sc.q, &mut sc.qb);
+            sc.qb.as_ptr().cast()
+        }
+        false => sc.q.as_ptr(),
+    };
     // 1. Sᵀ = Kᵀ · Q, eight keys a tile.
     for j in (0..n).step_by(MR) {
-        let mut t = Tile::once(k, kt[j * k..].as_ptr(), k, sc.q.as_ptr());
+        let mut t = Tile::once(kw, kt.row(j, kw), kw, qp);
         t.rows = MR.min(n - j);
         t.out = OutPtr::F32(sc.s[j * NR..].as_mut_ptr());
-        // SAFETY: Kᵀ has `MR` rows of k from row j (padded to a whole tile), the query
-        // panel k × NR; rows × NR results land in rows j.. of the n × NR scores.
+        // SAFETY: Kᵀ has `MR` rows of kw from row j (padded to a whole tile), the query
+        // panel kw × NR (values or pairs); rows × NR results land in rows j.. of the n × NR
+        // scores; the bf16 level only where the CPU has it (`attention`).
         unsafe { t.run(level) };
     }
     // 2. The softmax down each column.
@@ -246,14 +321,22 @@ fn panel(
         }
         false => vec![],
     };
-    // 3. O = V · P, eight value rows a tile.
+    // 3. O = V · P, eight value rows a tile (on bf16 products, the probabilities as
+    // stored, paired).
+    let pp: *const f32 = match bf16 {
+        true => {
+            bf16_panel_pairs(&sc.s, &mut sc.pb);
+            sc.pb.as_ptr().cast()
+        }
+        false => sc.s.as_ptr(),
+    };
     let mut o = vec![0f32; d.div_ceil(MR) * MR * NR];
     for c in (0..d).step_by(MR) {
-        let mut t = Tile::once(n, vw[c * n..].as_ptr(), n, sc.s.as_ptr());
+        let mut t = Tile::once(nw, vw.row(c, nw), nw, pp);
         t.rows = MR.min(d - c);
         t.out = OutPtr::F32(o[c * NR..].as_mut_ptr());
-        // SAFETY: V has `MR` rows of n from row c (padded), the probabilities n × NR; the
-        // tile's rows × NR results land in rows c.. of o.
+        // SAFETY: V has `MR` rows of nw from row c (padded), the probabilities nw × NR;
+        // the tile's rows × NR results land in rows c.. of o.
         unsafe { t.run(level) };
     }
     (o, probs)
@@ -263,9 +346,10 @@ fn panel(
 /// roundings of `round` (the masked one only with a mask).
 fn softmax_columns(s: &mut [f32], mask: Option<&[f32]>, round: [Round; 3], level: Level) {
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 {
-        // SAFETY: chosen only where the CPU has AVX-512 (`Level::of`); `mask`, when given,
-        // is as long as `s`, a whole number of rows of NR.
+    if matches!(level, Level::Avx512 | Level::Bf16) {
+        // SAFETY: chosen only where the CPU has AVX-512 (`Level::of`; the bf16 level needs
+        // AVX512-BF16 with the foundation, `gemm::bf16_cpu`); `mask`, when given, is as
+        // long as `s`, a whole number of rows of NR.
         unsafe { avx512::softmax_columns(s, mask, round) };
         return;
     }

@@ -22,7 +22,9 @@
 //! (AVX512-BF16) adds two products per lane to the f32 sums. Only where the CPU has
 //! AVX512-BF16 ([`bf16_cpu`]); elsewhere an error naming the feature ([`require_bf16`]).
 //!
-//! `kernels::attention_panel` runs its two products on the same micro-kernel ([`Tile`]).
+//! `kernels::attention_panel` runs its two products on the same micro-kernels ([`Tile`]),
+//! the f32 one or (bf16 products) the bf16 one on operands packed by [`bf16_pairs`] and
+//! [`bf16_panel_pairs`].
 
 use super::fastmath::Gelu;
 use super::gemv::{Isa, PackedWeight};
@@ -300,18 +302,51 @@ fn pack_w_bf16(w: &PackedWeight, r0: usize, rows: usize, rpad: usize) -> Vec<u32
         return wq;
     }
     for (src, dst) in wf.chunks_exact(k).zip(wq.chunks_exact_mut(k2)) {
-        // SAFETY: only reached where the CPU has AVX512-BF16 (`gemm_bf16`).
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            avx512::to_bf16_pairs(src, dst)
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        for (c2, word) in dst.iter_mut().enumerate() {
-            let hi = src.get(2 * c2 + 1).map_or(0, |&v| bf16_bits(v));
-            *word = bf16_bits(src[2 * c2]) | (hi << 16);
-        }
+        bf16_pairs(src, dst);
     }
     wq
+}
+
+/// `src` as bf16 pairs along its length (word c2 = bf16(`src[2·c2]`) | bf16(`src[2·c2 + 1]`)
+/// << 16, the high half of an odd tail zero) into `dst` (`⌈len/2⌉` words): one row of a
+/// left operand for the bf16 micro-kernel. Only called where the CPU has AVX512-BF16 (the
+/// [`Level::Bf16`] paths, chosen after [`require_bf16`]).
+pub(super) fn bf16_pairs(src: &[f32], dst: &mut [u32]) {
+    // SAFETY: only reached where the CPU has AVX512-BF16 (see above).
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        avx512::to_bf16_pairs(src, dst)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    for (c2, word) in dst.iter_mut().enumerate() {
+        let hi = src.get(2 * c2 + 1).map_or(0, |&v| bf16_bits(v));
+        *word = bf16_bits(src[2 * c2]) | (hi << 16);
+    }
+}
+
+/// A panel `[r][NR]` of f32 rows as bf16 pairs along its rows into `dst` (`[⌈r/2⌉][NR]`
+/// words: word (c2, j) holds row 2·c2's value j in its low half and row 2·c2 + 1's in its
+/// high half, an odd last row paired with zeros): a right operand for the bf16
+/// micro-kernel, laid out as [`pack_x_bf16`] lays X. Only called where the CPU has
+/// AVX512-BF16 (the [`Level::Bf16`] paths).
+pub(super) fn bf16_panel_pairs(rows: &[f32], dst: &mut [u32]) {
+    let zero = [0f32; NR];
+    for (pair, words) in rows.chunks(2 * NR).zip(dst.chunks_exact_mut(NR)) {
+        let lo: &[f32; NR] = pair[..NR].try_into().expect("whole rows of NR");
+        let hi: &[f32; NR] = match pair.len() > NR {
+            true => pair[NR..].try_into().expect("whole rows of NR"),
+            false => &zero,
+        };
+        // SAFETY: only reached where the CPU has AVX512-BF16 (see above).
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            avx512::interleave_bf16(lo, hi, words)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        for (j, word) in words.iter_mut().enumerate() {
+            *word = bf16_bits(lo[j]) | (bf16_bits(hi[j]) << 16);
+        }
+    }
 }
 
 /// Which micro-kernel runs.

@@ -1,7 +1,9 @@
 //! Contractions in f32: batched matmul with transpose flags and numpy batch broadcasting
 //! (candle's gemm, multi-threaded), 1-D/2-D convolution as im2col + matmul, and two-operand
 //! einsum reduced to one batched matmul. Inputs of any float dtype are converted to f32;
-//! results are f32 for the caller to round once.
+//! results are f32 for the caller to round once. Under bf16 products (`--compute bf16`), a
+//! convolution with a packed weight runs its im2col columns through `kernels::gemm`'s bf16
+//! GEMM instead ([`conv_bf16`]), rounded and activated in that GEMM's store.
 
 use super::data::{to_f32, to_f32_vec};
 use super::elementwise::broadcast_shape;
@@ -109,98 +111,159 @@ pub struct ConvParams {
     pub groups: usize,
 }
 
+/// A convolution's sizes, as 2-D (1-D with a unit height).
+struct Geometry {
+    nsp: usize,
+    n: usize,
+    c: usize,
+    h: usize,
+    wi: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    pt: usize,
+    pl: usize,
+    ho: usize,
+    wo: usize,
+}
+
+impl Geometry {
+    /// Checks `x`'s and `w`'s dims against `p` (1 or 2 spatial axes).
+    fn of(xd: &[usize], wd: &[usize], p: &ConvParams) -> Result<Geometry> {
+        let nsp = xd.len().saturating_sub(2);
+        ensure!(
+            nsp == 1 || nsp == 2,
+            "convolution over {nsp} spatial axes is not supported (1 or 2)"
+        );
+        ensure!(
+            wd.len() == xd.len(),
+            "conv weight {wd:?} and input {xd:?} differ in rank"
+        );
+        ensure!(
+            p.strides.len() == nsp && p.dilations.len() == nsp && p.pads.len() == nsp,
+            "conv geometry needs {nsp} values per parameter"
+        );
+        // 1-D as 2-D with a unit height.
+        let (n, c, h, wi) = if nsp == 1 {
+            (xd[0], xd[1], 1, xd[2])
+        } else {
+            (xd[0], xd[1], xd[2], xd[3])
+        };
+        let (o, cg, kh, kw) = if nsp == 1 {
+            (wd[0], wd[1], 1, wd[2])
+        } else {
+            (wd[0], wd[1], wd[2], wd[3])
+        };
+        let (sh, sw) = if nsp == 1 {
+            (1, p.strides[0])
+        } else {
+            (p.strides[0], p.strides[1])
+        };
+        let (dh, dw) = if nsp == 1 {
+            (1, p.dilations[0])
+        } else {
+            (p.dilations[0], p.dilations[1])
+        };
+        let ((pt, pb), (pl, pr)) = if nsp == 1 {
+            ((0, 0), p.pads[0])
+        } else {
+            (p.pads[0], p.pads[1])
+        };
+        let g = p.groups;
+        ensure!(
+            g >= 1 && c == cg * g && o % g == 0,
+            "conv: {c} input channels, weight {wd:?}, groups {g}"
+        );
+        ensure!(
+            sh > 0 && sw > 0 && dh > 0 && dw > 0,
+            "conv strides and dilations must be positive"
+        );
+        let (eh, ew) = (dh * (kh - 1) + 1, dw * (kw - 1) + 1);
+        ensure!(
+            h + pt + pb >= eh && wi + pl + pr >= ew,
+            "conv kernel {wd:?} larger than padded input {xd:?}"
+        );
+        let (ho, wo) = ((h + pt + pb - eh) / sh + 1, (wi + pl + pr - ew) / sw + 1);
+        Ok(Geometry {
+            nsp,
+            n,
+            c,
+            h,
+            wi,
+            o,
+            kh,
+            kw,
+            sh,
+            sw,
+            dh,
+            dw,
+            pt,
+            pl,
+            ho,
+            wo,
+        })
+    }
+
+    /// The columns of one batch entry `xs` (`[C, H, W]` f32): row (ch, ki, kj) of
+    /// `[C·KH·KW][HO·WO]` holds input channel ch at kernel offset (ki, kj) for every output
+    /// position, zero in the padding — the right operand of `W [O, C·KH·KW] · cols`.
+    fn im2col(&self, xs: &[f32]) -> Vec<f32> {
+        let (h, wi, kh, kw, ho, wo) = (self.h, self.wi, self.kh, self.kw, self.ho, self.wo);
+        let mut cols = vec![0f32; self.c * kh * kw * ho * wo];
+        cols.par_chunks_mut(ho * wo)
+            .enumerate()
+            .for_each(|(row, dst)| {
+                let (ch, ki, kj) = (row / (kh * kw), (row / kw) % kh, row % kw);
+                let plane = &xs[ch * h * wi..(ch + 1) * h * wi];
+                for oy in 0..ho {
+                    let iy = (oy * self.sh + ki * self.dh) as isize - self.pt as isize;
+                    let line = &mut dst[oy * wo..(oy + 1) * wo];
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    let src = &plane[iy as usize * wi..(iy as usize + 1) * wi];
+                    for (ox, d) in line.iter_mut().enumerate() {
+                        let ix = (ox * self.sw + kj * self.dw) as isize - self.pl as isize;
+                        if ix >= 0 && (ix as usize) < wi {
+                            *d = src[ix as usize];
+                        }
+                    }
+                }
+            });
+        cols
+    }
+
+    /// The output's dims: `[N, O, *S_out]`.
+    fn out_dims(&self) -> Vec<usize> {
+        match self.nsp {
+            1 => vec![self.n, self.o, self.wo],
+            _ => vec![self.n, self.o, self.ho, self.wo],
+        }
+    }
+}
+
 /// Cross-correlation of `x` [N, C, *S] with `w` [O, C/groups, *K] (1 or 2 spatial axes),
 /// plus `bias` [O]; returns f32 [N, O, *S_out].
 pub fn conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &ConvParams) -> Result<Tensor> {
-    let nsp = x.rank().saturating_sub(2);
-    ensure!(
-        nsp == 1 || nsp == 2,
-        "convolution over {nsp} spatial axes is not supported (1 or 2)"
-    );
-    ensure!(
-        w.rank() == x.rank(),
-        "conv weight {:?} and input {:?} differ in rank",
-        w.dims(),
-        x.dims()
-    );
-    ensure!(
-        p.strides.len() == nsp && p.dilations.len() == nsp && p.pads.len() == nsp,
-        "conv geometry needs {nsp} values per parameter"
-    );
-    // 1-D as 2-D with a unit height.
-    let (xd, wd) = (x.dims(), w.dims());
-    let (n, c, h, wi) = if nsp == 1 {
-        (xd[0], xd[1], 1, xd[2])
-    } else {
-        (xd[0], xd[1], xd[2], xd[3])
-    };
-    let (o, cg, kh, kw) = if nsp == 1 {
-        (wd[0], wd[1], 1, wd[2])
-    } else {
-        (wd[0], wd[1], wd[2], wd[3])
-    };
-    let (sh, sw) = if nsp == 1 {
-        (1, p.strides[0])
-    } else {
-        (p.strides[0], p.strides[1])
-    };
-    let (dh, dw) = if nsp == 1 {
-        (1, p.dilations[0])
-    } else {
-        (p.dilations[0], p.dilations[1])
-    };
-    let ((pt, pb), (pl, pr)) = if nsp == 1 {
-        ((0, 0), p.pads[0])
-    } else {
-        (p.pads[0], p.pads[1])
-    };
-    let g = p.groups;
-    ensure!(
-        g >= 1 && c == cg * g && o % g == 0,
-        "conv: {c} input channels, weight {wd:?}, groups {g}"
-    );
-    ensure!(
-        sh > 0 && sw > 0 && dh > 0 && dw > 0,
-        "conv strides and dilations must be positive"
-    );
-    let (eh, ew) = (dh * (kh - 1) + 1, dw * (kw - 1) + 1);
-    ensure!(
-        h + pt + pb >= eh && wi + pl + pr >= ew,
-        "conv kernel {wd:?} larger than padded input {xd:?}"
-    );
-    let (ho, wo) = ((h + pt + pb - eh) / sh + 1, (wi + pl + pr - ew) / sw + 1);
-    let kk = cg * kh * kw;
+    let geo = Geometry::of(x.dims(), w.dims(), p)?;
+    let (n, c, o, g) = (geo.n, geo.c, geo.o, p.groups);
+    let (h, wi, kh, kw, ho, wo) = (geo.h, geo.wi, geo.kh, geo.kw, geo.ho, geo.wo);
+    let kk = (c / g) * kh * kw;
     let wt = to_f32(w)?.contiguous()?.reshape((g, o / g, kk))?;
-    let pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt + pb + pl + pr == 0;
+    let pointwise =
+        kh == 1 && kw == 1 && geo.sh == 1 && geo.sw == 1 && p.pads.iter().all(|&(a, b)| a + b == 0);
     let x32 = to_f32(x)?.contiguous()?;
     let mut outs = Vec::with_capacity(n);
     for b in 0..n {
         let xb = x32.get(b)?;
         let cols = if pointwise {
-            xb.reshape((g, cg, h * wi))?
+            xb.reshape((g, c / g, h * wi))?
         } else {
-            let xs = to_f32_vec(&xb)?;
-            let mut cols = vec![0f32; c * kh * kw * ho * wo];
-            cols.par_chunks_mut(ho * wo)
-                .enumerate()
-                .for_each(|(row, dst)| {
-                    let (ch, ki, kj) = (row / (kh * kw), (row / kw) % kh, row % kw);
-                    let plane = &xs[ch * h * wi..(ch + 1) * h * wi];
-                    for oy in 0..ho {
-                        let iy = (oy * sh + ki * dh) as isize - pt as isize;
-                        let line = &mut dst[oy * wo..(oy + 1) * wo];
-                        if iy < 0 || iy >= h as isize {
-                            continue;
-                        }
-                        let src = &plane[iy as usize * wi..(iy as usize + 1) * wi];
-                        for (ox, d) in line.iter_mut().enumerate() {
-                            let ix = (ox * sw + kj * dw) as isize - pl as isize;
-                            if ix >= 0 && (ix as usize) < wi {
-                                *d = src[ix as usize];
-                            }
-                        }
-                    }
-                });
+            let cols = geo.im2col(&to_f32_vec(&xb)?);
             Tensor::from_vec(cols, (g, kk, ho * wo), x.device())?
         };
         outs.push(wt.matmul(&cols)?.reshape((o, ho * wo))?);
@@ -214,11 +277,53 @@ pub fn conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &ConvParams) -> Re
         );
         y = y.broadcast_add(&to_f32(bias)?.reshape((1, o, 1))?)?;
     }
-    Ok(if nsp == 1 {
-        y.reshape((n, o, wo))?
-    } else {
-        y.reshape((n, o, ho, wo))?
-    })
+    Ok(y.reshape(geo.out_dims())?)
+}
+
+/// [`conv`] of an ungrouped `x` with a packed weight `w` `[O, C, *K]` on bf16 products
+/// (`--compute bf16`): each batch entry's columns ([`Geometry::im2col`], f32) times `w` by
+/// `gemm::gemm_bf16_then` — both operands rounded to bfloat16, f32 sums, plus `bias`,
+/// rounded once to `dtype` (fp16 or f32) with `post` (a GELU) in the same store, as
+/// [`gemm::conv1x1_then`](super::gemm::conv1x1_then) does. `None` for other dtypes or
+/// groups (the caller's general path takes those); an error where the CPU lacks
+/// AVX512-BF16.
+pub fn conv_bf16(
+    x: &Tensor,
+    w: &super::gemv::PackedWeight,
+    bias: Option<&[f32]>,
+    post: Option<super::fastmath::Gelu>,
+    dtype: candle_core::DType,
+    p: &ConvParams,
+) -> Result<Option<Tensor>> {
+    use super::gemm::{gemm_bf16_then, Act, Out};
+    use candle_core::DType;
+    if p.groups != 1 || !matches!(dtype, DType::F16 | DType::F32) {
+        return Ok(None);
+    }
+    let geo = Geometry::of(x.dims(), &w.shape, p)?;
+    let (n, o, m) = (geo.n, geo.o, geo.ho * geo.wo);
+    ensure!(
+        w.n == o && w.k == geo.c * geo.kh * geo.kw,
+        "conv weight [{}, {}] packed for {:?}",
+        w.n,
+        w.k,
+        w.shape
+    );
+    let mut y32 = vec![0f32; if dtype == DType::F32 { n * o * m } else { 0 }];
+    let mut y16 = vec![half::f16::ZERO; if dtype == DType::F16 { n * o * m } else { 0 }];
+    for b in 0..n {
+        let cols = geo.im2col(&to_f32_vec(&x.get(b)?)?);
+        let out = match dtype {
+            DType::F32 => Out::F32(&mut y32[b * o * m..(b + 1) * o * m]),
+            _ => Out::F16(&mut y16[b * o * m..(b + 1) * o * m]),
+        };
+        gemm_bf16_then(w, Act::F32(&cols), m, m, bias, post, out)?;
+    }
+    let dims = geo.out_dims();
+    Ok(Some(match dtype {
+        DType::F32 => super::data::from_vec(y32, &dims)?,
+        _ => super::data::from_vec(y16, &dims)?,
+    }))
 }
 
 /// Parses `"ab,bc->ac"` into operand subscripts and output subscripts (implicit output: the

@@ -1,7 +1,8 @@
 //! iOS18's fused `scaled_dot_product_attention`: `softmax(Q·Kᵀ/√E + mask)·V` with an
 //! optional bool mask (false → −∞) or float mask (added), broadcast to `[B, *, L, S]`.
 //! Evaluated by `kernels::attention` (blocks of query rows; the [L, S] score matrix never
-//! exists whole), intermediates rounded to the compute dtype as the unfused chain would be.
+//! exists whole), intermediates rounded to the compute dtype as the unfused chain would be;
+//! on bf16 products in a session computing them (`--compute bf16`).
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{broadcast, float_only, tensor, InferCx};
@@ -95,7 +96,10 @@ fn eval_sdpa(cx: &EvalCx) -> Result<Vec<RValue>> {
         tv: false,
         probs_left: true,
     };
-    one(kernels::cast(&kernels::attention(&a)?, cx.out_dtype(0)?)?)
+    // A session computing bf16 products runs the panels on them (`--compute bf16`).
+    let kernel = kernels::Kernel::for_products(cx.products());
+    let (out, _) = kernels::attention_with(&a, false, kernel)?;
+    one(kernels::cast(&out, cx.out_dtype(0)?)?)
 }
 
 const SDPA: &[InputSpec] = &[req("query"), req("key"), req("value"), opt("attn_mask")];

@@ -417,6 +417,15 @@ fn conv_then(cx: &EvalCx, post: Option<fastmath::Gelu>) -> Result<Vec<RValue>> {
             return out0(cx, y);
         }
     }
+    // Other convs with a packed weight (a Whisper encoder's 3-wide stem) in a session
+    // computing bf16 products: im2col columns through the bf16 GEMM, the same epilogue.
+    if let (Some(pw), kernels::gemm::Inputs::Bf16) = (packed, cx.products()) {
+        let b = bias.as_ref().map(kernels::to_f32_vec).transpose()?;
+        let dtype = cx.out_dtype(0)?;
+        if let Some(y) = kernels::linalg::conv_bf16(x, pw, b.as_deref(), post, dtype, &p)? {
+            return out0(cx, y);
+        }
+    }
     let w = cx.weight_f32("weight")?;
     let y = kernels::conv(x, &w, bias.as_ref(), &p)?;
     conv_out(cx, y, post)

@@ -306,7 +306,10 @@ fn eval_fused_attention(cx: &EvalCx) -> Result<Vec<RValue>> {
             probs_left: flag("probs_left")?,
         };
         if !lazy {
-            return kernels::attention_probs(&a, want).map(Some);
+            // A session computing bf16 products runs the panels on them
+            // (`--compute bf16`).
+            let kernel = kernels::Kernel::for_products(cx.products());
+            return kernels::attention_with(&a, want, kernel).map(Some);
         }
         // Each blended operand's rows (`None`: not fp16, computed whole instead).
         let with = |b: &Option<Blended>,

@@ -186,11 +186,13 @@ fn from_origin(
             for g in 0..groups {
                 lut[g * 16..g * 16 + pal].copy_from_slice(&vals[g * pal..(g + 1) * pal]);
             }
-            let codes = kernels::to_vec::<u8>(it)?;
-            if codes.iter().any(|&c| c as usize >= pal) {
-                return Ok(None);
-            }
-            Ok(Some(PackedWeight::lut4(shape, &codes, lut)?))
+            // The codes as they lie (no copy of a weight's worth of bytes).
+            kernels::data::with_slice(it, |codes: &[u8]| {
+                if kernels::gemv::max_code(codes) as usize >= pal {
+                    return Ok(None);
+                }
+                Ok(Some(PackedWeight::lut4(shape, codes, lut)?))
+            })?
         }
         "constexpr_blockwise_shift_scale" => {
             let (Some(dt), Some(st)) = (

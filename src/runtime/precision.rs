@@ -10,8 +10,10 @@
 //!
 //! [`Compute::Bf16`] keeps the package's types but runs its encoder-sized 1x1 convs on
 //! bfloat16-rounded weights and activations with f32 sums (`kernels::gemm::gemm_bf16`,
-//! `vdpbf16ps`): a faster evaluation mode where the CPU has AVX512-BF16, with its own
-//! fidelity (docs/speed.md), and an error elsewhere — never a silent fallback.
+//! `vdpbf16ps`), and the fused attention's two products over many query rows on
+//! bfloat16-rounded operands too (`kernels::Kernel::PanelsBf16`): a faster evaluation mode
+//! where the CPU has AVX512-BF16, with its own fidelity (docs/speed.md), and an error
+//! elsewhere — never a silent fallback.
 
 use crate::ir::{
     Arg, ArrayDType, Block, Bytes, DType, Model, Operation, Tensor, TensorType, Value, ValueType,

@@ -309,3 +309,27 @@ fn supported_levels_follow_the_cpu() {
     }
     assert_eq!(*levels.last().unwrap(), Isa::best());
 }
+
+#[test]
+fn nibbles_pack_low_first_and_codes_range_check_by_their_maximum() {
+    // Even and odd counts: code 2j in byte j's low nibble, 2j + 1 in its high one, an odd
+    // last code alone in the last byte's low nibble.
+    let codes: Vec<u8> = (0..37u32).map(|i| ((i * 7 + 3) % 16) as u8).collect();
+    for n in [0, 1, 2, 36, 37] {
+        let got = nibbles(&codes[..n]);
+        assert_eq!(got.len(), n.div_ceil(2));
+        for (i, &c) in codes[..n].iter().enumerate() {
+            assert_eq!((got[i / 2] >> (4 * (i % 2))) & 15, c, "{n} codes, code {i}");
+        }
+        if n % 2 == 1 {
+            assert_eq!(got[n / 2] >> 4, 0, "{n} codes: the odd tail's high nibble");
+        }
+    }
+    assert_eq!(super::max_code(&[]), 0);
+    assert_eq!(super::max_code(&[3, 15, 0, 7]), 15);
+    let mut big = vec![1u8; 1000];
+    big[999] = 16;
+    assert_eq!(super::max_code(&big), 16);
+    // The packers refuse a code past 4 bits wherever it is.
+    assert!(super::PackedWeight::lut4(&[2, 500], &big, vec![0.0; 16]).is_err());
+}
