@@ -393,7 +393,9 @@ pub fn write_whisperkit_folder(
 /// ([`plan_bits_joint`]), so the average over ALL compressed weights of the folder meets the
 /// budget while the more sensitive weights (per measured error per stored bit) get more of
 /// it, wherever they are. Fixes the widths in both compressions (their `nbits`) and returns
-/// the encoder's and the decoder's plans; `None` when no joint plan is asked for.
+/// the encoder's and the decoder's plans; `None` when no joint plan is asked for, or when
+/// exactly one of the two has end-metric sensitivity curves (each is then planned alone
+/// within the budget, so the folder's average stays within it too).
 /// A part without statistics has its errors measured unweighted (plain weight error).
 pub fn plan_folder_bits(
     ckpt: &Checkpoint,
@@ -411,6 +413,13 @@ pub fn plan_folder_bits(
         te == td,
         "one budget for the whole model: the encoder asks for {te} bits, the decoder for {td}"
     );
+    // Errors on different scales (an end-metric curve against a per-op relative error)
+    // cannot share one budget: each component is then planned alone within it.
+    let end_metric = |c: &Compression| c.calibration.as_ref().is_some_and(|s| s.has_end_metric());
+    if end_metric(ec) != end_metric(dc) {
+        progress("planning the encoder and the decoder each within the budget (their errors are on different scales)");
+        return Ok(None);
+    }
     progress("planning bit widths over the encoder and the decoder");
     let mut enc = export_encoder(ckpt, EncoderAbi::WhisperKit, opts.opset, &mut |_, _| {})?;
     let mut dec = export_decoder(ckpt, &opts.decoder, opts.opset)?;

@@ -11,3 +11,4 @@ pub mod calibrate;
 pub mod eval;
 pub mod fidelity;
 pub mod gate;
+pub mod sensitivity;
