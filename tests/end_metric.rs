@@ -288,6 +288,7 @@ fn the_decoder_next_token_kl_falls_with_more_bits_on_tiny_en() {
     let clip = vec![fx.join("audio/jfk.wav")];
     let req = milkit::quality::calibrate::SensitivityRequest {
         compression: &c,
+        decoder: Default::default(),
         widths: &[2, 8],
     };
     let cal = milkit::quality::calibrate::calibrate_decoder_with(

@@ -3,7 +3,9 @@
 use super::progress;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use milkit::convert::recipe::Recipe;
+use milkit::convert::bundle::Component;
+use milkit::convert::decoder_export::DecoderExport;
+use milkit::convert::recipe::{recipe_components, Recipe};
 use milkit::passes::compress::Selection;
 use milkit::quality::calibrate::{
     calibrate_decoder_with, calibrate_encoder, expand_audio_list, SensitivityRequest,
@@ -116,8 +118,9 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
             &files,
             &sel,
             a.gram,
-            compression.as_ref().map(|c| SensitivityRequest {
+            compression.as_ref().map(|(c, d)| SensitivityRequest {
                 compression: c,
+                decoder: *d,
                 widths: &widths,
             }),
             &mut tick,
@@ -143,24 +146,24 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
     Ok(0)
 }
 
-/// The decoder compression a recipe describes (its `decoder` component's `[compress]`).
-fn decoder_compression_of(path: &std::path::Path) -> Result<milkit::convert::bundle::Compression> {
+/// The decoder compression a recipe describes (its `decoder` component's `[compress]`) and
+/// the shape of that decoder's export.
+fn decoder_compression_of(
+    path: &std::path::Path,
+) -> Result<(milkit::convert::bundle::Compression, DecoderExport)> {
     let r = Recipe::from_file(path)?;
-    let Some(flags) = r
-        .components
+    let specs = recipe_components(&r, path, &[])?;
+    let Some((_, spec)) = specs
         .iter()
-        .find(|c| c.component == "decoder")
-        .and_then(|c| c.compress.as_ref())
+        .find(|(_, s)| s.component == Component::Decoder)
     else {
         anyhow::bail!(
-            "{}: the recipe has no compressed `decoder` component to measure",
+            "{}: the recipe has no `decoder` component to measure",
             path.display()
         );
     };
-    flags.compression()?.ok_or_else(|| {
-        anyhow::anyhow!(
-            "{}: the decoder's [compress] asks for no compression",
-            path.display()
-        )
-    })
+    let Some(c) = spec.compression.clone() else {
+        anyhow::bail!("{}: the recipe's decoder is not compressed", path.display());
+    };
+    Ok((c, spec.decoder))
 }

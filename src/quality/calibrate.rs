@@ -105,9 +105,12 @@ pub fn calibrate_decoder(
 }
 
 /// What [`calibrate_decoder_with`] also measures: the end-metric sensitivity of every weight
-/// `compression` selects, at `widths` ([`super::sensitivity`]).
+/// `compression` selects, at `widths` ([`super::sensitivity`]), in the decoder exported as
+/// `decoder` says (a recipe's head chunks are separate weights; the statistics are then
+/// measured on that decoder too, so their names match the recipe's export).
 pub struct SensitivityRequest<'a> {
     pub compression: &'a Compression,
+    pub decoder: DecoderExport,
     pub widths: &'a [u32],
 }
 
@@ -137,7 +140,8 @@ pub fn calibrate_decoder_with(
     write_whisperkit_folder(&ckpt, &scratch.0, &opts, true, &mut |_| {})
         .context("writing the fp16 models folder to calibrate with")?;
     let mut t = Transcriber::open(&scratch.0)?;
-    let model = export_decoder(&ckpt, &opts.decoder, opts.opset)?;
+    let shape = sensitivity.as_ref().map_or(opts.decoder, |r| r.decoder);
+    let model = export_decoder(&ckpt, &shape, opts.opset)?;
     let (inst, probes) = instrument(&model, sel, grams)?;
     let session = Session::from_model(inst).context("preparing the instrumented decoder")?;
     let mut decoder = TextDecoder::new(session)?;
