@@ -316,3 +316,32 @@ fn the_decoder_next_token_kl_falls_with_more_bits_on_tiny_en() {
     assert_eq!(cal.component(), "decoder");
     assert!(cal.moments.contains_key("layers_0_fc1_weight"));
 }
+
+#[test]
+fn statistics_of_an_unchunked_head_serve_every_chunk_of_a_chunked_one() {
+    let Some(fx) = common::fixtures() else { return };
+    let hf = fx.join("models/whisper-tiny.en");
+    let ckpt = milkit::whisper::checkpoint::Checkpoint::open(&hf).unwrap();
+    let shape = milkit::convert::decoder_export::DecoderExport {
+        head_chunks: 2,
+        ..Default::default()
+    };
+    let mut m =
+        milkit::convert::decoder_export::export_decoder(&ckpt, &shape, Opset::Ios18).unwrap();
+    let head = vec![0.5f32; 384];
+    let mut cal = Calibration {
+        moments: BTreeMap::new(),
+        grams: BTreeMap::new(),
+        meta: BTreeMap::new(),
+    };
+    cal.moments.insert("lm_head_weight".into(), head.clone());
+    let mut c = Compression::new(Method::Palettize(lut(4)), Selection::default(), false);
+    c.calibration = Some(cal);
+    let p = c.prepare(&mut m).unwrap();
+    let got = p.calibration.as_deref().unwrap();
+    for w in ["lm_head_0_weight", "lm_head_1_weight"] {
+        assert_eq!(got.moments.get(w), Some(&head), "{w}");
+    }
+    // Nothing else is invented.
+    assert_eq!(got.moments.len(), 3);
+}

@@ -7,8 +7,8 @@
 //! atomically: into a temporary directory beside the target, renamed when complete.
 
 use super::decoder_export::{
-    export_cross_kv, export_decoder, export_prefill, head_only_selection, head_ops, DecoderExport,
-    HEAD_OPS_KEY,
+    export_cross_kv, export_decoder, export_prefill, head_only_selection, head_op_names, head_ops,
+    DecoderExport, HEAD_OPS_KEY,
 };
 use super::export::{export_encoder, export_mel};
 use crate::ir::{Model, Opset};
@@ -140,8 +140,15 @@ impl Compression {
     pub fn prepare(&self, m: &mut Model) -> Result<Prepared<'_>> {
         let sel = self.selection_in(m)?;
         pad_selected_head(m, &self.method, &sel)?;
+        let chunked = match &self.calibration {
+            Some(c) => head_chunk_statistics(m, c)?,
+            None => None,
+        };
         let mut p = Prepared {
-            calibration: self.calibration.as_ref().map(Cow::Borrowed),
+            calibration: match chunked {
+                Some(c) => Some(Cow::Owned(c)),
+                None => self.calibration.as_ref().map(Cow::Borrowed),
+            },
             regrouped: Vec::new(),
             sel,
         };
@@ -188,6 +195,44 @@ fn pad_selected_head(m: &mut Model, method: &Method, sel: &Selection) -> Result<
         pad_head_rows(m, multiple)?;
     }
     Ok(())
+}
+
+/// Every chunk of a chunked vocabulary head (`--head-chunks N`) reads the decoder's final
+/// hidden state, the input the unchunked head reads, so statistics measured on an unchunked
+/// decoder serve every chunk: returns `cal` with the chunks' missing input statistics (moments,
+/// Gram matrix) copied from the unchunked head's, or `None` when nothing is missing. End-metric
+/// curves are per weight and are not copied.
+fn head_chunk_statistics(m: &Model, cal: &Calibration) -> Result<Option<Calibration>> {
+    if !m.description.user_defined.contains_key(HEAD_OPS_KEY) {
+        return Ok(None);
+    }
+    let single = format!("{}_weight", head_op_names(1)[0]);
+    let Some(moments) = cal.moments.get(&single) else {
+        return Ok(None);
+    };
+    let heads = head_ops(m)?;
+    let mut out: Option<Calibration> = None;
+    for f in m.program.functions.values() {
+        for op in f
+            .block
+            .operations
+            .iter()
+            .filter(|o| heads.contains(&o.name))
+        {
+            let Some(crate::ir::Arg::Var(w)) = op.arg("weight") else {
+                continue;
+            };
+            if cal.moments.contains_key(w) {
+                continue;
+            }
+            let c = out.get_or_insert_with(|| cal.clone());
+            c.moments.insert(w.clone(), moments.clone());
+            if let Some(g) = cal.grams.get(&single) {
+                c.grams.insert(w.clone(), std::sync::Arc::clone(g));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What [`Compression::prepare`] hands to the compression of one model.
