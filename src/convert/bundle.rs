@@ -139,11 +139,11 @@ impl Compression {
     /// reordering (done in place) and the statistics permuted to match.
     pub fn prepare(&self, m: &mut Model) -> Result<Prepared<'_>> {
         let sel = self.selection_in(m)?;
-        pad_selected_head(m, &self.method, &sel)?;
         let chunked = match &self.calibration {
             Some(c) => head_chunk_statistics(m, c)?,
             None => None,
         };
+        pad_selected_head(m, &self.method, &sel)?;
         let mut p = Prepared {
             calibration: match chunked {
                 Some(c) => Some(Cow::Owned(c)),
@@ -153,7 +153,7 @@ impl Compression {
             sel,
         };
         if self.regroup {
-            let (done, cal) = regroup(m, &self.method, &p.sel, self.calibration.as_ref())?;
+            let (done, cal) = regroup(m, &self.method, &p.sel, p.calibration.as_deref())?;
             if let Some(c) = cal {
                 p.calibration = Some(Cow::Owned(c));
             }
