@@ -3,8 +3,13 @@
 use super::progress;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
+use milkit::convert::bundle::Component;
+use milkit::convert::decoder_export::DecoderExport;
+use milkit::convert::recipe::{recipe_components, Recipe};
 use milkit::passes::compress::Selection;
-use milkit::quality::calibrate::{calibrate_decoder, calibrate_encoder, expand_audio_list};
+use milkit::quality::calibrate::{
+    calibrate_decoder_with, calibrate_encoder, expand_audio_list, SensitivityRequest,
+};
 use std::path::PathBuf;
 
 /// Runs the fp16 encoder (or text decoder) of a checkpoint on real audio and records, for
@@ -46,6 +51,24 @@ pub struct CalibrateArgs {
     /// window as large as the layer's own.
     #[arg(long)]
     pub gram: bool,
+    /// With `--component decoder`: also measure each decoder weight's end-metric
+    /// sensitivity for this recipe's decoder compression — the decoder's teacher-forced
+    /// next-token KL divergence from fp16, along the fp16 model's transcripts of the same
+    /// clips, with only that weight compressed as the recipe says, at each of --widths — and
+    /// store the curves in the statistics. `export --target-bits` then allocates the
+    /// decoder's bits by KL drop per stored bit instead of by each op's own output error
+    /// (and plans the decoder apart from an encoder without such curves, each within the
+    /// budget). Costs one decoder pass over the clips per weight and width.
+    #[arg(long, value_name = "RECIPE")]
+    pub sensitivity_recipe: Option<PathBuf>,
+    /// Bit widths the end-metric sensitivity is measured at (with --sensitivity-recipe).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "3,4,6,8",
+        requires = "sensitivity_recipe"
+    )]
+    pub widths: Vec<u32>,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
@@ -66,10 +89,45 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
     };
     let pb = progress::bar(files.len() as u64, "calibrating", a.quiet);
     let mut tick = |d: usize, _| pb.set_position(d as u64);
+    let compression = match &a.sensitivity_recipe {
+        None => None,
+        Some(_) if a.component != CalibComponent::Decoder => {
+            anyhow::bail!("--sensitivity-recipe measures the text decoder's weights: use it with --component decoder")
+        }
+        Some(r) => Some(decoder_compression_of(r)?),
+    };
+    let mut widths = a.widths.clone();
+    widths.sort_unstable();
+    widths.dedup();
+    if let Some(b) = widths.iter().find(|b| ![1, 2, 3, 4, 6, 8].contains(*b)) {
+        anyhow::bail!("--widths: {b} is not one of 1, 2, 3, 4, 6, 8");
+    }
+    let sweep_bar = progress::bar(
+        0,
+        "end-metric sensitivity",
+        a.quiet || compression.is_none(),
+    );
+    let mut sweep = |d: usize, n: usize| {
+        sweep_bar.set_length(n as u64);
+        sweep_bar.set_position(d as u64);
+    };
     let cal = match a.component {
         CalibComponent::Encoder => calibrate_encoder(&model, &files, &sel, a.gram, &mut tick)?,
-        CalibComponent::Decoder => calibrate_decoder(&model, &files, &sel, a.gram, &mut tick)?,
+        CalibComponent::Decoder => calibrate_decoder_with(
+            &model,
+            &files,
+            &sel,
+            a.gram,
+            compression.as_ref().map(|(c, d)| SensitivityRequest {
+                compression: c,
+                decoder: *d,
+                widths: &widths,
+            }),
+            &mut tick,
+            &mut sweep,
+        )?,
     };
+    sweep_bar.finish_and_clear();
     pb.finish_and_clear();
     cal.save(&a.out, a.force)?;
     if !a.quiet {
@@ -86,4 +144,26 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
         );
     }
     Ok(0)
+}
+
+/// The decoder compression a recipe describes (its `decoder` component's `[compress]`) and
+/// the shape of that decoder's export.
+fn decoder_compression_of(
+    path: &std::path::Path,
+) -> Result<(milkit::convert::bundle::Compression, DecoderExport)> {
+    let r = Recipe::from_file(path)?;
+    let specs = recipe_components(&r, path, &[])?;
+    let Some((_, spec)) = specs
+        .iter()
+        .find(|(_, s)| s.component == Component::Decoder)
+    else {
+        anyhow::bail!(
+            "{}: the recipe has no `decoder` component to measure",
+            path.display()
+        );
+    };
+    let Some(c) = spec.compression.clone() else {
+        anyhow::bail!("{}: the recipe's decoder is not compressed", path.display());
+    };
+    Ok((c, spec.decoder))
 }

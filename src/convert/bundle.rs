@@ -7,8 +7,8 @@
 //! atomically: into a temporary directory beside the target, renamed when complete.
 
 use super::decoder_export::{
-    export_cross_kv, export_decoder, export_prefill, head_only_selection, head_ops, DecoderExport,
-    HEAD_OPS_KEY,
+    export_cross_kv, export_decoder, export_prefill, head_only_selection, head_op_names, head_ops,
+    DecoderExport, HEAD_OPS_KEY,
 };
 use super::export::{export_encoder, export_mel};
 use crate::ir::{Model, Opset};
@@ -139,14 +139,21 @@ impl Compression {
     /// reordering (done in place) and the statistics permuted to match.
     pub fn prepare(&self, m: &mut Model) -> Result<Prepared<'_>> {
         let sel = self.selection_in(m)?;
+        let chunked = match &self.calibration {
+            Some(c) => head_chunk_statistics(m, c)?,
+            None => None,
+        };
         pad_selected_head(m, &self.method, &sel)?;
         let mut p = Prepared {
-            calibration: self.calibration.as_ref().map(Cow::Borrowed),
+            calibration: match chunked {
+                Some(c) => Some(Cow::Owned(c)),
+                None => self.calibration.as_ref().map(Cow::Borrowed),
+            },
             regrouped: Vec::new(),
             sel,
         };
         if self.regroup {
-            let (done, cal) = regroup(m, &self.method, &p.sel, self.calibration.as_ref())?;
+            let (done, cal) = regroup(m, &self.method, &p.sel, p.calibration.as_deref())?;
             if let Some(c) = cal {
                 p.calibration = Some(Cow::Owned(c));
             }
@@ -188,6 +195,44 @@ fn pad_selected_head(m: &mut Model, method: &Method, sel: &Selection) -> Result<
         pad_head_rows(m, multiple)?;
     }
     Ok(())
+}
+
+/// Every chunk of a chunked vocabulary head (`--head-chunks N`) reads the decoder's final
+/// hidden state, the input the unchunked head reads, so statistics measured on an unchunked
+/// decoder serve every chunk: returns `cal` with the chunks' missing input statistics (moments,
+/// Gram matrix) copied from the unchunked head's, or `None` when nothing is missing. End-metric
+/// curves are per weight and are not copied.
+fn head_chunk_statistics(m: &Model, cal: &Calibration) -> Result<Option<Calibration>> {
+    if !m.description.user_defined.contains_key(HEAD_OPS_KEY) {
+        return Ok(None);
+    }
+    let single = format!("{}_weight", head_op_names(1)[0]);
+    let Some(moments) = cal.moments.get(&single) else {
+        return Ok(None);
+    };
+    let heads = head_ops(m)?;
+    let mut out: Option<Calibration> = None;
+    for f in m.program.functions.values() {
+        for op in f
+            .block
+            .operations
+            .iter()
+            .filter(|o| heads.contains(&o.name))
+        {
+            let Some(crate::ir::Arg::Var(w)) = op.arg("weight") else {
+                continue;
+            };
+            if cal.moments.contains_key(w) {
+                continue;
+            }
+            let c = out.get_or_insert_with(|| cal.clone());
+            c.moments.insert(w.clone(), moments.clone());
+            if let Some(g) = cal.grams.get(&single) {
+                c.grams.insert(w.clone(), std::sync::Arc::clone(g));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What [`Compression::prepare`] hands to the compression of one model.
@@ -393,7 +438,9 @@ pub fn write_whisperkit_folder(
 /// ([`plan_bits_joint`]), so the average over ALL compressed weights of the folder meets the
 /// budget while the more sensitive weights (per measured error per stored bit) get more of
 /// it, wherever they are. Fixes the widths in both compressions (their `nbits`) and returns
-/// the encoder's and the decoder's plans; `None` when no joint plan is asked for.
+/// the encoder's and the decoder's plans; `None` when no joint plan is asked for, or when
+/// exactly one of the two has end-metric sensitivity curves (each is then planned alone
+/// within the budget, so the folder's average stays within it too).
 /// A part without statistics has its errors measured unweighted (plain weight error).
 pub fn plan_folder_bits(
     ckpt: &Checkpoint,
@@ -411,6 +458,13 @@ pub fn plan_folder_bits(
         te == td,
         "one budget for the whole model: the encoder asks for {te} bits, the decoder for {td}"
     );
+    // Errors on different scales (an end-metric curve against a per-op relative error)
+    // cannot share one budget: each component is then planned alone within it.
+    let end_metric = |c: &Compression| c.calibration.as_ref().is_some_and(|s| s.has_end_metric());
+    if end_metric(ec) != end_metric(dc) {
+        progress("planning the encoder and the decoder each within the budget (their errors are on different scales)");
+        return Ok(None);
+    }
     progress("planning bit widths over the encoder and the decoder");
     let mut enc = export_encoder(ckpt, EncoderAbi::WhisperKit, opts.opset, &mut |_, _| {})?;
     let mut dec = export_decoder(ckpt, &opts.decoder, opts.opset)?;

@@ -13,6 +13,11 @@
 //! whose consumer reads one input vector per output position (linear, and conv with a 1×1
 //! kernel): error feedback while rounding ([`super::feedback`]) needs the off-diagonal
 //! terms. Weights whose consumers read the same input share one matrix.
+//!
+//! The statistics may also carry, per weight, an end-metric sensitivity curve ([`EndMetric`]:
+//! the model's output divergence with only that weight compressed, per bit width, measured by
+//! `crate::quality::sensitivity`), which the mixed-precision plan then uses instead of its
+//! own per-op error estimate. It is stored in the file's metadata.
 
 use super::select::{is_positional, Selection};
 use crate::ir::{Arg, DType, Model, Operation, Value, ValueType, Var};
@@ -35,6 +40,13 @@ pub const GRAM_TENSOR_PREFIX: &str = "gram:";
 
 /// Prefix of the metadata keys naming, per weight, the Gram tensor of its input.
 pub const GRAM_META_PREFIX: &str = "milkit.calibration.gram:";
+
+/// Prefix of the metadata keys holding, per weight, its end-metric sensitivity curve.
+pub const END_METRIC_META_PREFIX: &str = "milkit.calibration.end_metric:";
+
+/// A weight's end-metric sensitivity: (bit width, the model output's divergence from the
+/// uncompressed model with only this weight compressed at that width), widths ascending.
+pub type EndMetric = Vec<(u32, f64)>;
 
 /// One instrumented weight.
 #[derive(Clone, Debug)]
@@ -575,6 +587,49 @@ impl Calibration {
             grams,
             meta,
         })
+    }
+
+    /// Records `weight`'s end-metric sensitivity curve (replacing any earlier one).
+    pub fn set_end_metric(&mut self, weight: &str, curve: &[(u32, f64)]) {
+        let text = curve
+            .iter()
+            .map(|(b, v)| format!("{b}:{v:e}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.meta
+            .insert(format!("{END_METRIC_META_PREFIX}{weight}"), text);
+    }
+
+    /// Whether any weight has an end-metric sensitivity curve.
+    pub fn has_end_metric(&self) -> bool {
+        self.meta
+            .keys()
+            .any(|k| k.starts_with(END_METRIC_META_PREFIX))
+    }
+
+    /// `weight`'s end-metric sensitivity curve (widths ascending), if measured.
+    pub fn end_metric(&self, weight: &str) -> Result<Option<EndMetric>> {
+        let Some(text) = self.meta.get(&format!("{END_METRIC_META_PREFIX}{weight}")) else {
+            return Ok(None);
+        };
+        let mut curve = EndMetric::new();
+        for item in text.split(',') {
+            let parsed = item.split_once(':').and_then(|(b, v)| {
+                Some((b.trim().parse::<u32>().ok()?, v.trim().parse::<f64>().ok()?))
+            });
+            match parsed {
+                Some((b, v)) if v.is_finite() && v >= 0.0 => curve.push((b, v)),
+                _ => bail!(
+                    "the end-metric curve of `{weight}` has the entry `{item}`; expected BITS:VALUE with a finite value ≥ 0"
+                ),
+            }
+        }
+        curve.sort_by_key(|c| c.0);
+        ensure!(
+            !curve.is_empty() && curve.windows(2).all(|w| w[0].0 < w[1].0),
+            "the end-metric curve of `{weight}` (`{text}`) is empty or names a width twice"
+        );
+        Ok(Some(curve))
     }
 
     /// The Gram matrix of weight `weight`'s input, checked against the weight's shape

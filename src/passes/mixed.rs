@@ -15,6 +15,15 @@
 //! [`plan_bits_joint`] does the same over several models at once (a Whisper encoder and its
 //! decoder): one budget over all their weights. Errors are relative to each weight's own
 //! output signal, so weights of different models compete on the same scale.
+//!
+//! End-metric sensitivity: when the statistics carry a weight's end-metric curve
+//! ([`Calibration::end_metric`], e.g. the decoder's next-token KL divergence with only that
+//! weight compressed, measured by `milkit calibrate --sensitivity-recipe`), that curve is the
+//! weight's error, at the widths it was measured at, instead of its own relative output
+//! error: the allocation then buys the largest drop of the model's output divergence per
+//! stored bit (the divergences of single weights taken as adding up). A part's statistics
+//! give such curves for all of its weights or for none; parts measured on different scales
+//! cannot share one budget ([`end_metric_parts`] tells).
 
 use super::calibrate::Calibration;
 use super::compress::{selected_weights, Method, Selection};
@@ -117,18 +126,23 @@ pub fn plan_bits_joint(
     let mut plans = Vec::new();
     let mut owner = Vec::new();
     let mut starts = Vec::new();
+    ensure!(
+        end_metric_parts(parts).iter().all(|&e| e) || end_metric_parts(parts).iter().all(|&e| !e),
+        "one budget over parts whose errors are on different scales: some statistics carry end-metric sensitivity curves and some do not; plan them separately"
+    );
     for (i, part) in parts.iter().enumerate() {
-        // Position on each curve of the part's base width: the first candidate at or above it.
-        let start = cands
-            .iter()
-            .position(|&b| b >= part.base.nbits)
-            .with_context(|| {
-                format!(
-                    "no candidate width at or above the base {} bits",
-                    part.base.nbits
-                )
-            })?;
         for w in measure(part, &cands)? {
+            // Position on the curve of the part's base width: the first width at or above it.
+            let start = w
+                .curve
+                .iter()
+                .position(|c| c.0 >= part.base.nbits)
+                .with_context(|| {
+                    format!(
+                        "`{}`: no candidate width at or above the base {} bits",
+                        w.weight, part.base.nbits
+                    )
+                })?;
             plans.push(w);
             owner.push(i);
             starts.push(start);
@@ -154,6 +168,14 @@ pub fn plan_bits_joint(
     Ok(out)
 }
 
+/// Per part, whether its statistics carry end-metric sensitivity curves.
+pub fn end_metric_parts(parts: &[PlanPart]) -> Vec<bool> {
+    parts
+        .iter()
+        .map(|p| p.calibration.is_some_and(|c| c.has_end_metric()))
+        .collect()
+}
+
 impl WeightPlan {
     /// Stored bits (tables included) at the chosen width.
     pub fn chosen_stored_bits(&self) -> u64 {
@@ -173,10 +195,37 @@ fn measure(part: &PlanPart, cands: &[u32]) -> Result<Vec<WeightPlan>> {
         !weights.is_empty(),
         "no weights selected for mixed precision"
     );
+    let end_metric = part.calibration.filter(|c| c.has_end_metric());
     let measured: Vec<Result<WeightPlan>> = weights
         .par_iter()
         .map(|sw| {
             let shape = &sw.tensor.shape;
+            if let Some(cal) = end_metric {
+                let measured = cal.end_metric(&sw.weight)?.with_context(|| {
+                    format!(
+                        "the statistics carry end-metric sensitivity curves, but none for weight `{}`; measure them again on this model and recipe",
+                        sw.weight
+                    )
+                })?;
+                // The widths both measured and asked for, at their stored bits.
+                let curve: Vec<(u32, u64, f64)> = measured
+                    .iter()
+                    .filter(|(b, _)| cands.contains(b))
+                    .map(|&(b, e)| (b, stored_bits(&LutConfig { nbits: b, ..*base }, shape), e))
+                    .collect();
+                ensure!(
+                    !curve.is_empty(),
+                    "the end-metric curve of `{}` measures none of the widths {cands:?}",
+                    sw.weight
+                );
+                return Ok(WeightPlan {
+                    weight: sw.weight.clone(),
+                    op: sw.op.clone(),
+                    elements: sw.tensor.num_elements(),
+                    curve,
+                    chosen: base.nbits,
+                });
+            }
             let w: Vec<f16> = sw.tensor.data.to_f16_vec();
             // Without statistics every input channel counts the same (plain squared error).
             let imp = match part.calibration {

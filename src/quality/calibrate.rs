@@ -1,9 +1,12 @@
 //! `milkit calibrate`: second moments of every compressible op's input, per input channel,
 //! measured by running the fp16 model on real audio: the encoder on every 30-s window, the
 //! text decoder on every token of greedy transcription (its own tokens fed back, the fp16
-//! encoder's states as cross-attention input: the inputs it sees in use).
+//! encoder's states as cross-attention input: the inputs it sees in use); optionally also
+//! the decoder weights' end-metric sensitivity ([`super::sensitivity`]).
 
 use super::eval::read_manifest;
+use super::sensitivity::{decoder_sensitivity, references, Reference};
+use crate::convert::bundle::Compression;
 use crate::convert::bundle::{write_whisperkit_folder, BundleOptions};
 use crate::convert::decoder_export::{export_decoder, DecoderExport};
 use crate::convert::export::export_encoder;
@@ -98,6 +101,33 @@ pub fn calibrate_decoder(
     grams: bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Calibration> {
+    calibrate_decoder_with(model_dir, audio, sel, grams, None, progress, &mut |_, _| {})
+}
+
+/// What [`calibrate_decoder_with`] also measures: the end-metric sensitivity of every weight
+/// `compression` selects, at `widths` ([`super::sensitivity`]), in the decoder exported as
+/// `decoder` says (a recipe's head chunks are separate weights; the statistics are then
+/// measured on that decoder too, so their names match the recipe's export).
+pub struct SensitivityRequest<'a> {
+    pub compression: &'a Compression,
+    pub decoder: DecoderExport,
+    pub widths: &'a [u32],
+}
+
+/// [`calibrate_decoder`], and with `sensitivity` also each selected weight's end-metric
+/// curve (the decoder's teacher-forced next-token KL against fp16 with only that weight
+/// compressed, per width) along the same clips, stored in the statistics
+/// ([`Calibration::set_end_metric`]). `sweep(done, total)` is called after each of those
+/// measurements.
+pub fn calibrate_decoder_with(
+    model_dir: &Path,
+    audio: &[PathBuf],
+    sel: &Selection,
+    grams: bool,
+    sensitivity: Option<SensitivityRequest>,
+    progress: &mut dyn FnMut(usize, usize),
+    sweep: &mut dyn FnMut(usize, usize),
+) -> Result<Calibration> {
     let dir = std::env::temp_dir().join(format!("milkit-calibrate-{}", std::process::id()));
     let scratch = Scratch(dir);
     let opts = BundleOptions {
@@ -110,7 +140,8 @@ pub fn calibrate_decoder(
     write_whisperkit_folder(&ckpt, &scratch.0, &opts, true, &mut |_| {})
         .context("writing the fp16 models folder to calibrate with")?;
     let mut t = Transcriber::open(&scratch.0)?;
-    let model = export_decoder(&ckpt, &opts.decoder, opts.opset)?;
+    let shape = sensitivity.as_ref().map_or(opts.decoder, |r| r.decoder);
+    let model = export_decoder(&ckpt, &shape, opts.opset)?;
     let (inst, probes) = instrument(&model, sel, grams)?;
     let session = Session::from_model(inst).context("preparing the instrumented decoder")?;
     let mut decoder = TextDecoder::new(session)?;
@@ -128,11 +159,35 @@ pub fn calibrate_decoder(
             .with_context(|| format!("transcribing {}", path.display()))?;
         progress(i + 1, audio.len());
     }
-    let m = moments
+    let mut cal = moments
         .lock()
-        .map_err(|_| anyhow::anyhow!("calibration statistics poisoned"))?;
-    let mut cal = m.finish(&ckpt.source_name());
+        .map_err(|_| anyhow::anyhow!("calibration statistics poisoned"))?
+        .finish(&ckpt.source_name());
     cal.meta.insert(COMPONENT_KEY.into(), "decoder".into());
+    if let Some(req) = sensitivity {
+        t.set_decoder(TextDecoder::new(Session::from_model(model.clone())?)?);
+        let refs = references(&mut t, audio)?;
+        let curves = decoder_sensitivity(
+            &mut t,
+            &model,
+            req.compression,
+            Some(&cal),
+            &refs,
+            req.widths,
+            sweep,
+        )?;
+        for (w, c) in &curves {
+            cal.set_end_metric(w, c);
+        }
+        let positions: usize = refs.iter().map(Reference::positions).sum();
+        cal.meta.insert(
+            "milkit.calibration.end_metric".into(),
+            format!(
+                "mean teacher-forced next-token KL(fp16 || one weight compressed), nats, over {positions} positions of {} clips",
+                refs.len()
+            ),
+        );
+    }
     Ok(cal)
 }
 
