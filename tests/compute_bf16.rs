@@ -396,26 +396,17 @@ fn milkit(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// `bench gemm --compute bf16`: the bf16 conv timed next to the fp16 conv and the plain
-/// GEMM, its rate and ratio derived from its own times, its output within bf16's reach of
-/// the fp16 conv's; where the CPU lacks AVX512-BF16, the error naming it.
-#[test]
-fn gemm_bench_times_bf16_next_to_the_fp16_conv_and_the_plain_gemm() {
-    let out = milkit(&[
-        "bench",
-        "gemm",
-        "--only",
-        "attention",
-        "--runs",
-        "1",
-        "--compute",
-        "bf16",
-        "--json",
-    ]);
+/// `milkit bench gemm ARGS --runs 1 --compute bf16 --json`'s one row; `None` where the CPU
+/// lacks AVX512-BF16, after checking that the bench refused, naming the feature.
+fn bf16_bench_row(args: &[&str]) -> Option<serde_json::Value> {
+    let mut all = vec!["bench", "gemm"];
+    all.extend_from_slice(args);
+    all.extend(["--runs", "1", "--compute", "bf16", "--json"]);
+    let out = milkit(&all);
     if !gemm::bf16_cpu() {
         assert!(!out.status.success());
         assert!(String::from_utf8_lossy(&out.stderr).contains("AVX512-BF16"));
-        return;
+        return None;
     }
     assert!(
         out.status.success(),
@@ -425,7 +416,18 @@ fn gemm_bench_times_bf16_next_to_the_fp16_conv_and_the_plain_gemm() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
     assert_eq!(rows.len(), 1, "{v}");
-    let (r, b) = (&rows[0], &rows[0]["bf16"]);
+    Some(rows[0].clone())
+}
+
+/// `bench gemm --compute bf16`: the bf16 conv timed next to the fp16 conv and the plain
+/// GEMM, its rate and ratio derived from its own times, its output within bf16's reach of
+/// the fp16 conv's; where the CPU lacks AVX512-BF16, the error naming it.
+#[test]
+fn gemm_bench_times_bf16_next_to_the_fp16_conv_and_the_plain_gemm() {
+    let Some(r) = bf16_bench_row(&["--only", "attention"]) else {
+        return;
+    };
+    let (r, b) = (&r, &r["bf16"]);
     let f = |o: &serde_json::Value, k: &str| o[k].as_f64().unwrap();
     assert!(
         f(b, "ms_median") > 0.0 && f(r, "reference_ms_median") > 0.0,
@@ -458,32 +460,10 @@ fn gemm_bench_times_bf16_next_to_the_fp16_conv_and_the_plain_gemm() {
 /// bf16's reach of the f32 panels'.
 #[test]
 fn attention_bench_times_the_bf16_panels_next_to_the_f32_panels() {
-    let out = milkit(&[
-        "bench",
-        "gemm",
-        "--attention",
-        "--only",
-        "tiny",
-        "--runs",
-        "1",
-        "--compute",
-        "bf16",
-        "--json",
-    ]);
-    if !gemm::bf16_cpu() {
-        assert!(!out.status.success());
-        assert!(String::from_utf8_lossy(&out.stderr).contains("AVX512-BF16"));
+    let Some(r) = bf16_bench_row(&["--attention", "--only", "tiny"]) else {
         return;
-    }
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rows = v.as_array().unwrap();
-    assert_eq!(rows.len(), 1, "{v}");
-    let (r, b) = (&rows[0], &rows[0]["bf16"]);
+    };
+    let (r, b) = (&r, &r["bf16"]);
     let three = |o: &serde_json::Value, k: &str| -> Vec<f64> {
         o[k].as_array()
             .unwrap()

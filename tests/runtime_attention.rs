@@ -234,51 +234,70 @@ fn f32s(t: &Tensor) -> Vec<f32> {
         .unwrap()
 }
 
+/// Three heads of a base-sized Whisper encoder window: queries, keys, values
+/// [1, H, 64, 1500] in fp16 (Whisper's BC1S head layout: scores = qᵀ·k, output v·pᵀ),
+/// scores and probabilities stored as fp16. Queries in ±1 and keys in ±0.5 give scores of a
+/// few units, as Whisper's scaled queries do, so that the softmax is far from uniform.
+struct WhisperWindow {
+    q: Logical,
+    k: Logical,
+    v: Logical,
+    x: Tensor,
+    y: Tensor,
+    vt: Tensor,
+}
+
+/// Heads, frames and head depth of a [`WhisperWindow`].
+const WINDOW: (usize, usize, usize) = (3, 1500, 64);
+
+impl WhisperWindow {
+    fn new(seed: u64) -> Self {
+        let (h, s, dh) = WINDOW;
+        let mut r = Rng(seed);
+        let mut logical = |b, rows, cols, scale| Logical {
+            b,
+            r: rows,
+            c: cols,
+            v: r.vals(h * s * dh, scale, DType::F16),
+        };
+        let (q, k, v) = (
+            logical(h, s, dh, 1.0),
+            logical(h, dh, s, 0.5),
+            logical(h, dh, s, 1.0),
+        );
+        let (x, y, vt) = (
+            q.tensor(&[1, h], true, DType::F16),
+            k.tensor(&[1, h], false, DType::F16),
+            v.tensor(&[1, h], false, DType::F16),
+        );
+        WhisperWindow { q, k, v, x, y, vt }
+    }
+
+    fn attention(&self) -> Attention<'_> {
+        Attention {
+            x: &self.x,
+            tx: true,
+            y: &self.y,
+            ty: false,
+            mask: None,
+            round: [DType::F16; 3],
+            v: &self.vt,
+            tv: false,
+            probs_left: false,
+        }
+    }
+}
+
 #[test]
 fn whisper_encoder_self_attention_matches_float64_on_every_kernel() {
-    // Three heads of a base-sized window: queries, keys, values [1, H, 64, 1500] in fp16
-    // (Whisper's BC1S head layout: scores = qᵀ·k, output v·pᵀ), scores and probabilities
-    // stored as fp16. Queries in ±1 and keys in ±0.5 give scores of a few units, as
-    // Whisper's scaled queries do, so that the softmax is far from uniform.
-    let (h, s, dh) = (3, 1500, 64);
-    let mut r = Rng(19);
-    let q = Logical {
-        b: h,
-        r: s,
-        c: dh,
-        v: r.vals(h * s * dh, 1.0, DType::F16),
-    };
-    let k = Logical {
-        b: h,
-        r: dh,
-        c: s,
-        v: r.vals(h * s * dh, 0.5, DType::F16),
-    };
-    let v = Logical {
-        b: h,
-        r: dh,
-        c: s,
-        v: r.vals(h * s * dh, 1.0, DType::F16),
-    };
-    let (x, y, vt) = (
-        q.tensor(&[1, h], true, DType::F16),
-        k.tensor(&[1, h], false, DType::F16),
-        v.tensor(&[1, h], false, DType::F16),
-    );
-    assert_eq!(x.dims(), &[1, h, dh, s]);
-    let a = Attention {
-        x: &x,
-        tx: true,
-        y: &y,
-        ty: false,
-        mask: None,
-        round: [DType::F16; 3],
-        v: &vt,
-        tv: false,
-        probs_left: false,
-    };
+    // See `WhisperWindow`.
+    let (h, s, dh) = WINDOW;
+    let w = WhisperWindow::new(19);
+    let (q, k, v) = (&w.q, &w.k, &w.v);
+    assert_eq!(w.x.dims(), &[1, h, dh, s]);
+    let a = w.attention();
     let wants: Vec<Want> = (0..h)
-        .map(|b| reference(b, &q, &k, &v, None, DType::F16))
+        .map(|b| reference(b, q, k, v, None, DType::F16))
         .collect();
     for kernel in kernels() {
         let (out, probs) = attention_with(&a, true, kernel).unwrap();
@@ -308,6 +327,101 @@ fn whisper_encoder_self_attention_matches_float64_on_every_kernel() {
     }
 }
 
+/// One case of the layout tests: batch [2, 3] of `m` queries of depth `kd` against `n`
+/// keys shared over the first batch axis ([3, ..]), values [3, ..] of depth `d`, and one
+/// causal-like mask [M, N] for all (far keys out at −30000, the others a small bias); the
+/// four layout flags from the bits of `flags`, the mask where `flags % 3 != 0`.
+struct LayoutCase {
+    q: Logical,
+    k: Logical,
+    v: Logical,
+    mk: Logical,
+    x: Tensor,
+    y: Tensor,
+    vt: Tensor,
+    mt: Tensor,
+    flags: [bool; 4],
+    with_mask: bool,
+}
+
+impl LayoutCase {
+    fn new(
+        seed: u64,
+        (m, n, kd, d): (usize, usize, usize, usize),
+        round: DType,
+        flags: u32,
+    ) -> Self {
+        let [tx, ty, tv, probs_left] = [0, 1, 2, 3].map(|b| flags >> b & 1 == 1);
+        let mut r = Rng(seed);
+        let nb = 6;
+        let q = Logical {
+            b: nb,
+            r: m,
+            c: kd,
+            v: r.vals(nb * m * kd, 2.0, round),
+        };
+        let k = Logical {
+            b: 3,
+            r: kd,
+            c: n,
+            v: r.vals(3 * kd * n, 1.0, round),
+        };
+        let v = Logical {
+            b: 3,
+            r: d,
+            c: n,
+            v: r.vals(3 * d * n, 1.0, round),
+        };
+        let mv: Vec<f64> = (0..m * n)
+            .map(|e| match e % n > e / n + 3 {
+                true => -30000.0,
+                false => stored(r.next() * 0.5, round),
+            })
+            .collect();
+        let mk = Logical {
+            b: 1,
+            r: m,
+            c: n,
+            v: mv,
+        };
+        let (x, y) = (q.tensor(&[2, 3], tx, round), k.tensor(&[3], ty, round));
+        // op(v) is V [D, N], or Vᵀ [N, D] with the probabilities on the left.
+        let vt = v.tensor(&[3], tv != probs_left, round);
+        let mt = mk.tensor(&[], false, round);
+        LayoutCase {
+            q,
+            k,
+            v,
+            mk,
+            x,
+            y,
+            vt,
+            mt,
+            flags: [tx, ty, tv, probs_left],
+            with_mask: !flags.is_multiple_of(3),
+        }
+    }
+
+    fn attention(&self, round: DType) -> Attention<'_> {
+        let [tx, ty, tv, probs_left] = self.flags;
+        Attention {
+            x: &self.x,
+            tx,
+            y: &self.y,
+            ty,
+            mask: self.with_mask.then_some(&self.mt),
+            round: [round; 3],
+            v: &self.vt,
+            tv,
+            probs_left,
+        }
+    }
+
+    fn mask(&self) -> Option<&Logical> {
+        self.with_mask.then_some(&self.mk)
+    }
+}
+
 #[test]
 fn every_layout_mask_and_tile_edge_matches_float64_on_every_kernel() {
     // 53 queries (a panel of 48 and a partial one), 37 keys and 11 values (partial tiles of
@@ -315,65 +429,19 @@ fn every_layout_mask_and_tile_edge_matches_float64_on_every_kernel() {
     // (a whole 32-key step of the row kernels and a tail); batch [2, 3] with keys shared
     // over the first axis ([3, ..]), values [3, ..] and one mask [M, N] for all.
     let (kd, d) = (5, 11);
-    let (batch, nb) = ([2usize, 3], 6);
+    let nb = 6;
     let mut case = 0;
     for (m, n) in [(53, 37), (3, 37), (1, 70)] {
         for round in [DType::F16, DType::F32] {
             for flags in 0..16u32 {
-                let [tx, ty, tv, probs_left] = [0, 1, 2, 3].map(|b| flags >> b & 1 == 1);
-                let with_mask = flags % 3 != 0;
                 let want_probs = flags % 2 == 0;
                 case += 1;
-                let mut r = Rng(100 + case);
-                let q = Logical {
-                    b: nb,
-                    r: m,
-                    c: kd,
-                    v: r.vals(nb * m * kd, 2.0, round),
-                };
-                let k = Logical {
-                    b: 3,
-                    r: kd,
-                    c: n,
-                    v: r.vals(3 * kd * n, 1.0, round),
-                };
-                let v = Logical {
-                    b: 3,
-                    r: d,
-                    c: n,
-                    v: r.vals(3 * d * n, 1.0, round),
-                };
-                // A causal-like mask: far keys out (−30000), the others a small bias.
-                let mv: Vec<f64> = (0..m * n)
-                    .map(|e| match e % n > e / n + 3 {
-                        true => -30000.0,
-                        false => stored(r.next() * 0.5, round),
-                    })
-                    .collect();
-                let mk = Logical {
-                    b: 1,
-                    r: m,
-                    c: n,
-                    v: mv,
-                };
-                let x = q.tensor(&batch, tx, round);
-                let y = k.tensor(&[3], ty, round);
-                // op(v) is V [D, N], or Vᵀ [N, D] with the probabilities on the left.
-                let vt = v.tensor(&[3], tv != probs_left, round);
-                let mt = mk.tensor(&[], false, round);
-                let a = Attention {
-                    x: &x,
-                    tx,
-                    y: &y,
-                    ty,
-                    mask: with_mask.then_some(&mt),
-                    round: [round; 3],
-                    v: &vt,
-                    tv,
-                    probs_left,
-                };
+                let c = LayoutCase::new(100 + case, (m, n, kd, d), round, flags);
+                let [tx, ty, tv, probs_left] = c.flags;
+                let with_mask = c.with_mask;
+                let a = c.attention(round);
                 let wants: Vec<Want> = (0..nb)
-                    .map(|b| reference(b, &q, &k, &v, with_mask.then_some(&mk), round))
+                    .map(|b| reference(b, &c.q, &c.k, &c.v, c.mask(), round))
                     .collect();
                 for kernel in kernels() {
                     let what = format!(
@@ -468,44 +536,11 @@ fn check_bf16_loose(what: &str, out: &[f32], want: &Want, probs_left: bool) {
 
 #[test]
 fn bf16_panels_match_float64_attention_of_the_bf16_rounded_operands() {
-    // A Whisper encoder's self-attention as in the first test (three heads of a base
-    // window, fp16 queries, keys, values, scores and probabilities; Whisper's BC1S layout).
-    let (h, s, dh) = (3, 1500, 64);
-    let mut r = Rng(23);
-    let q = Logical {
-        b: h,
-        r: s,
-        c: dh,
-        v: r.vals(h * s * dh, 1.0, DType::F16),
-    };
-    let k = Logical {
-        b: h,
-        r: dh,
-        c: s,
-        v: r.vals(h * s * dh, 0.5, DType::F16),
-    };
-    let v = Logical {
-        b: h,
-        r: dh,
-        c: s,
-        v: r.vals(h * s * dh, 1.0, DType::F16),
-    };
-    let (x, y, vt) = (
-        q.tensor(&[1, h], true, DType::F16),
-        k.tensor(&[1, h], false, DType::F16),
-        v.tensor(&[1, h], false, DType::F16),
-    );
-    let a = Attention {
-        x: &x,
-        tx: true,
-        y: &y,
-        ty: false,
-        mask: None,
-        round: [DType::F16; 3],
-        v: &vt,
-        tv: false,
-        probs_left: false,
-    };
+    // A Whisper encoder's self-attention as in the first test (`WhisperWindow`).
+    let (h, s, dh) = WINDOW;
+    let w = WhisperWindow::new(23);
+    let (q, k, v) = (&w.q, &w.k, &w.v);
+    let a = w.attention();
     if !milkit::kernels::gemm::bf16_cpu() {
         // The kernel cannot run here: it must say so, never fall back.
         let e = attention_with(&a, false, Kernel::PanelsBf16).unwrap_err();
@@ -521,8 +556,8 @@ fn bf16_panels_match_float64_attention_of_the_bf16_rounded_operands() {
     assert_eq!(out, alone);
     for b in 0..h {
         let what = format!("bf16 panels, head {b}");
-        let want = reference_of(b, (&q, &k, &v), None, DType::F16, Products::Bf16);
-        let exact = reference(b, &q, &k, &v, None, DType::F16);
+        let want = reference_of(b, (q, k, v), None, DType::F16, Products::Bf16);
+        let exact = reference(b, q, k, v, None, DType::F16);
         let (o, p) = (
             &out[b * dh * s..(b + 1) * dh * s],
             &probs[b * s * s..(b + 1) * s * s],
@@ -536,7 +571,7 @@ fn bf16_panels_match_float64_attention_of_the_bf16_rounded_operands() {
             same > 0.99,
             "{what}: only {same} of the probabilities as the bf16 reference rounds them"
         );
-        let unrounded = check_bf16_output(&what, (o, p), (&v, b), &exact, false);
+        let unrounded = check_bf16_output(&what, (o, p), (v, b), &exact, false);
         // The operands are rounded: far outside f32's reach of the unrounded attention.
         assert!(
             unrounded > 10.0,
@@ -559,60 +594,17 @@ fn bf16_panels_handle_every_layout_mask_and_odd_depth() {
     // last pair half zero), depth 5 (odd: the last query/key pair half zero), 11 values,
     // batch [2, 3] with shared keys and values and one mask.
     let (m, n, kd, d) = (53, 37, 5, 11);
-    let (batch, nb) = ([2usize, 3], 6);
+    let nb = 6;
     let mut case = 0;
     for round in [DType::F16, DType::F32] {
         for flags in 0..16u32 {
-            let [tx, ty, tv, probs_left] = [0, 1, 2, 3].map(|b| flags >> b & 1 == 1);
-            let with_mask = flags % 3 != 0;
             let want_probs = flags % 2 == 0;
             case += 1;
-            let mut r = Rng(300 + case);
-            let q = Logical {
-                b: nb,
-                r: m,
-                c: kd,
-                v: r.vals(nb * m * kd, 2.0, round),
-            };
-            let k = Logical {
-                b: 3,
-                r: kd,
-                c: n,
-                v: r.vals(3 * kd * n, 1.0, round),
-            };
-            let v = Logical {
-                b: 3,
-                r: d,
-                c: n,
-                v: r.vals(3 * d * n, 1.0, round),
-            };
-            let mv: Vec<f64> = (0..m * n)
-                .map(|e| match e % n > e / n + 3 {
-                    true => -30000.0,
-                    false => stored(r.next() * 0.5, round),
-                })
-                .collect();
-            let mk = Logical {
-                b: 1,
-                r: m,
-                c: n,
-                v: mv,
-            };
-            let x = q.tensor(&batch, tx, round);
-            let y = k.tensor(&[3], ty, round);
-            let vt = v.tensor(&[3], tv != probs_left, round);
-            let mt = mk.tensor(&[], false, round);
-            let a = Attention {
-                x: &x,
-                tx,
-                y: &y,
-                ty,
-                mask: with_mask.then_some(&mt),
-                round: [round; 3],
-                v: &vt,
-                tv,
-                probs_left,
-            };
+            let c = LayoutCase::new(300 + case, (m, n, kd, d), round, flags);
+            let [tx, ty, tv, probs_left] = c.flags;
+            let with_mask = c.with_mask;
+            let (q, k, v) = (&c.q, &c.k, &c.v);
+            let a = c.attention(round);
             let what = format!(
                 "bf16 panels {round:?} tx {tx} ty {ty} tv {tv} probs_left {probs_left} mask \
                  {with_mask}"
@@ -631,15 +623,15 @@ fn bf16_panels_handle_every_layout_mask_and_odd_depth() {
             let probs = probs.map(|p| f32s(&p));
             for b in 0..nb {
                 let what = format!("{what}, entry {b}");
-                let mask = with_mask.then_some(&mk);
-                let want = reference_of(b, (&q, &k, &v), mask, round, Products::Bf16);
+                let mask = c.mask();
+                let want = reference_of(b, (q, k, v), mask, round, Products::Bf16);
                 let o = &out[b * m * d..(b + 1) * m * d];
                 check_bf16_loose(&what, o, &want, probs_left);
                 if let Some(p) = &probs {
                     let p = &p[b * m * n..(b + 1) * m * n];
                     check_probs(&what, p, &want, round);
-                    let exact = reference(b, &q, &k, &v, mask, round);
-                    check_bf16_output(&what, (o, p), (&v, b), &exact, probs_left);
+                    let exact = reference(b, q, k, v, mask, round);
+                    check_bf16_output(&what, (o, p), (v, b), &exact, probs_left);
                 }
             }
         }
