@@ -569,12 +569,14 @@ fn few_rows(
         None => None,
     };
     // Placeholders stand for blended operands (filled per head below).
-    let (y, v) = match fill {
-        [None, None] => (batched(a.y, batch)?, batched(a.v, batch)?),
-        [Some(_), None] => (a.y.clone(), batched(a.v, batch)?),
-        [None, Some(_)] => (batched(a.y, batch)?, a.v.clone()),
-        [Some(_), Some(_)] => (a.y.clone(), a.v.clone()),
+    let operand = |t: &Tensor, filled: bool| match filled {
+        true => Ok(t.clone()),
+        false => batched(t, batch),
     };
+    let (y, v) = (
+        operand(a.y, fill[0].is_some())?,
+        operand(a.v, fill[1].is_some())?,
+    );
     let isa = super::gemv::Isa::best();
     let (simd, wide) = (
         isa != super::gemv::Isa::Portable,

@@ -7,12 +7,12 @@
 //! ([`fuse_into_attention`]): a decode step fills each head's blended rows where it reads
 //! them, and the blended cache is never written whole.
 
-use super::step::{slot_uses, splice_fused, Src, Step};
-use crate::ir::{Dim, Value};
+use super::step::{only_reader, slot_makers, slot_uses, splice_fused, Src, Step};
+use crate::ir::Value;
 use crate::kernels;
 use crate::ops::eval::{out0, EvalCx, RValue};
 use anyhow::Result;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// The op type fused steps report (in profiles and errors).
 pub const FUSED: &str = "mul+mul+add";
@@ -20,12 +20,7 @@ pub const FUSED: &str = "mul+mul+add";
 /// Replaces each fusable `add` of two products by one step at the add's position.
 pub fn fuse_blends(steps: &mut Vec<Step>, outputs: &[Src]) {
     let uses = slot_uses(steps, outputs);
-    let mut maker: HashMap<usize, usize> = HashMap::new();
-    for (i, st) in steps.iter().enumerate() {
-        for &o in &st.outs {
-            maker.insert(o, i);
-        }
-    }
+    let maker = slot_makers(steps);
     let mut removed = vec![false; steps.len()];
     let mut fused: BTreeMap<usize, Step> = BTreeMap::new();
     for i in 0..steps.len() {
@@ -88,29 +83,11 @@ fn eval_mul_mul_add(cx: &EvalCx) -> Result<Vec<RValue>> {
 /// the attention fusion.
 pub fn fuse_into_attention(steps: &mut Vec<Step>, outputs: &[Src]) {
     let uses = slot_uses(steps, outputs);
-    let only_use = |slot: usize| match uses.get(&slot).map(Vec::as_slice) {
-        Some([i]) if *i != usize::MAX => Some(*i),
-        _ => None,
-    };
-    let mut maker: HashMap<usize, usize> = HashMap::new();
-    for (i, st) in steps.iter().enumerate() {
-        for &o in &st.outs {
-            maker.insert(o, i);
-        }
-    }
-    let fixed = |st: &Step| -> Option<Vec<usize>> {
-        st.out_types[0]
-            .as_tensor()?
-            .shape
-            .iter()
-            .map(|d| match d {
-                Dim::Fixed(n) => Some(*n),
-                _ => None,
-            })
-            .collect()
-    };
+    let only_use = |slot: usize| only_reader(&uses, slot);
+    let maker = slot_makers(steps);
+    let fixed = |st: &Step| st.out_types[0].as_tensor()?.fixed_shape();
     let mut removed = vec![false; steps.len()];
-    let mut rewrites: Vec<(usize, &str, usize, usize, Vec<usize>)> = vec![];
+    let mut rewrites: Vec<(usize, &str, usize, Vec<usize>)> = vec![];
     for (i, st) in steps.iter().enumerate() {
         if st.op_type != super::fusion::FUSED {
             continue;
@@ -144,10 +121,10 @@ pub fn fuse_into_attention(steps: &mut Vec<Step>, outputs: &[Src]) {
             }
             removed[r] = true;
             removed[b] = true;
-            rewrites.push((i, p, b, r, shape));
+            rewrites.push((i, p, b, shape));
         }
     }
-    for (i, p, b, _, shape) in rewrites {
+    for (i, p, b, shape) in rewrites {
         let (names, shape_attr) = super::fusion::blend_args(p);
         let srcs: Vec<Src> = ["a", "b", "c", "d"]
             .iter()

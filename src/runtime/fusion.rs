@@ -10,7 +10,7 @@
 //! (`kernels::attention_blended`), or computes the blend whole where the decode-step form
 //! does not apply.
 
-use super::step::{slot_uses, splice_fused, Const, Src, Step};
+use super::step::{only_reader, slot_uses, splice_fused, Const, Src, Step};
 use crate::ir::{Value, ValueType};
 use crate::kernels::{self, blend::BlendRows, Attention};
 use crate::ops::eval::{storage_dtype, EvalCx, RValue};
@@ -47,10 +47,7 @@ fn dtype_name(ty: &ValueType) -> Option<String> {
 /// matmul. `outputs` are the block outputs (never fused away).
 pub fn fuse_attention(steps: &mut Vec<Step>, consts: &[Const], outputs: &[Src]) {
     let uses = slot_uses(steps, outputs);
-    let only_use = |slot: usize| match uses.get(&slot).map(|v| v.as_slice()) {
-        Some([i]) if *i != usize::MAX => Some(*i),
-        _ => None,
-    };
+    let only_use = |slot: usize| only_reader(&uses, slot);
     let all_uses = |slot: usize| uses.get(&slot).cloned().unwrap_or_default();
     let mut removed = vec![false; steps.len()];
     let mut fused: Vec<(usize, Step)> = Vec::new();

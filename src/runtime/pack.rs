@@ -98,15 +98,7 @@ pub fn fold_packed(
     let ValueType::Tensor(tt) = &out.ty else {
         return Ok(None);
     };
-    let Some(shape) = tt
-        .shape
-        .iter()
-        .map(|d| match d {
-            crate::ir::Dim::Fixed(n) => Some(*n),
-            crate::ir::Dim::Unknown => None,
-        })
-        .collect::<Option<Vec<usize>>>()
-    else {
+    let Some(shape) = tt.fixed_shape() else {
         return Ok(None);
     };
     if shape.len() < 2 {

@@ -151,6 +151,26 @@ pub fn slot_uses(steps: &[Step], outputs: &[Src]) -> HashMap<usize, Vec<usize>> 
     uses
 }
 
+/// The one step that reads `slot` (None when several do, none does, or it is a block
+/// output), from [`slot_uses`]'s map.
+pub fn only_reader(uses: &HashMap<usize, Vec<usize>>, slot: usize) -> Option<usize> {
+    match uses.get(&slot).map(Vec::as_slice) {
+        Some([i]) if *i != usize::MAX => Some(*i),
+        _ => None,
+    }
+}
+
+/// The step that produces every slot, for the plan-level fusions.
+pub fn slot_makers(steps: &[Step]) -> HashMap<usize, usize> {
+    let mut maker = HashMap::new();
+    for (i, st) in steps.iter().enumerate() {
+        for &o in &st.outs {
+            maker.insert(o, i);
+        }
+    }
+    maker
+}
+
 /// Rebuilds `steps` after a fusion: each step in `fused` takes the place of the step at its
 /// index; the other `removed` steps are dropped.
 pub fn splice_fused(steps: &mut Vec<Step>, mut fused: BTreeMap<usize, Step>, removed: &[bool]) {
