@@ -349,6 +349,17 @@ fn projected_score_model(t: usize, d: usize, h: usize, w: &[f32]) -> Model {
     model(b, &[(y, "score")])
 }
 
+/// Two sessions of one [`projected_score_model`] (its weight drawn from `r`, fp16 values):
+/// memoizing with profiling on, and plain.
+fn memo_and_plain(r: &mut Rng, (t, d, h): (usize, usize, usize)) -> (Session, Session) {
+    let w: Vec<f32> = r.vec(h * d).into_iter().map(q16).collect();
+    let mut memo = Session::from_model(projected_score_model(t, d, h, &w)).unwrap();
+    memo.enable_profiling(true);
+    let mut plain = Session::from_model(projected_score_model(t, d, h, &w)).unwrap();
+    plain.set_memoize(false);
+    (memo, plain)
+}
+
 /// `score = q · (enc · W)ᵀ`: the projection of `enc` is invariant while `enc` is. With
 /// memoization the projection runs once per distinct `enc`; outputs are bit-identical to a
 /// session without it, across a changed `enc`.
@@ -356,12 +367,7 @@ fn projected_score_model(t: usize, d: usize, h: usize, w: &[f32]) -> Model {
 fn memoized_session_matches_plain_across_changed_inputs() {
     let mut r = Rng(5);
     let (t, d, h) = (64, 32, 16);
-    let w: Vec<f32> = r.vec(h * d).into_iter().map(q16).collect();
-    let build = || projected_score_model(t, d, h, &w);
-    let mut memo = Session::from_model(build()).unwrap();
-    memo.enable_profiling(true);
-    let mut plain = Session::from_model(build()).unwrap();
-    plain.set_memoize(false);
+    let (mut memo, mut plain) = memo_and_plain(&mut r, (t, d, h));
     let (enc1, enc2) = (r.vec(t * d), r.vec(t * d));
     let calls = [&enc1, &enc1, &enc2, &enc2, &enc1];
     for (i, enc) in calls.iter().enumerate() {
@@ -389,12 +395,7 @@ fn memo_stops_comparing_an_input_that_changes_every_call_and_recovers() {
     use milkit::runtime::memo::{VOLATILE_AFTER, VOLATILE_CALLS};
     let mut r = Rng(11);
     let (t, d, h) = (32, 16, 8);
-    let w: Vec<f32> = r.vec(h * d).into_iter().map(q16).collect();
-    let build = || projected_score_model(t, d, h, &w);
-    let mut memo = Session::from_model(build()).unwrap();
-    memo.enable_profiling(true);
-    let mut plain = Session::from_model(build()).unwrap();
-    plain.set_memoize(false);
+    let (mut memo, mut plain) = memo_and_plain(&mut r, (t, d, h));
     let linear_runs = |s: &Session| {
         s.profile()
             .iter()
