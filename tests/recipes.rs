@@ -3,7 +3,7 @@
 //! component taking the file measured on it), stay within their 4.25-bit budgets by
 //! `milkit eval --models DIR` (stored bytes of every constexpr op, tables and scales
 //! included), and the folders transcribe — on tiny.en and on a small multilingual synth
-//! checkpoint.
+//! checkpoint, whose compressed packages also pass the conformance validator.
 
 mod common;
 
@@ -167,6 +167,11 @@ fn both_4bit_recipes_hold_their_budgets_on_a_multilingual_checkpoint() {
             "{name} ({} statistics files): encoder {eb:.3}, decoder {db:?}",
             stats.len()
         );
+        // The compressed packages (mixed-bit tables, a chunked head) pass coremltools 9.
+        common::validate(&out.join("AudioEncoder.mlpackage"));
+        if decoder_compressed {
+            common::validate(&out.join("TextDecoder.mlpackage"));
+        }
         let o = milkit(
             &["transcribe", "--models"],
             &[&out, &fx.join("audio/multilingual/fleurs_de_000.wav")],
