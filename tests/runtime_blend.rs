@@ -64,6 +64,13 @@ fn build(dt: DType, extra_reader: bool) -> milkit::ir::Model {
 }
 
 fn run(dt: DType, extra: bool, fuse: bool, r: &mut Rng) -> (Vec<Vec<u32>>, bool) {
+    let (cache, new, mask) = (r.vec(D * S), r.vec(D), r.vec(S));
+    run_with(dt, extra, fuse, [cache, new, mask])
+}
+
+/// The blend of `[cache, new, mask]` (fused or op by op): each output's bits, and whether
+/// the fused step ran.
+fn run_with(dt: DType, extra: bool, fuse: bool, ins: [Vec<f32>; 3]) -> (Vec<Vec<u32>>, bool) {
     let opts = Options {
         fuse_blends: fuse,
         ..Options::default()
@@ -76,10 +83,11 @@ fn run(dt: DType, extra: bool, fuse: bool, r: &mut Rng) -> (Vec<Vec<u32>>, bool)
         candle_core::DType::F32
     };
     let t = |v: Vec<f32>, shape: &[usize]| host(&v, shape).to_dtype(cdt).unwrap();
+    let [cache, new, mask] = ins;
     let ins = [
-        ("cache", t(r.vec(D * S), &[1, D, 1, S])),
-        ("new", t(r.vec(D), &[1, D, 1, 1])),
-        ("mask", t(r.vec(S), &[1, 1, 1, S])),
+        ("cache", t(cache, &[1, D, 1, S])),
+        ("new", t(new, &[1, D, 1, 1])),
+        ("mask", t(mask, &[1, 1, 1, S])),
     ];
     let out = s.predict(&ins).unwrap();
     let bits = out
@@ -99,6 +107,40 @@ fn fused_blend_matches_op_by_op_bit_for_bit() {
             assert!(fused && !plain, "{dt:?}: fused only when asked");
             assert_eq!(got, want, "{dt:?} seed {seed}");
         }
+    }
+}
+
+#[test]
+fn one_hot_blend_copies_the_cache_with_exact_special_values() {
+    // A decode step's mask (one 1, the rest 0) lets the fused blend copy each cache row and
+    // compute only the masked column; rows holding −0, infinities or NaN, and rows whose
+    // new value is not finite, must still round exactly as mul, mul, add do (−0 + +0 is +0).
+    let special = [
+        -0.0,
+        0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        6.0e-8,
+        -65504.0,
+    ];
+    let mut r = Rng(21);
+    let mut cache = r.vec(D * S);
+    // Rows 0-7: positive new values (their products with 0 are +0).
+    let mut new: Vec<f32> = r.vec(D).iter().map(|x| x.abs() + 0.1).collect();
+    for (i, &x) in special.iter().enumerate() {
+        // Row i holds one special value in an unmasked column; row 8 + i's new value is it.
+        cache[i * S + (i % (S - 1)) + 1] = x;
+        new[8 + i % 8] = x;
+    }
+    new[15] = -0.0;
+    for pos in [0, 5, S - 1] {
+        let mask: Vec<f32> = (0..S).map(|j| (j == pos) as u8 as f32).collect();
+        let ins = || [cache.clone(), new.clone(), mask.clone()];
+        let (got, fused) = run_with(DType::F16, false, true, ins());
+        let (want, _) = run_with(DType::F16, false, false, ins());
+        assert!(fused);
+        assert_eq!(got, want, "mask at {pos}");
     }
 }
 

@@ -584,18 +584,19 @@ fn few_rows(
     );
     let out = with_heads(&y, fill[0], |ky| {
         with_heads(&v, fill[1], |vv| {
+            // Scratch per task, reused from head to head: f32 rows, and the blended
+            // keys' and values' rows (each filled whole before it is read).
+            let scratch = || (vec![0f32; n], Vec::<f16>::new(), Vec::<f16>::new());
             Ok((0..nb)
                 .into_par_iter()
-                .map(|b| {
-                    let mut buf = vec![0f32; n];
+                .map_init(scratch, |(buf, kh, vh), b| {
                     let mut s = vec![0f32; m * n];
                     // This head's keys: rows of the tensor, or its rows of the blend
                     // filled here (they stay in this core's cache).
-                    let mut kh = vec![];
-                    let (ky, k0) = ky.head(b, k, n, &mut kh);
+                    let (ky, k0) = ky.head(b, k, n, kh);
                     for (i, si) in s.chunks_mut(n).enumerate() {
                         let qi = &q[(b * m + i) * k..(b * m + i + 1) * k];
-                        ky.axpy(k0, qi, si, &mut buf, simd, wide);
+                        ky.axpy(k0, qi, si, buf, simd, wide);
                     }
                     round_to(&mut s, a.round[0]);
                     if let Some(mk) = &mask {
@@ -611,8 +612,7 @@ fn few_rows(
                     }
                     round_to(&mut s, a.round[2]);
                     let mut o = vec![0f32; d * m];
-                    let mut vh = vec![];
-                    let (vv, v0) = vv.head(b, d, n, &mut vh);
+                    let (vv, v0) = vv.head(b, d, n, vh);
                     // One query row against fp16 values: the `d` value rows in one pass of
                     // the row kernel (AVX-512).
                     if let (Some(h), 1, true) = (vv.f16(), m, wide) {
@@ -621,8 +621,7 @@ fn few_rows(
                     } else {
                         for r in 0..d {
                             for i in 0..m {
-                                o[r * m + i] =
-                                    vv.dot(v0 + r, &s[i * n..(i + 1) * n], &mut buf, simd);
+                                o[r * m + i] = vv.dot(v0 + r, &s[i * n..(i + 1) * n], buf, simd);
                             }
                         }
                     }

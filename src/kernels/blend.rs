@@ -123,6 +123,54 @@ pub struct BlendRows<'a> {
     ops: Vec<Operand<'a>>,
     /// The output shape; rows are of its last axis.
     pub dims: Vec<usize>,
+    /// Where most of a row is one operand passed through (a cache blend with a one-hot
+    /// mask), how to copy it.
+    pass: Option<Pass>,
+}
+
+/// A blend `v·w + o·u` (in either operand order) whose weights `w` and `u` are one row for
+/// every output row, and whose second value `o` is one number per output row: in each
+/// column where `w` is exactly 1 and `u` exactly 0 the result is `v`'s element itself, so
+/// a row is `v`'s row copied with only the other columns computed. Exact wherever `o` is
+/// finite and `v`'s row holds no infinity, NaN or −0 (−0 + +0 rounds to +0): rows that do
+/// are computed whole.
+struct Pass {
+    /// The operand whose row is passed through (`v`), and the per-row value (`o`).
+    v: usize,
+    o: usize,
+    /// The columns computed by the formula (where the mask is not 0 / 1).
+    general: Vec<usize>,
+}
+
+impl Pass {
+    /// The plan for `ops` (`a, b, c, d` of `a·b + c·d`) with rows of `len`, if it applies
+    /// and at most a quarter of each row must be computed.
+    fn plan(ops: &[Operand], len: usize) -> Option<Pass> {
+        let row_const =
+            |op: &Operand| op.step == 1 && op.row_base.iter().all(|&b| b == op.row_base[0]);
+        // Each product as (value, weight) with a weight that is one row for all rows.
+        let split = |p: usize| {
+            [(2 * p, 2 * p + 1), (2 * p + 1, 2 * p)]
+                .into_iter()
+                .find(|&(_, w)| row_const(&ops[w]))
+        };
+        let ((v, wv), (o, wo)) = match (split(0)?, split(1)?) {
+            (f, g) if ops[f.0].step == 1 && ops[g.0].step == 0 => (f, g),
+            (g, f) if ops[f.0].step == 1 && ops[g.0].step == 0 => (f, g),
+            _ => return None,
+        };
+        let row = |k: usize| -> Option<&[f16]> {
+            match ops[k].v {
+                Data::H(h) => h.get(ops[k].row_base[0]..ops[k].row_base[0] + len),
+                Data::F(_) => None,
+            }
+        };
+        let (wv, wo) = (row(wv)?, row(wo)?);
+        let general: Vec<usize> = (0..len)
+            .filter(|&j| !(wv[j].to_f32() == 1.0 && wo[j].to_f32() == 0.0))
+            .collect();
+        (general.len() * 4 <= len).then_some(Pass { v, o, general })
+    }
 }
 
 impl BlendRows<'_> {
@@ -134,6 +182,9 @@ impl BlendRows<'_> {
         let mut last = [usize::MAX; 4];
         for (i, yr) in out.chunks_mut(len).enumerate() {
             let r = first + i;
+            if self.pass_row(r, yr) {
+                continue;
+            }
             // Each operand's row widened once and reused while the next output row reads
             // the same elements (a broadcast mask is one row for the whole cache).
             for (k, (op, buf)) in self.ops.iter().zip(bufs.chunks_mut(len)).enumerate() {
@@ -147,6 +198,42 @@ impl BlendRows<'_> {
             let (c, d) = rest.split_at(len);
             super::convert::blend_to_f16(a, b, c, d, yr);
         }
+    }
+
+    /// Row `r` by [`Pass`] into `yr`; false where the plan does not apply to it.
+    fn pass_row(&self, r: usize, yr: &mut [f16]) -> bool {
+        let Some(p) = &self.pass else { return false };
+        let (Data::H(v), Data::H(o)) = (self.ops[p.v].v, self.ops[p.o].v) else {
+            return false;
+        };
+        let (b, len) = (self.ops[p.v].row_base[r], yr.len());
+        if !o[self.ops[p.o].row_base[r]].is_finite() {
+            return false;
+        }
+        let row = &v[b..b + len];
+        // Infinities and NaNs (all exponent bits set) and −0, without an early exit so
+        // that the loop vectorises.
+        let odd = row.iter().fold(false, |acc, h| {
+            let x = h.to_bits();
+            acc | (x & 0x7c00 == 0x7c00) | (x == 0x8000)
+        });
+        if odd {
+            return false;
+        }
+        yr.copy_from_slice(row);
+        let at = |k: usize, j: usize| {
+            let op = &self.ops[k];
+            let i = op.row_base[r] + j * op.step;
+            match op.v {
+                Data::H(h) => h[i].to_f32(),
+                Data::F(f) => f[i],
+            }
+        };
+        let round = |x: f32| f16::from_f32(x).to_f32();
+        for &j in &p.general {
+            yr[j] = f16::from_f32(round(at(0, j) * at(1, j)) + round(at(2, j) * at(3, j)));
+        }
+        true
     }
 
     /// How many rows the result has.
@@ -173,7 +260,8 @@ pub fn with_rows<R>(
     }
     let dims = out.clone();
     with_operands([a, b, c, d], &out, DType::F16, |ops| {
-        f(&BlendRows { ops, dims })
+        let pass = Pass::plan(&ops, *dims.last().unwrap_or(&1));
+        f(&BlendRows { ops, dims, pass })
     })
     .map(Some)
 }
