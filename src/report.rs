@@ -740,6 +740,14 @@ pub struct AudioBenchReport {
     pub encoder_gflops: f64,
     /// Decoder time divided by decoder calls (prompt tokens included).
     pub decoder_ms_per_token: f64,
+    /// The decoder model's own calls (without the decoding rules' work between them),
+    /// without the first call of each decoding pass: the steady per-token time of the
+    /// model, which the floor below bounds (the floor counts what a window's tokens share
+    /// once).
+    pub decoder_warm_ms_per_token: f64,
+    /// The first call of a decoding pass, on average: one token plus what the decoder
+    /// computes once per window (a WhisperKit decoder's cross-attention K/V projection).
+    pub decoder_first_call_ms: f64,
     /// Bytes one token's decoder call must read, with the values a window's tokens share
     /// (the encoder output and whatever is computed from it alone) computed once per
     /// window: the stored weights of the ops that run every token (compressed weights as

@@ -310,7 +310,9 @@ fn bench_json_follows_schema_and_counts_decoder_bytes() {
         [
             "bandwidth_gbps",
             "decoder_bytes_per_token",
+            "decoder_first_call_ms",
             "decoder_ms_per_token",
+            "decoder_warm_ms_per_token",
             "encoder_gflop",
             "encoder_gflops",
             "encoder_ms",
@@ -346,6 +348,15 @@ fn bench_json_follows_schema_and_counts_decoder_bytes() {
     let parts = f("mel_ms") + f("encoder_ms");
     assert!(parts > 0.0 && parts < f("total_ms"));
     assert!(f("decoder_ms_per_token") > 0.0 && f("decoder_ms_per_token") < f("total_ms"));
+    // The decoder's time per call holds the model's calls (warm ones and the first of each
+    // pass) plus the decoding rules between them: at least the smaller of the two means.
+    let (warm, first) = (f("decoder_warm_ms_per_token"), f("decoder_first_call_ms"));
+    let mean = f("decoder_ms_per_token");
+    assert!(warm > 0.0 && first > 0.0);
+    assert!(
+        warm.min(first) * (1.0 - 1e-9) <= mean,
+        "mean {mean} ms below both warm {warm} and first {first}"
+    );
     println!("bench jfk: {v}");
 }
 

@@ -45,6 +45,16 @@ pub struct Timings {
     pub decoder: Duration,
     /// Decoder calls, prompt tokens included.
     pub decoder_steps: usize,
+    /// Of `decoder`: the time inside the decoder model's calls (the rest is the decoding
+    /// rules: logit filters, timestamp rules, sampling).
+    pub decoder_calls: Duration,
+    /// Of `decoder_calls`: the first call of each decoding pass (and of each language detection),
+    /// which also runs what a decoder computes once per window — a WhisperKit decoder's
+    /// cross-attention K/V projection of the encoder output, reused by the pass's later
+    /// calls (`runtime::memo`).
+    pub decoder_first: Duration,
+    /// How many first calls `decoder_first` holds.
+    pub decoder_passes: usize,
     /// Whole call, detokenization included.
     pub total: Duration,
 }
@@ -824,8 +834,15 @@ impl Transcriber {
         let decoder = &mut self.decoder;
         let mut rows = Vec::new();
         let mut steps = 0;
+        let (mut first, mut calls) = (Duration::ZERO, Duration::ZERO);
         let pass = self.rules.decode(opts, rng, |token, pos| {
+            let ts = Instant::now();
             let logits = decoder.step(token, pos)?;
+            let dt = ts.elapsed();
+            calls += dt;
+            if steps == 0 {
+                first = dt;
+            }
             steps += 1;
             if capture {
                 rows.push(decoder.take_alignment().unwrap_or_default());
@@ -835,6 +852,9 @@ impl Transcriber {
         self.decoder.capture_alignment(false);
         t.decoder += t0.elapsed();
         t.decoder_steps += steps;
+        t.decoder_calls += calls;
+        t.decoder_first += first;
+        t.decoder_passes += (steps > 0) as usize;
         Ok((pass?, rows))
     }
 
@@ -845,6 +865,9 @@ impl Transcriber {
         let logits = self.decoder.step(self.rules.sot(), 0)?;
         t.decoder += t0.elapsed();
         t.decoder_steps += 1;
+        t.decoder_calls += t0.elapsed();
+        t.decoder_first += t0.elapsed();
+        t.decoder_passes += 1;
         let probs = self.rules.language_probs(&logits);
         ensure!(
             !probs.is_empty(),
