@@ -12,6 +12,7 @@
 //! step).
 use super::config::{GenerationConfig, TokenIds};
 use super::tokenizer::Tokenizer;
+use crate::kernels::fastmath;
 use anyhow::{bail, ensure, Context, Result};
 use std::io::Write;
 use std::path::Path;
@@ -560,7 +561,11 @@ impl DecodingRules {
     }
 }
 
-/// log Σ exp(x), in f64; −∞ for an empty or all −∞ slice.
+/// log Σ exp(x) over the non-NaN elements; −∞ for an empty or all −∞ slice. The terms
+/// e^(x − max) ≤ 1 are computed in f32 ([`fastmath::exp`], within 5e-7 relative: a
+/// vectorised pass, where libm's f64 `exp` took about 0.3 ms a call over a 51,864-token
+/// vocabulary, three calls a decoded token) and summed in f64, so the result is within
+/// about 1e-6 of the f64 sum (tested).
 pub fn log_sum_exp(x: &[f32]) -> f64 {
     let max = x
         .iter()
@@ -570,13 +575,24 @@ pub fn log_sum_exp(x: &[f32]) -> f64 {
     if max == f32::NEG_INFINITY {
         return f64::NEG_INFINITY;
     }
-    let m = f64::from(max);
-    let s: f64 = x
-        .iter()
-        .filter(|v| !v.is_nan())
-        .map(|&v| (f64::from(v) - m).exp())
-        .sum();
-    m + s.ln()
+    // Eight f64 partial sums, so that the loop vectorises; NaN and −∞ add nothing.
+    let term = |v: f32| {
+        let e = f64::from(fastmath::exp(v - max));
+        if v.is_nan() || v == f32::NEG_INFINITY {
+            0.0
+        } else {
+            e
+        }
+    };
+    let mut acc = [0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += term(v);
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&v| term(v)).sum();
+    f64::from(max) + (acc.iter().sum::<f64>() + tail).ln()
 }
 
 /// Index of the largest logit, first on ties; NaN and -inf never win. None if nothing is
@@ -673,6 +689,36 @@ mod tests {
         l[favourite as usize] = 8.0;
         l[7] = 7.0;
         l
+    }
+
+    #[test]
+    fn log_sum_exp_matches_the_f64_sum_within_1e_6() {
+        // A vocabulary-sized row of logits (spread as a decoder's are), with suppressed
+        // tokens (−∞), a NaN and a tail that is not a whole chunk of eight.
+        let mut x: Vec<f32> = (0..51_867)
+            .map(|i| ((i * 7919 % 1000) as f32 - 700.0) * 0.03)
+            .collect();
+        x[3] = f32::NEG_INFINITY;
+        x[100] = f32::NAN;
+        x[51_866] = f32::NEG_INFINITY;
+        let want = |x: &[f32]| {
+            let v: Vec<f64> = x
+                .iter()
+                .filter(|v| !v.is_nan())
+                .map(|&v| v as f64)
+                .collect();
+            let m = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            m + v.iter().map(|&v| (v - m).exp()).sum::<f64>().ln()
+        };
+        for part in [&x[..], &x[..5], &x[50_363..]] {
+            let (got, want) = (log_sum_exp(part), want(part));
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+        assert_eq!(
+            log_sum_exp(&[f32::NEG_INFINITY, f32::NAN]),
+            f64::NEG_INFINITY
+        );
+        assert_eq!(log_sum_exp(&[]), f64::NEG_INFINITY);
     }
 
     fn rules() -> DecodingRules {
