@@ -237,6 +237,72 @@ fn grouped_palettization_pads_an_indivisible_head_by_itself() {
     assert_eq!(step(&m).1, vec![1, 1, 51865]);
 }
 
+#[test]
+fn a_chunked_head_compressed_in_two_passes_pads_each_chunk_once() {
+    // Chunk 0 at 6 bits first, then the other chunks at 4: the second pass pads and
+    // compresses only its own chunks and leaves the compressed chunk 0 alone.
+    let dir = tempfile::tempdir().unwrap();
+    let model = micro(dir.path(), Preset::Tiny);
+    let (chunks, vocab) = (4usize, 51865usize);
+    let o = DecoderExport {
+        head_chunks: chunks,
+        ..Default::default()
+    };
+    let plain = export_decoder(&Checkpoint::open(&model).unwrap(), &o, Opset::Ios18).unwrap();
+    let mut m = plain.clone();
+    let pass = |m: &mut Model, nbits: u32, ops: Vec<String>| {
+        let method = Method::Palettize(LutConfig {
+            nbits,
+            mode: LutMode::Kmeans,
+            granularity: LutGranularity::PerGroupedChannel(8),
+            per_channel_scale: false,
+        });
+        let sel = Selection {
+            op_types: vec!["conv".into()],
+            op_names: ops,
+            ..Selection::default()
+        };
+        Compression::new(method, sel, false).apply(m).unwrap();
+    };
+    pass(&mut m, 6, vec!["lm_head_0".into()]);
+    pass(
+        &mut m,
+        4,
+        (1..chunks).map(|c| format!("lm_head_{c}")).collect(),
+    );
+    let lut_ops = m
+        .program
+        .main()
+        .unwrap()
+        .block
+        .walk()
+        .iter()
+        .filter(|o| o.op_type == "constexpr_lut_to_dense")
+        .count();
+    assert_eq!(lut_ops, chunks);
+    // 51,865 = 3 × 12,967 + 12,964: every chunk is padded (to 12,968), each named once.
+    let note = &m.description.user_defined[HEAD_PADDING_KEY];
+    for c in 0..chunks {
+        assert_eq!(note.matches(&format!("lm_head_{c}:")).count(), 1, "{note}");
+    }
+    let (logits, shape) = step(&m);
+    assert_eq!(shape, vec![1, 1, vocab]);
+    // Against the fp16 head, per chunk: a 6-bit table (64 entries) fits its rows far better
+    // than a 4-bit one (16), so chunk 0's logits are much closer to fp16 than chunk 1's.
+    let (f, _) = step(&plain);
+    let per = vocab.div_ceil(chunks);
+    let rel = |r: std::ops::Range<usize>| {
+        let e: f64 = r.clone().map(|i| f64::from(logits[i] - f[i]).powi(2)).sum();
+        let n: f64 = r.map(|i| f64::from(f[i]).powi(2)).sum();
+        (e / n).sqrt()
+    };
+    let (six, four) = (rel(0..per), rel(per..2 * per));
+    assert!(
+        six > 0.0 && six < 0.5 * four,
+        "chunk 0 (6 bits) {six}, chunk 1 (4 bits) {four}"
+    );
+}
+
 fn run(args: &[&str]) -> Output {
     common::milkit().args(args).output().unwrap()
 }

@@ -22,7 +22,7 @@ use crate::passes::regroup::{regroup, Regrouped};
 use crate::whisper::checkpoint::{missing_tokenizer_error, Checkpoint};
 use crate::whisper::decoder::CrossKv;
 use crate::whisper::encoder::EncoderAbi;
-use crate::whisper::head_pad::{pad_head_rows, row_multiple};
+use crate::whisper::head_pad::{pad_head_rows_of, row_multiple};
 use anyhow::{bail, ensure, Context, Result};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -177,9 +177,9 @@ impl Compression {
     }
 }
 
-/// Pads the vocabulary head of a milkit text decoder to a multiple of the group size when
-/// `sel` compresses it and the group size does not divide its rows ([`pad_head_rows`]);
-/// leaves every other model alone.
+/// Pads the vocabulary-head chunks of a milkit text decoder that `sel` compresses to a
+/// multiple of the group size where it does not divide their rows ([`pad_head_rows_of`]);
+/// leaves the other chunks, and every other model, alone.
 fn pad_selected_head(m: &mut Model, method: &Method, sel: &Selection) -> Result<()> {
     let multiple = row_multiple(method);
     if multiple <= 1 || !m.description.user_defined.contains_key(HEAD_OPS_KEY) {
@@ -191,8 +191,13 @@ fn pad_selected_head(m: &mut Model, method: &Method, sel: &Selection) -> Result<
             || sel.op_names.contains(op)
             || sel.op_names.contains(&format!("{op}_weight"))
     };
-    if sel.op_types.iter().any(|t| t == "conv") && head.iter().any(picks) {
-        pad_head_rows(m, multiple)?;
+    if sel.op_types.iter().any(|t| t == "conv") {
+        // Only the chunks this selection compresses: another pass may have compressed the
+        // rest already.
+        let picked: Vec<String> = head.into_iter().filter(picks).collect();
+        if !picked.is_empty() {
+            pad_head_rows_of(m, multiple, &picked)?;
+        }
     }
     Ok(())
 }

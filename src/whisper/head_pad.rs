@@ -50,8 +50,29 @@ pub fn row_multiple(method: &Method) -> usize {
 /// Errors when `m` is not a milkit decoder (no `milkit.head_ops`) or a head op is not the
 /// 1x1 conv milkit builds.
 pub fn pad_head_rows(m: &mut Model, multiple: usize) -> Result<Vec<PaddedHead>> {
-    ensure!(multiple >= 1, "the head's row multiple must be at least 1");
     let names = head_ops(m)?;
+    pad_head_rows_of(m, multiple, &names)
+}
+
+/// [`pad_head_rows`] for only the head convs named in `only` (a subset of the decoder's
+/// `milkit.head_ops`), so that a head whose chunks are compressed in several passes — chunk
+/// 0 at 6 bits, then the others at 4 — can be padded chunk by chunk: a chunk compressed by an
+/// earlier pass is not touched again. The padding record lists every padded chunk of every
+/// pass.
+pub fn pad_head_rows_of(
+    m: &mut Model,
+    multiple: usize,
+    only: &[String],
+) -> Result<Vec<PaddedHead>> {
+    ensure!(multiple >= 1, "the head's row multiple must be at least 1");
+    let heads = head_ops(m)?;
+    if let Some(o) = only.iter().find(|o| !heads.contains(o)) {
+        bail!(
+            "`{o}` is not one of the decoder's vocabulary head ops ({})",
+            heads.join(", ")
+        );
+    }
+    let names: Vec<String> = heads.into_iter().filter(|h| only.contains(h)).collect();
     let mut done = Vec::new();
     for f in m.program.functions.values_mut() {
         let ops = &mut f.block.operations;
@@ -81,6 +102,10 @@ pub fn pad_head_rows(m: &mut Model, multiple: usize) -> Result<Vec<PaddedHead>> 
             })
             .collect::<Vec<_>>()
             .join("; ");
+        let text = match m.description.user_defined.get(HEAD_PADDING_KEY) {
+            Some(earlier) => format!("{earlier}; {text}"),
+            None => text,
+        };
         m.description
             .user_defined
             .insert(HEAD_PADDING_KEY.into(), text);
