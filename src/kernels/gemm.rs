@@ -216,7 +216,9 @@ fn product(
         return Ok(());
     }
     let xp = if level == Level::Bf16 {
-        Panels::Bf16(pack_x_bf16(x, k, m, ldx))
+        let mut buf = std::mem::take(&mut *X_PAIRS.lock().unwrap_or_else(|e| e.into_inner()));
+        pack_x_bf16(x, k, m, ldx, &mut buf);
+        Panels::Bf16(buf)
     } else {
         Panels::F32(pack_x(x, k, m, ldx))
     };
@@ -235,8 +237,19 @@ fn product(
             .enumerate()
             .for_each(|(t, o)| task(t, OutRows::F32(o))),
     }
+    if let Panels::Bf16(buf) = xp {
+        let mut kept = X_PAIRS.lock().unwrap_or_else(|e| e.into_inner());
+        if buf.capacity() > kept.capacity() {
+            *kept = buf;
+        }
+    }
     Ok(())
 }
+
+/// The bf16 input panels' buffer, kept from call to call: a fresh one is megabytes of new
+/// pages each call (the kernel clears each), as many as an encoder window's weights. A
+/// call that finds it taken (two products at once) makes its own; the larger is kept.
+static X_PAIRS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
 
 /// X's panels: f32 values (`[k][NR]` each), or bf16 pairs along k (`[⌈k/2⌉][NR]` words).
 enum Panels {
@@ -251,13 +264,14 @@ fn bf16_bits(v: f32) -> u32 {
     u32::from(half::bf16::from_f32(v).to_bits())
 }
 
-/// [`pack_x`] as bf16 pairs: word (c2, j) of panel p holds X(2·c2, j) in its low half and
-/// X(2·c2 + 1, j) in its high half (zero past k and past m).
-fn pack_x_bf16(x: Act, k: usize, m: usize, ldx: usize) -> Vec<u32> {
+/// [`pack_x`] as bf16 pairs into `xp` (resized to `⌈m/NR⌉·⌈k/2⌉·NR` words, every one
+/// written): word (c2, j) of panel p holds X(2·c2, j) in its low half and X(2·c2 + 1, j)
+/// in its high half (zero past k and past m).
+fn pack_x_bf16(x: Act, k: usize, m: usize, ldx: usize, xp: &mut Vec<u32>) {
     let (np, k2) = (m.div_ceil(NR), k.div_ceil(2));
-    let mut xp = vec![0u32; np * k2 * NR];
+    xp.resize(np * k2 * NR, 0);
     if k == 0 {
-        return xp;
+        return;
     }
     xp.par_chunks_mut(k2 * NR)
         .enumerate()
@@ -295,12 +309,11 @@ fn pack_x_bf16(x: Act, k: usize, m: usize, ldx: usize) -> Vec<u32> {
                     avx512::interleave_bf16(&rows[0], &rows[1], words)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
-                for (j, word) in words[..w].iter_mut().enumerate() {
+                for (j, word) in words.iter_mut().enumerate() {
                     *word = bf16_bits(rows[0][j]) | (bf16_bits(rows[1][j]) << 16);
                 }
             }
         });
-    xp
 }
 
 /// Rows `r0..r0 + rows` of W as bf16 pairs along k into `dst` (`⌈k/2⌉` words a row, the
