@@ -273,22 +273,34 @@ fn pack_x_bf16(x: Act, k: usize, m: usize, ldx: usize, xp: &mut Vec<u32>) {
     if k == 0 {
         return;
     }
+    // fp16 inputs: a task per few pairs of rows, each pair read along its length once
+    // (every panel's words for it), so X is read row after row, not panel by panel.
+    #[cfg(target_arch = "x86_64")]
+    if let Act::F16(v) = x {
+        let (base, len) = (xp.as_mut_ptr() as usize, xp.len());
+        (0..k2).into_par_iter().with_min_len(8).for_each(|c2| {
+            let c = 2 * c2;
+            for p in 0..np {
+                let (j0, w) = (p * NR, NR.min(m - p * NR));
+                let (s, at) = (c * ldx + j0, (p * k2 + c2) * NR);
+                assert!(at + NR <= len);
+                let hi = (c + 1 < k).then(|| v[s + ldx..s + ldx + w].as_ptr());
+                // SAFETY: words at..at + NR of `xp` (in bounds, checked above) are row c2
+                // of panel p, written by this (c2, p) alone; the CPU has AVX512-BF16 (only
+                // reached from `gemm_bf16`); `w` values of row c (and of row c + 1 when it
+                // exists) from column j0, bounds checked by the slices.
+                unsafe {
+                    let words = std::slice::from_raw_parts_mut((base as *mut u32).add(at), NR);
+                    avx512::interleave_f16_bf16(v[s..s + w].as_ptr(), hi, w, words)
+                };
+            }
+        });
+        return;
+    }
     xp.par_chunks_mut(k2 * NR)
         .enumerate()
         .for_each(|(p, panel)| {
             let (j0, w) = (p * NR, NR.min(m - p * NR));
-            #[cfg(target_arch = "x86_64")]
-            if let Act::F16(v) = x {
-                for (c2, words) in panel.chunks_exact_mut(NR).enumerate() {
-                    let (c, s) = (2 * c2, 2 * c2 * ldx + j0);
-                    let hi = (c + 1 < k).then(|| v[s + ldx..s + ldx + w].as_ptr());
-                    // SAFETY: only reached where the CPU has AVX512-BF16 (`gemm_bf16`);
-                    // `w` values of row c (and of row c + 1 when it exists) from column
-                    // j0, bounds checked by the slices.
-                    unsafe { avx512::interleave_f16_bf16(v[s..s + w].as_ptr(), hi, w, words) };
-                }
-                return;
-            }
             let mut rows = [[0f32; NR]; 2];
             for (c2, words) in panel.chunks_exact_mut(NR).enumerate() {
                 for (h, row) in rows.iter_mut().enumerate() {
