@@ -94,7 +94,7 @@ fn bf16_gemm_matches_float64_sums_of_the_bf16_rounded_operands() {
         let bias: Vec<f32> = (0..n).map(|_| rng.next()).collect();
         let w16: Vec<f16> = (0..n * k).map(|_| f16::from_f32(rng.next())).collect();
         let w32: Vec<f32> = (0..n * k).map(|_| rng.next()).collect();
-        let forms = [
+        let mut forms = vec![
             (
                 "w f16",
                 PackedWeight::from_f16(&[n, k, 1, 1], w16.clone()).unwrap(),
@@ -106,6 +106,22 @@ fn bf16_gemm_matches_float64_sums_of_the_bf16_rounded_operands() {
                 w32.clone(),
             ),
         ];
+        // 4-bit forms (even depths): a LUT4 weight with a palette per row (each row's own
+        // group), its bf16 pairs read from the codes; an int4 one per row, decoded first.
+        if k % 2 == 0 {
+            let (lut, codes) = lut4_parts(&mut rng, n, k);
+            let dense = (0..n * k).map(|i| lut[(i / k) * 16 + codes[i] as usize]);
+            forms.push((
+                "w lut4",
+                PackedWeight::lut4(&[n, k, 1, 1], &codes, lut.clone()).unwrap(),
+                dense.collect(),
+            ));
+            let scale: Vec<f32> = (0..n).map(|_| rng.next() * 0.1).collect();
+            let zero = vec![8f32; n];
+            let int4 = PackedWeight::int4(&[n, k], &codes, scale.clone(), zero, k).unwrap();
+            let dense = (0..n * k).map(|i| scale[i / k] * (f32::from(codes[i]) - 8.0));
+            forms.push(("w int4", int4, dense.collect()));
+        }
         // The largest error against the unrounded operands, over the tolerance: bf16
         // rounding must show (else this would be testing the f32 kernel).
         let mut unrounded_excess = 0f64;
@@ -160,6 +176,64 @@ fn bf16_gemm_matches_float64_sums_of_the_bf16_rounded_operands() {
                 "[{n}×{k}]·[{k}×{m}]: within {unrounded_excess:.2}× the f32 tolerance of the \
                  unrounded sums: no bf16 rounding seen"
             );
+        }
+    }
+}
+
+/// A palette of 16 fp16 values per row of `n` and `n·k` random codes.
+fn lut4_parts(rng: &mut Rng, n: usize, k: usize) -> (Vec<f32>, Vec<u8>) {
+    let lut = (0..n * 16)
+        .map(|_| f16::from_f32(rng.next()).to_f32())
+        .collect();
+    let codes = (0..n * k)
+        .map(|_| ((rng.next() + 1.0) * 8.0) as u8 % 16)
+        .collect();
+    (lut, codes)
+}
+
+/// `gemm::w_rows_bf16` (a weight's rows as bf16 pairs, straight from the packed form where
+/// the CPU has AVX512-BF16) equals, bit for bit, the pairs of the rows decoded to f32 and
+/// rounded by the `half` crate (nearest, ties to even): fp16 and f32 weights, a LUT4 one
+/// with a palette per group of 3 rows, row lengths with and without a 32-value tail, and
+/// row ranges that start inside a group.
+#[test]
+fn bf16_weight_rows_equal_the_rounded_decoded_rows() {
+    if !gemm::bf16_cpu() {
+        eprintln!("this CPU lacks AVX512-BF16: the packers are not reached here");
+        return;
+    }
+    let mut rng = Rng(29);
+    for &(n, k) in &[(6usize, 2usize), (9, 64), (12, 70), (6, 1282)] {
+        let (lut16, codes) = lut4_parts(&mut rng, n, k);
+        // One palette per group of 3 rows: the first n/3 palettes.
+        let lut = lut16[..n / 3 * 16].to_vec();
+        let w16: Vec<f16> = (0..n * k).map(|_| f16::from_f32(rng.next())).collect();
+        let w32: Vec<f32> = (0..n * k).map(|_| rng.next() * 1e3).collect();
+        let forms = [
+            ("f16", PackedWeight::from_f16(&[n, k], w16).unwrap()),
+            ("f32", PackedWeight::from_f32(&[n, k], w32).unwrap()),
+            ("lut4", PackedWeight::lut4(&[n, k], &codes, lut).unwrap()),
+        ];
+        let k2 = k.div_ceil(2);
+        for (form, p) in &forms {
+            for (r0, rows) in [(0, n), (1, n - 1), (4, 2)] {
+                let mut got = vec![0u32; rows * k2];
+                gemm::w_rows_bf16(p, r0, rows, &mut got);
+                let mut dense = vec![0f32; rows * k];
+                p.rows_f32(r0, &mut dense);
+                let bits = |c: usize, r: usize| match c < k {
+                    true => u32::from(bf16::from_f32(dense[r * k + c]).to_bits()),
+                    false => 0,
+                };
+                for (i, &word) in got.iter().enumerate() {
+                    let (r, c2) = (i / k2, i % k2);
+                    let want = bits(2 * c2, r) | bits(2 * c2 + 1, r) << 16;
+                    assert_eq!(
+                        word, want,
+                        "{form} [{n}×{k}] rows {r0}+{rows}: row {r} pair {c2}"
+                    );
+                }
+            }
         }
     }
 }

@@ -148,6 +148,74 @@ fn ios18_lut_and_blockwise_decode_match_scalar_loops() {
     assert_close(&f32s(&out[3]), &want_b[..8], 0.0, "row 0 through matmul");
 }
 
+/// A LUT4 weight whose codes and palettes are inline and which only feeds a 1x1 conv is
+/// packed at load straight from its stored nibbles (`runtime::pack::fold_lut4_inline`):
+/// the conv's output against float64 sums of the decoded weight times the input, with one
+/// palette, one per 4 rows and one per row. Tolerance: the fp16 output's
+/// one rounding (2⁻¹¹ relative) and f32 sums over 40 terms, within 1e-3 · (1 + |y|).
+#[test]
+fn inline_lut4_conv_weight_runs_from_its_stored_nibbles() {
+    use milkit::package::blob::BlobDType;
+    let mut r = Rng(23);
+    let (n, k, m) = (16, 40, 50);
+    for (groups, pal) in [(1usize, 16usize), (4, 16), (16, 16)] {
+        let codes: Vec<u8> = (0..n * k)
+            .map(|_| ((r.next() + 1.0) * 8.0) as u8 % pal as u8)
+            .collect();
+        let lut: Vec<f32> = r
+            .vec(groups * pal)
+            .iter()
+            .map(|v| f16::from_f32(*v).to_f32())
+            .collect();
+        let x: Vec<f32> = r
+            .vec(k * m)
+            .iter()
+            .map(|v| f16::from_f32(*v).to_f32())
+            .collect();
+        let mut b = Builder::new(Opset::Ios18);
+        let xin = b.input("x", tin(DType::F16, &[1, k, 1, m]));
+        let w = b
+            .op1(
+                "constexpr_lut_to_dense",
+                "w",
+                vec![
+                    (
+                        "indices",
+                        In::Inline(u_tensor(DType::U4, BlobDType::U4, &[n, k, 1, 1], &codes)),
+                    ),
+                    (
+                        "lut",
+                        In::Inline(f16_tensor(&[groups, 1, 1, 1, pal, 1], &lut)),
+                    ),
+                ],
+            )
+            .unwrap();
+        let y = b
+            .op1(
+                "conv",
+                "y",
+                vec![("x", xin.into()), ("weight", In::from(&w))],
+            )
+            .unwrap();
+        let out = run(b, &[(y, "y")], &[("x", host(&x, &[1, k, 1, m]))]);
+        let rpg = n / groups;
+        let want: Vec<f64> = (0..n * m)
+            .map(|i| {
+                let (o, j) = (i / m, i % m);
+                (0..k)
+                    .map(|c| {
+                        let wv = lut[(o / rpg) * pal + codes[o * k + c] as usize];
+                        f64::from(wv) * f64::from(x[c * m + j])
+                    })
+                    .sum()
+            })
+            .collect();
+        assert_eq!(out[0].dims(), &[1, n, 1, m]);
+        let what = format!("{groups} palettes of {pal}");
+        assert_close(&f32s(&out[0]), &want, 1e-3, &what);
+    }
+}
+
 #[test]
 fn ios16_lut_and_affine_decode_match_scalar_loops() {
     use milkit::package::blob::BlobDType;

@@ -92,6 +92,27 @@ fn lut4_gemv_reads_packed_codes_and_group_palettes() {
     }
 }
 
+/// `PackedWeight::lut4_nibbles` (the codes as a `uint4` tensor stores them, two a byte,
+/// low nibble first) holds the same weight as `lut4` of the codes one a byte — decoded
+/// values compared exactly against the palette look-up — and refuses a code past a short
+/// palette.
+#[test]
+fn lut4_from_stored_nibbles_equals_lut4_from_codes() {
+    let mut rng = Rng(19);
+    let (n, k) = (24, 70);
+    let lut: Vec<f32> = (0..3 * 16).map(|_| rng.next()).collect();
+    let codes: Vec<u8> = (0..n * k).map(|_| rng.code()).collect();
+    let nibbles: Vec<u8> = codes.chunks(2).map(|c| c[0] | c[1] << 4).collect();
+    let p = PackedWeight::lut4_nibbles(&[n, k], nibbles.clone(), lut.clone(), 16).unwrap();
+    let q = PackedWeight::lut4(&[n, k], &codes, lut.clone()).unwrap();
+    let d = p.to_f32();
+    assert_eq!(d, q.to_f32());
+    assert!((0..n * k).all(|i| d[i] == lut[(i / k / 8) * 16 + codes[i] as usize]));
+    let top = *codes.iter().max().unwrap() as usize;
+    let e = PackedWeight::lut4_nibbles(&[n, k], nibbles, lut, top).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+}
+
 #[test]
 fn int4_gemv_per_channel_and_per_block() {
     let mut rng = Rng(13);

@@ -34,6 +34,26 @@ pub fn with_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Res
     Ok(f(&s[a..b]))
 }
 
+/// `bytes` (a whole number of `T`s in the host's byte order) copied into a new vector,
+/// slices of 1 MiB at a time across the rayon threads, the fresh vector's page faults
+/// included: a weight copied out of its mapped file at load, on every core.
+pub fn par_copy<T: bytemuck::Pod + Send>(bytes: &[u8]) -> Vec<T> {
+    const SLICE: usize = 1 << 20;
+    let n = bytes.len() / size_of::<T>();
+    let bytes = &bytes[..n * size_of::<T>()];
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    let base = v.as_mut_ptr() as usize;
+    bytes.par_chunks(SLICE).enumerate().for_each(|(i, s)| {
+        // SAFETY: slice i lands at byte i·SLICE of the vector's capacity of `n` elements
+        // (`bytes` is exactly that long); the slices do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), (base + i * SLICE) as *mut u8, s.len()) }
+    });
+    // SAFETY: every byte of the first n elements was written above, and any bit pattern
+    // is a valid `T` (Pod).
+    unsafe { v.set_len(n) };
+    v
+}
+
 /// Calls `f` with the raw little-endian bytes of `t`'s elements in row-major order (a
 /// view of the storage when `t` is contiguous).
 pub fn with_bytes<R>(t: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R> {

@@ -216,7 +216,9 @@ fn product(
         return Ok(());
     }
     let xp = if level == Level::Bf16 {
-        Panels::Bf16(pack_x_bf16(x, k, m, ldx))
+        let mut buf = std::mem::take(&mut *X_PAIRS.lock().unwrap_or_else(|e| e.into_inner()));
+        pack_x_bf16(x, k, m, ldx, &mut buf);
+        Panels::Bf16(buf)
     } else {
         Panels::F32(pack_x(x, k, m, ldx))
     };
@@ -235,8 +237,19 @@ fn product(
             .enumerate()
             .for_each(|(t, o)| task(t, OutRows::F32(o))),
     }
+    if let Panels::Bf16(buf) = xp {
+        let mut kept = X_PAIRS.lock().unwrap_or_else(|e| e.into_inner());
+        if buf.capacity() > kept.capacity() {
+            *kept = buf;
+        }
+    }
     Ok(())
 }
+
+/// The bf16 input panels' buffer, kept from call to call: a fresh one is megabytes of new
+/// pages each call (the kernel clears each), as many as an encoder window's weights. A
+/// call that finds it taken (two products at once) makes its own; the larger is kept.
+static X_PAIRS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
 
 /// X's panels: f32 values (`[k][NR]` each), or bf16 pairs along k (`[⌈k/2⌉][NR]` words).
 enum Panels {
@@ -251,13 +264,38 @@ fn bf16_bits(v: f32) -> u32 {
     u32::from(half::bf16::from_f32(v).to_bits())
 }
 
-/// [`pack_x`] as bf16 pairs: word (c2, j) of panel p holds X(2·c2, j) in its low half and
-/// X(2·c2 + 1, j) in its high half (zero past k and past m).
-fn pack_x_bf16(x: Act, k: usize, m: usize, ldx: usize) -> Vec<u32> {
+/// [`pack_x`] as bf16 pairs into `xp` (resized to `⌈m/NR⌉·⌈k/2⌉·NR` words, every one
+/// written): word (c2, j) of panel p holds X(2·c2, j) in its low half and X(2·c2 + 1, j)
+/// in its high half (zero past k and past m).
+fn pack_x_bf16(x: Act, k: usize, m: usize, ldx: usize, xp: &mut Vec<u32>) {
     let (np, k2) = (m.div_ceil(NR), k.div_ceil(2));
-    let mut xp = vec![0u32; np * k2 * NR];
+    xp.resize(np * k2 * NR, 0);
     if k == 0 {
-        return xp;
+        return;
+    }
+    // fp16 inputs: a task per few pairs of rows, each pair read along its length once
+    // (every panel's words for it), so X is read row after row, not panel by panel.
+    #[cfg(target_arch = "x86_64")]
+    if let Act::F16(v) = x {
+        let (base, len) = (xp.as_mut_ptr() as usize, xp.len());
+        (0..k2).into_par_iter().with_min_len(8).for_each(|c2| {
+            let c = 2 * c2;
+            for p in 0..np {
+                let (j0, w) = (p * NR, NR.min(m - p * NR));
+                let (s, at) = (c * ldx + j0, (p * k2 + c2) * NR);
+                assert!(at + NR <= len);
+                let hi = (c + 1 < k).then(|| v[s + ldx..s + ldx + w].as_ptr());
+                // SAFETY: words at..at + NR of `xp` (in bounds, checked above) are row c2
+                // of panel p, written by this (c2, p) alone; the CPU has AVX512-BF16 (only
+                // reached from `gemm_bf16`); `w` values of row c (and of row c + 1 when it
+                // exists) from column j0, bounds checked by the slices.
+                unsafe {
+                    let words = std::slice::from_raw_parts_mut((base as *mut u32).add(at), NR);
+                    avx512::interleave_f16_bf16(v[s..s + w].as_ptr(), hi, w, words)
+                };
+            }
+        });
+        return;
     }
     xp.par_chunks_mut(k2 * NR)
         .enumerate()
@@ -283,28 +321,68 @@ fn pack_x_bf16(x: Act, k: usize, m: usize, ldx: usize) -> Vec<u32> {
                     avx512::interleave_bf16(&rows[0], &rows[1], words)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
-                for (j, word) in words[..w].iter_mut().enumerate() {
+                for (j, word) in words.iter_mut().enumerate() {
                     *word = bf16_bits(rows[0][j]) | (bf16_bits(rows[1][j]) << 16);
                 }
             }
         });
-    xp
 }
 
-/// Rows `r0..r0 + rows` of W as bf16 pairs along k (`⌈k/2⌉` words a row, zero past k),
-/// zero rows up to `rpad`.
-fn pack_w_bf16(w: &PackedWeight, r0: usize, rows: usize, rpad: usize) -> Vec<u32> {
+/// Rows `r0..r0 + rows` of W as bf16 pairs along k into `dst` (`⌈k/2⌉` words a row, the
+/// high half of an odd tail zero): each weight rounded to bfloat16 (nearest, ties to
+/// even) straight from its packed form where the CPU has AVX512-BF16 — fp16 widened in
+/// registers, a LUT4 byte (two codes, a pair along k) looked up as one word in the group's
+/// palette —, else decoded to f32 rows first. The bits equal [`bf16_pairs`] of
+/// [`PackedWeight::rows_f32`]. Only called on the [`Level::Bf16`] paths.
+pub fn w_rows_bf16(w: &PackedWeight, r0: usize, rows: usize, dst: &mut [u32]) {
     let (k, k2) = (w.k, w.k.div_ceil(2));
+    if k == 0 || rows == 0 {
+        return;
+    }
+    let dst = &mut dst[..rows * k2];
+    #[cfg(target_arch = "x86_64")]
+    if bf16_cpu() {
+        match &w.data {
+            super::Packed::F16(v) => {
+                for (i, d) in dst.chunks_exact_mut(k2).enumerate() {
+                    let row = &v[(r0 + i) * k..(r0 + i + 1) * k];
+                    // SAFETY: the CPU has AVX512-BF16 (checked above).
+                    unsafe { avx512::f16_to_bf16_pairs(row, d) };
+                }
+                return;
+            }
+            super::Packed::Lut4 {
+                idx,
+                lut,
+                rows_per_group,
+                ..
+            } => {
+                // k is even for LUT4 weights: a row is k/2 bytes, one word each.
+                let mut g_at = usize::MAX;
+                let mut pal = [0u32; 16];
+                for (i, d) in dst.chunks_exact_mut(k2).enumerate() {
+                    let r = r0 + i;
+                    let g = r / rows_per_group;
+                    if g != g_at {
+                        g_at = g;
+                        // SAFETY: as above.
+                        unsafe { avx512::to_bf16_pairs(&lut[g * 16..g * 16 + 16], &mut pal[..8]) };
+                        pal = std::array::from_fn(|e| (pal[e / 2] >> (16 * (e % 2))) & 0xffff);
+                    }
+                    let row = &idx[r * k2..(r + 1) * k2];
+                    // SAFETY: as above.
+                    unsafe { avx512::lut4_to_bf16_pairs(row, &pal, d) };
+                }
+                return;
+            }
+            _ => {}
+        }
+    }
     let mut wf = vec![0f32; rows * k];
     w.rows_f32(r0, &mut wf);
-    let mut wq = vec![0u32; rpad * k2];
-    if k == 0 {
-        return wq;
+    for (src, d) in wf.chunks_exact(k).zip(dst.chunks_exact_mut(k2)) {
+        bf16_pairs(src, d);
     }
-    for (src, dst) in wf.chunks_exact(k).zip(wq.chunks_exact_mut(k2)) {
-        bf16_pairs(src, dst);
-    }
-    wq
 }
 
 /// `src` as bf16 pairs along its length (word c2 = bf16(`src[2·c2]`) | bf16(`src[2·c2 + 1]`)
@@ -458,36 +536,77 @@ fn block(
     r0: usize,
     bias: Option<&[f32]>,
     post: Option<Gelu>,
-    mut out: OutRows,
+    out: OutRows,
     level: Level,
 ) {
     let rows = match &out {
         OutRows::F16(o) => o.len() / m,
         OutRows::F32(o) => o.len() / m,
     };
+    SCRATCH.with_borrow_mut(|sc| block_in(w, xp, m, r0, bias, post, out, level, rows, sc));
+}
+
+/// A thread's buffers for [`block`], kept from task to task (a task's W rows and partial
+/// sums are a few hundred KB: fresh zeroed ones every task cost a memset each).
+#[derive(Default)]
+struct Scratch {
+    wf: Vec<f32>,
+    wq: Vec<u32>,
+    acc: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// `v` at least `len` long (grown with zeros; what it held before is left in place: the
+/// callers overwrite what they read, or never emit what they do not).
+fn at_least<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    &mut v[..len]
+}
+
+/// [`block`]'s work on a thread's scratch buffers.
+#[allow(clippy::too_many_arguments)]
+fn block_in(
+    w: &PackedWeight,
+    xp: &Panels,
+    m: usize,
+    r0: usize,
+    bias: Option<&[f32]>,
+    post: Option<Gelu>,
+    mut out: OutRows,
+    level: Level,
+    rows: usize,
+    sc: &mut Scratch,
+) {
     let rpad = rows.div_ceil(MR) * MR;
-    // W's rows, zero rows up to a whole tile: f32 values, or bf16 pairs (whose words the
-    // bf16 micro-kernel reads through the tile's `*const f32`); k counted in those units.
-    let (wf, wq, k);
+    // W's rows up to a whole tile (the padding rows are read, their sums never emitted):
+    // f32 values, or bf16 pairs (whose words the bf16 micro-kernel reads through the
+    // tile's `*const f32`); k counted in those units.
+    let k;
     let (wb, xb): (*const f32, *const f32) = match xp {
         Panels::F32(x) => {
             k = w.k;
-            let mut v = vec![0f32; rpad * k];
+            let v = at_least(&mut sc.wf, rpad * k);
             w.rows_f32(r0, &mut v[..rows * k]);
-            wf = v;
-            (wf.as_ptr(), x.as_ptr())
+            (v.as_ptr(), x.as_ptr())
         }
         Panels::Bf16(x) => {
             k = w.k.div_ceil(2);
-            wq = pack_w_bf16(w, r0, rows, rpad);
-            (wq.as_ptr().cast(), x.as_ptr().cast())
+            let v = at_least(&mut sc.wq, rpad * k);
+            w_rows_bf16(w, r0, rows, v);
+            (v.as_ptr().cast(), x.as_ptr().cast())
         }
     };
     let passes = k.div_ceil(KC).max(1);
     let kc = k.div_ceil(passes);
     let np = m.div_ceil(NR);
     let lda = np * NR;
-    let mut acc = vec![0f32; if passes > 1 { rpad * lda } else { 0 }];
+    // Partial sums: the first pass stores before any pass loads.
+    let acc = at_least(&mut sc.acc, if passes > 1 { rpad * lda } else { 0 });
     let outp = match &mut out {
         OutRows::F16(o) => OutPtr::F16(o.as_mut_ptr()),
         OutRows::F32(o) => OutPtr::F32(o.as_mut_ptr()),
@@ -722,6 +841,94 @@ mod avx512 {
             let h: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
             let words = (la + lb).div_ceil(2);
             _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(i / 2) as *mut i32, mask16(words), h);
+        }
+    }
+
+    /// `src` (fp16) as bf16 pairs into `dst` (`⌈len/2⌉` words), as [`to_bf16_pairs`] of
+    /// its f32 values: 32 values a step widened in registers (`vcvtph2ps`), then rounded
+    /// by `vcvtne2ps2bf16` (fp16 → f32 is exact, so the rounding is the same).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
+    pub(super) unsafe fn f16_to_bf16_pairs(src: &[half::f16], dst: &mut [u32]) {
+        let n = src.len().min(2 * dst.len());
+        let mask16 = |left: usize| -> u16 {
+            if left >= 16 {
+                !0
+            } else {
+                (1u16 << left) - 1
+            }
+        };
+        let p = src.as_ptr() as *const i16;
+        for i in (0..n).step_by(32) {
+            let (la, lb) = ((n - i).min(16), (n - i).saturating_sub(16).min(16));
+            let a = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(la), p.wrapping_add(i)));
+            let b = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(lb), p.wrapping_add(i + 16)));
+            let h: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+            let words = (la + lb).div_ceil(2);
+            _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(i / 2) as *mut i32, mask16(words), h);
+        }
+    }
+
+    /// One LUT4 row (`bytes`: two codes a byte, low nibble first, so one byte is one pair
+    /// along k) as bf16 pairs into `dst` (a word per byte): `pal` holds the palette's 16
+    /// entries as bf16 bits; 16 bytes a step, each byte's nibbles looked up (`vpermd`) and
+    /// joined into its word.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn lut4_to_bf16_pairs(bytes: &[u8], pal: &[u32; 16], dst: &mut [u32]) {
+        let n = bytes.len().min(dst.len());
+        let lo_t = _mm512_loadu_si512(pal.as_ptr() as *const __m512i);
+        let hi_t = _mm512_slli_epi32::<16>(lo_t);
+        let nib = _mm512_set1_epi32(15);
+        for i in (0..n).step_by(16) {
+            let left = n - i;
+            let mask: u16 = if left >= 16 { !0 } else { (1u16 << left) - 1 };
+            let b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(
+                mask,
+                bytes.as_ptr().wrapping_add(i) as *const i8,
+            ));
+            let lo = _mm512_permutexvar_epi32(_mm512_and_si512(b, nib), lo_t);
+            let hi = _mm512_permutexvar_epi32(_mm512_srli_epi32::<4>(b), hi_t);
+            _mm512_mask_storeu_epi32(
+                dst.as_mut_ptr().add(i) as *mut i32,
+                mask,
+                _mm512_or_si512(lo, hi),
+            );
+        }
+    }
+
+    /// Word j of `dst` (j < `w` ≤ [`NR`], zero up to NR) = bf16(`lo[j]`) | bf16(`hi[j]`)
+    /// << 16 for two fp16 rows of X (`hi` absent: zeros): [`interleave_bf16`] of their f32
+    /// values with the widening in registers.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
+    pub(super) unsafe fn interleave_f16_bf16(
+        lo: *const half::f16,
+        hi: Option<*const half::f16>,
+        w: usize,
+        dst: &mut [u32],
+    ) {
+        debug_assert!(dst.len() >= NR && w <= NR);
+        let mut idx = [0i16; 32];
+        for (i, v) in idx.iter_mut().enumerate() {
+            *v = (i / 2 + 16 * (i % 2)) as i16;
+        }
+        let idx = _mm512_loadu_si512(idx.as_ptr() as *const __m512i);
+        for v in 0..NR / 16 {
+            let c0 = 16 * v;
+            let left = w.saturating_sub(c0);
+            let mask: u16 = if left >= 16 { !0 } else { (1u16 << left) - 1 };
+            let a = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                mask,
+                lo.wrapping_add(c0) as *const i16,
+            ));
+            let b = match hi {
+                Some(h) => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                    mask,
+                    h.wrapping_add(c0) as *const i16,
+                )),
+                None => _mm512_setzero_ps(),
+            };
+            let h: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+            let x = _mm512_permutexvar_epi16(idx, h);
+            _mm512_storeu_si512(dst.as_mut_ptr().add(c0) as *mut __m512i, x);
         }
     }
 

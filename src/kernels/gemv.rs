@@ -136,6 +136,14 @@ pub fn max_code(codes: &[u8]) -> u8 {
     codes.iter().fold(0, |m, &c| m.max(c))
 }
 
+/// The largest 4-bit code in bytes holding two each (a range check that vectorises).
+pub fn max_nibble(bytes: &[u8]) -> u8 {
+    let (lo, hi) = bytes
+        .iter()
+        .fold((0u8, 0u8), |(l, h), &b| (l.max(b & 15), h.max(b >> 4)));
+    lo.max(hi)
+}
+
 impl PackedWeight {
     pub fn from_f32(shape: &[usize], w: Vec<f32>) -> Result<PackedWeight> {
         let (n, k) = rows_cols(shape)?;
@@ -179,6 +187,47 @@ impl PackedWeight {
             shape: shape.to_vec(),
             data: Packed::Lut4 {
                 idx: Store::new(pack_nibbles(codes)),
+                lut,
+                rows_per_group: n / groups,
+                tables,
+            },
+        })
+    }
+
+    /// [`PackedWeight::lut4`] from codes already two a byte, low nibble first (the layout
+    /// of a stored `uint4` tensor and of [`Packed::Lut4`]'s `idx`): `nibbles` holds `n·k/2`
+    /// bytes, every code below the palette's `palette` entries (checked here), `lut` as for
+    /// [`PackedWeight::lut4`]. Nothing is unpacked: the bytes become the weight's store.
+    pub fn lut4_nibbles(
+        shape: &[usize],
+        nibbles: Vec<u8>,
+        lut: Vec<f32>,
+        palette: usize,
+    ) -> Result<PackedWeight> {
+        let (n, k) = rows_cols(shape)?;
+        ensure!(k % 2 == 0, "LUT4 packing needs an even row length, has {k}");
+        ensure!(
+            nibbles.len() == n * k / 2,
+            "{} bytes of 4-bit codes for {shape:?}",
+            nibbles.len()
+        );
+        ensure!(
+            palette <= 16 && (palette == 16 || (max_nibble(&nibbles) as usize) < palette),
+            "LUT4 code out of range of a {palette}-entry palette"
+        );
+        let groups = lut.len() / 16;
+        ensure!(
+            lut.len().is_multiple_of(16) && groups >= 1 && n % groups == 0,
+            "{} palette entries for {n} rows",
+            lut.len()
+        );
+        let tables = lut.chunks(16).map(simd::f16_table).collect();
+        Ok(PackedWeight {
+            n,
+            k,
+            shape: shape.to_vec(),
+            data: Packed::Lut4 {
+                idx: Store::new(nibbles),
                 lut,
                 rows_per_group: n / groups,
                 tables,

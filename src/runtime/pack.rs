@@ -111,7 +111,15 @@ pub fn fold_packed(
         if t.shape != shape || t.data.len() != t.dtype.storage_bytes(t.num_elements()) {
             return Ok(None);
         }
+        // Copied on every core (the stored little-endian values are the host's).
+        let le = cfg!(target_endian = "little");
         let p = match t.dtype {
+            crate::ir::DType::F16 if le => {
+                PackedWeight::from_f16(&shape, kernels::data::par_copy(t.data.as_slice()))?
+            }
+            crate::ir::DType::F32 if le => {
+                PackedWeight::from_f32(&shape, kernels::data::par_copy(t.data.as_slice()))?
+            }
             crate::ir::DType::F16 => PackedWeight::from_f16(&shape, t.data.to_f16_vec())?,
             crate::ir::DType::F32 => PackedWeight::from_f32(&shape, t.data.to_f32_vec())?,
             _ => return Ok(None),
@@ -123,6 +131,76 @@ pub fn fold_packed(
         return Ok(None);
     }
     from_origin(&op.op_type, args, consts, &shape)
+}
+
+/// An iOS18 `constexpr_lut_to_dense` whose `indices` (`uint4`, the weight's shape) and
+/// `lut` (fp16 or f32, one palette of at most 16 entries per group of output rows) are
+/// inline values, packed straight from the stored bytes: the codes already lie two a byte,
+/// low nibble first, as [`kernels::Packed::Lut4`] keeps them, so they are copied once (on
+/// every core) and never unpacked to a byte each. `None` for any other form (the op is
+/// then compiled as usual). Call it before the op's inputs are evaluated.
+pub fn fold_lut4_inline(op: &crate::ir::Operation) -> Result<Option<PackedWeight>> {
+    use crate::ir::{Arg, DType as D, Value};
+    if op.op_type != "constexpr_lut_to_dense" || op.inputs.len() != 2 {
+        return Ok(None);
+    }
+    let [out] = op.outputs.as_slice() else {
+        return Ok(None);
+    };
+    let ValueType::Tensor(tt) = &out.ty else {
+        return Ok(None);
+    };
+    let Some(shape) = tt.fixed_shape() else {
+        return Ok(None);
+    };
+    let inline = |p: &str| match op.inputs.get(p).map(Vec::as_slice) {
+        Some([Arg::Value(Value::Tensor(t))]) => Some(t),
+        _ => None,
+    };
+    let (Some(it), Some(lt)) = (inline("indices"), inline("lut")) else {
+        return Ok(None);
+    };
+    let r = shape.len();
+    if r < 2 || !matches!(tt.dtype, D::F16 | D::F32) || !cfg!(target_endian = "little") {
+        return Ok(None);
+    }
+    let (n, k) = (shape[0], shape[1..].iter().product::<usize>());
+    let l = &lt.shape;
+    let ok = it.dtype == D::U4
+        && it.shape == shape
+        && it.data.len() == n * k / 2
+        && matches!(lt.dtype, D::F16 | D::F32)
+        && l.len() == r + 2
+        && l[r] <= 16
+        && l[r + 1] == 1
+        && l[1..r].iter().all(|&g| g == 1)
+        && l[0] >= 1
+        && n % l[0] == 0
+        && k % 2 == 0;
+    if !ok {
+        return Ok(None);
+    }
+    let (groups, pal) = (l[0], l[r]);
+    let vals = match lt.dtype {
+        D::F16 => lt.data.to_f16_vec().iter().map(|h| h.to_f32()).collect(),
+        _ => lt.data.to_f32_vec(),
+    };
+    if vals.len() != groups * pal {
+        return Ok(None);
+    }
+    let mut lut = vec![0f32; groups * 16];
+    for g in 0..groups {
+        lut[g * 16..g * 16 + pal].copy_from_slice(&vals[g * pal..(g + 1) * pal]);
+    }
+    // A code past a short palette: left to the op's own evaluation (and its error).
+    if pal < 16 && kernels::gemv::max_nibble(it.data.as_slice()) as usize >= pal {
+        return Ok(None);
+    }
+    let nibbles = kernels::data::par_copy::<u8>(it.data.as_slice());
+    let p = PackedWeight::lut4_nibbles(&shape, nibbles, lut, pal)?;
+    it.data.release_pages();
+    lt.data.release_pages();
+    Ok(Some(p))
 }
 
 fn arg<'a>(args: &'a [(String, Vec<Src>)], consts: &'a [Const], name: &str) -> Option<&'a Const> {

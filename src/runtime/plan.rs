@@ -242,6 +242,30 @@ fn compile_body(
                 opset.opset_name()
             )
         })?;
+        // A LUT4 weight whose codes and palette are inline and which only feeds packed
+        // weight inputs: packed from the stored bytes before its inputs are evaluated (no
+        // code is ever unpacked to a byte of its own).
+        if !nested
+            && op.outputs.len() == 1
+            && usage
+                .get(&op.outputs[0].name)
+                .is_some_and(|u| u.packed_only)
+        {
+            if let Some(p) = super::pack::fold_lut4_inline(op)
+                .with_context(|| format!("{label}: packing its 4-bit codes"))?
+            {
+                const_bytes = const_bytes.saturating_add(out_bytes);
+                types.insert(op.outputs[0].name.clone(), op.outputs[0].ty.clone());
+                consts.push(Const {
+                    val: RValue::Str(vec![]),
+                    konst: None,
+                    f32: OnceLock::new(),
+                    packed: Some(p),
+                });
+                names.insert(op.outputs[0].name.clone(), Src::Const(consts.len() - 1));
+                continue;
+            }
+        }
         let mut args = Vec::new();
         for (p, binds) in &op.inputs {
             let mut srcs = Vec::new();

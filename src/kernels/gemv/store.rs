@@ -8,6 +8,7 @@
 
 use super::{Packed, PackedWeight};
 use bytemuck::Pod;
+use rayon::prelude::*;
 use std::ops::Deref;
 use std::sync::Arc;
 
@@ -104,14 +105,22 @@ pub fn share_arena(weights: &mut [&mut PackedWeight]) -> usize {
     let mut words = vec![0u64; total / 8];
     let mut at = 0;
     let mut offsets = vec![];
+    for p in weights.iter().filter(|p| small(p)) {
+        offsets.push(at);
+        at += p.stored().len().next_multiple_of(64);
+    }
     {
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+        // The copies (and the fresh arena's page faults) on every core: each weight into
+        // its own range.
+        let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+        let mut jobs = vec![];
         for p in weights.iter().filter(|p| small(p)) {
             let s = p.stored();
-            bytes[at..at + s.len()].copy_from_slice(s);
-            offsets.push(at);
-            at += s.len().next_multiple_of(64);
+            let (dst, tail) = rest.split_at_mut(s.len().next_multiple_of(64).min(rest.len()));
+            jobs.push((&mut dst[..s.len()], s));
+            rest = tail;
         }
+        jobs.into_par_iter().for_each(|(d, s)| d.copy_from_slice(s));
     }
     let arena = Arc::new(words);
     let mut offsets = offsets.into_iter();
