@@ -862,11 +862,13 @@ impl Transcriber {
     fn language_probs(&mut self, cross: Cross, t: &mut Timings) -> Result<Vec<(String, u32, f64)>> {
         let t0 = Instant::now();
         self.decoder.begin(cross)?;
+        let ts = Instant::now();
         let logits = self.decoder.step(self.rules.sot(), 0)?;
+        let call = ts.elapsed();
         t.decoder += t0.elapsed();
         t.decoder_steps += 1;
-        t.decoder_calls += t0.elapsed();
-        t.decoder_first += t0.elapsed();
+        t.decoder_calls += call;
+        t.decoder_first += call;
         t.decoder_passes += 1;
         let probs = self.rules.language_probs(&logits);
         ensure!(
