@@ -453,17 +453,7 @@ mod avx512 {
         p = add(mul(p, r), c(1.666_666_5e-1));
         p = add(mul(p, r), c(0.5));
         let e = add(add(mul(mul(p, r), r), r), c(1.0));
-        let nb = _mm512_sub_epi32(
-            _mm512_castps_si512(t),
-            _mm512_set1_epi32(SHIFT.to_bits() as i32),
-        );
-        let two_n = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
-            nb,
-            _mm512_set1_epi32(127),
-        )));
-        let y = mul(e, two_n);
-        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(xin, xin);
-        _mm512_mask_blend_ps(nan, y, xin)
+        scale_by_2n(e, t, xin)
     }
 
     /// e^x as [`exp`], its polynomial and reduction on fused multiply-adds (fewer
@@ -484,6 +474,14 @@ mod avx512 {
         p = _mm512_fmadd_ps(p, r, c(1.666_666_5e-1));
         p = _mm512_fmadd_ps(p, r, c(0.5));
         let e = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, c(1.0)));
+        scale_by_2n(e, t, xin)
+    }
+
+    /// The last step of [`exp`] and [`exp_fma`]: `e · 2^n`, with `n` in the low mantissa
+    /// bits of `t = x·log2(e) + 1.5·2^23`, and NaN inputs passed through.
+    #[inline(always)]
+    unsafe fn scale_by_2n(e: __m512, t: __m512, xin: __m512) -> __m512 {
+        const SHIFT: f32 = 12_582_912.0;
         let nb = _mm512_sub_epi32(
             _mm512_castps_si512(t),
             _mm512_set1_epi32(SHIFT.to_bits() as i32),

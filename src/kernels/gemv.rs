@@ -174,24 +174,8 @@ impl PackedWeight {
         ensure!(codes.len() == n * k, "{} codes for {shape:?}", codes.len());
         ensure!(k % 2 == 0, "LUT4 packing needs an even row length, has {k}");
         ensure!(max_code(codes) < 16, "LUT4 code out of range");
-        let groups = lut.len() / 16;
-        ensure!(
-            lut.len().is_multiple_of(16) && groups >= 1 && n % groups == 0,
-            "{} palette entries for {n} rows",
-            lut.len()
-        );
-        let tables = lut.chunks(16).map(simd::f16_table).collect();
-        Ok(PackedWeight {
-            n,
-            k,
-            shape: shape.to_vec(),
-            data: Packed::Lut4 {
-                idx: Store::new(pack_nibbles(codes)),
-                lut,
-                rows_per_group: n / groups,
-                tables,
-            },
-        })
+        // Every packed code is below 16: the whole palette range.
+        Self::lut4_nibbles(shape, pack_nibbles(codes), lut, 16)
     }
 
     /// [`PackedWeight::lut4`] from codes already two a byte, low nibble first (the layout

@@ -164,23 +164,14 @@ pub fn fold_lut4_inline(op: &crate::ir::Operation) -> Result<Option<PackedWeight
     if r < 2 || !matches!(tt.dtype, D::F16 | D::F32) || !cfg!(target_endian = "little") {
         return Ok(None);
     }
-    let (n, k) = (shape[0], shape[1..].iter().product::<usize>());
-    let l = &lt.shape;
+    let elems = shape.iter().product::<usize>();
     let ok = it.dtype == D::U4
         && it.shape == shape
-        && it.data.len() == n * k / 2
-        && matches!(lt.dtype, D::F16 | D::F32)
-        && l.len() == r + 2
-        && l[r] <= 16
-        && l[r + 1] == 1
-        && l[1..r].iter().all(|&g| g == 1)
-        && l[0] >= 1
-        && n % l[0] == 0
-        && k % 2 == 0;
-    if !ok {
+        && it.data.len() == elems / 2
+        && matches!(lt.dtype, D::F16 | D::F32);
+    let Some((groups, pal)) = lut4_layout(&lt.shape, &shape).filter(|_| ok) else {
         return Ok(None);
-    }
-    let (groups, pal) = (l[0], l[r]);
+    };
     let vals = match lt.dtype {
         D::F16 => lt.data.to_f16_vec().iter().map(|h| h.to_f32()).collect(),
         _ => lt.data.to_f32_vec(),
@@ -188,10 +179,7 @@ pub fn fold_lut4_inline(op: &crate::ir::Operation) -> Result<Option<PackedWeight
     if vals.len() != groups * pal {
         return Ok(None);
     }
-    let mut lut = vec![0f32; groups * 16];
-    for g in 0..groups {
-        lut[g * 16..g * 16 + pal].copy_from_slice(&vals[g * pal..(g + 1) * pal]);
-    }
+    let lut = padded_palettes(&vals, groups, pal);
     // A code past a short palette: left to the op's own evaluation (and its error).
     if pal < 16 && kernels::gemv::max_nibble(it.data.as_slice()) as usize >= pal {
         return Ok(None);
@@ -201,6 +189,32 @@ pub fn fold_lut4_inline(op: &crate::ir::Operation) -> Result<Option<PackedWeight
     it.data.release_pages();
     lt.data.release_pages();
     Ok(Some(p))
+}
+
+/// (groups, palette size) of an iOS18 LUT of dims `l` over a weight of `shape` when it has
+/// the layout the LUT4 kernels take — one palette of at most 16 scalar entries per group
+/// of output rows (axis 0), an even number of elements per row — else `None`.
+fn lut4_layout(l: &[usize], shape: &[usize]) -> Option<(usize, usize)> {
+    let r = shape.len();
+    let (n, k) = (shape[0], shape[1..].iter().product::<usize>());
+    let ok = l.len() == r + 2
+        && l[r] <= 16
+        && l[r + 1] == 1
+        && l[1..r].iter().all(|&g| g == 1)
+        && l[0] >= 1
+        && n % l[0] == 0
+        && k % 2 == 0;
+    ok.then(|| (l[0], l[r]))
+}
+
+/// `groups` palettes of `pal` entries each (`vals`), each padded with zeros to the 16
+/// entries the kernels index.
+fn padded_palettes(vals: &[f32], groups: usize, pal: usize) -> Vec<f32> {
+    let mut lut = vec![0f32; groups * 16];
+    for g in 0..groups {
+        lut[g * 16..g * 16 + pal].copy_from_slice(&vals[g * pal..(g + 1) * pal]);
+    }
+    lut
 }
 
 fn arg<'a>(args: &'a [(String, Vec<Src>)], consts: &'a [Const], name: &str) -> Option<&'a Const> {
@@ -227,7 +241,7 @@ fn from_origin(
     shape: &[usize],
 ) -> Result<Option<PackedWeight>> {
     let r = shape.len();
-    let (n, k) = (shape[0], shape[1..].iter().product::<usize>());
+    let n = shape[0];
     match op {
         // iOS16's form carries `shape` and packed bytes; only iOS18's is taken here.
         "constexpr_lut_to_dense" if arg(args, consts, "shape").is_none() => {
@@ -237,25 +251,11 @@ fn from_origin(
             ) else {
                 return Ok(None);
             };
-            let l = lt.dims();
-            let ok = it.dims() == shape
-                && it.dtype() == DType::U8
-                && l.len() == r + 2
-                && l[r] <= 16
-                && l[r + 1] == 1
-                && l[1..r].iter().all(|&g| g == 1)
-                && l[0] >= 1
-                && n % l[0] == 0
-                && k % 2 == 0;
-            if !ok {
+            let ok = it.dims() == shape && it.dtype() == DType::U8;
+            let Some((groups, pal)) = lut4_layout(lt.dims(), shape).filter(|_| ok) else {
                 return Ok(None);
-            }
-            let (groups, pal) = (l[0], l[r]);
-            let vals = kernels::to_f32_vec(lt)?;
-            let mut lut = vec![0f32; groups * 16];
-            for g in 0..groups {
-                lut[g * 16..g * 16 + pal].copy_from_slice(&vals[g * pal..(g + 1) * pal]);
-            }
+            };
+            let lut = padded_palettes(&kernels::to_f32_vec(lt)?, groups, pal);
             // The codes as they lie (no copy of a weight's worth of bytes).
             kernels::data::with_slice(it, |codes: &[u8]| {
                 if kernels::gemv::max_code(codes) as usize >= pal {

@@ -215,6 +215,11 @@ fn compile_body(
         .fold(0u64, |a, v| a.saturating_add(value_bytes(&v.ty)));
     for op in &block.operations {
         let label = op_label(&op.op_type, &op.name, opset);
+        // Its one output only feeds packed weight inputs: folded into its packed form.
+        let packed_only = op.outputs.len() == 1
+            && usage
+                .get(&op.outputs[0].name)
+                .is_some_and(|u| u.packed_only);
         // Before anything of this op is evaluated (constants are folded right here): its
         // outputs on top of the constants so far must fit the cap.
         let out_bytes = op
@@ -245,24 +250,13 @@ fn compile_body(
         // A LUT4 weight whose codes and palette are inline and which only feeds packed
         // weight inputs: packed from the stored bytes before its inputs are evaluated (no
         // code is ever unpacked to a byte of its own).
-        if !nested
-            && op.outputs.len() == 1
-            && usage
-                .get(&op.outputs[0].name)
-                .is_some_and(|u| u.packed_only)
-        {
+        if packed_only {
             if let Some(p) = super::pack::fold_lut4_inline(op)
                 .with_context(|| format!("{label}: packing its 4-bit codes"))?
             {
                 const_bytes = const_bytes.saturating_add(out_bytes);
                 types.insert(op.outputs[0].name.clone(), op.outputs[0].ty.clone());
-                consts.push(Const {
-                    val: RValue::Str(vec![]),
-                    konst: None,
-                    f32: OnceLock::new(),
-                    packed: Some(p),
-                });
-                names.insert(op.outputs[0].name.clone(), Src::Const(consts.len() - 1));
+                push_packed(&mut consts, &mut names, &op.outputs[0].name, p);
                 continue;
             }
         }
@@ -388,19 +382,9 @@ fn compile_body(
         }
         if constant {
             const_bytes = const_bytes.saturating_add(out_bytes);
-            let packed_only = op.outputs.len() == 1
-                && usage
-                    .get(&op.outputs[0].name)
-                    .is_some_and(|u| u.packed_only);
             if packed_only {
                 if let Some(p) = super::pack::fold_packed(op, &step.args, &consts)? {
-                    consts.push(Const {
-                        val: RValue::Str(vec![]),
-                        konst: None,
-                        f32: OnceLock::new(),
-                        packed: Some(p),
-                    });
-                    names.insert(op.outputs[0].name.clone(), Src::Const(consts.len() - 1));
+                    push_packed(&mut consts, &mut names, &op.outputs[0].name, p);
                     // Inputs read by nothing else (a LUT's indices and palette, named or
                     // inline) go now.
                     for i in step.args.iter().flat_map(|(_, s)| s) {
@@ -521,6 +505,23 @@ struct Usage {
 }
 
 /// How `block`'s ops (and its outputs) read each value it names.
+/// Binds `name` to a new constant that holds only the packed weight `p` (its expanded
+/// value is never made).
+fn push_packed(
+    consts: &mut Vec<Const>,
+    names: &mut HashMap<String, Src>,
+    name: &str,
+    p: crate::kernels::gemv::PackedWeight,
+) {
+    consts.push(Const {
+        val: RValue::Str(vec![]),
+        konst: None,
+        f32: OnceLock::new(),
+        packed: Some(p),
+    });
+    names.insert(name.to_string(), Src::Const(consts.len() - 1));
+}
+
 fn value_usage(block: &Block, opset: Opset) -> HashMap<String, Usage> {
     let mut out: HashMap<String, Usage> = HashMap::new();
     for op in &block.operations {
