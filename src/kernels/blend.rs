@@ -40,17 +40,24 @@ impl<'a> Operand<'a> {
                 *s = 0;
             }
         }
+        // Each row's offset, counting the row index like an odometer over the leading
+        // axes (a division per axis and row cost more than the blend of a decode step).
         let rows: usize = out[..n - 1].iter().product();
-        let row_base = (0..rows)
-            .map(|mut r| {
-                let mut off = 0;
-                for ax in (0..n - 1).rev() {
-                    off += (r % out[ax]) * st[ax];
-                    r /= out[ax];
+        let mut row_base = Vec::with_capacity(rows);
+        let mut idx = vec![0usize; n - 1];
+        let mut off = 0usize;
+        for _ in 0..rows {
+            row_base.push(off);
+            for ax in (0..n - 1).rev() {
+                idx[ax] += 1;
+                off += st[ax];
+                if idx[ax] < out[ax] {
+                    break;
                 }
-                off
-            })
-            .collect();
+                off -= idx[ax] * st[ax];
+                idx[ax] = 0;
+            }
+        }
         Operand {
             v,
             row_base,
@@ -167,7 +174,7 @@ impl Pass {
         };
         let (wv, wo) = (row(wv)?, row(wo)?);
         let general: Vec<usize> = (0..len)
-            .filter(|&j| !(wv[j].to_f32() == 1.0 && wo[j].to_f32() == 0.0))
+            .filter(|&j| !(wv[j].to_bits() == 0x3c00 && wo[j].to_bits() & 0x7fff == 0))
             .collect();
         (general.len() * 4 <= len).then_some(Pass { v, o, general })
     }
@@ -213,11 +220,11 @@ impl BlendRows<'_> {
         let row = &v[b..b + len];
         // Infinities and NaNs (all exponent bits set) and −0, without an early exit so
         // that the loop vectorises.
-        let odd = row.iter().fold(false, |acc, h| {
+        let odd = row.iter().fold(0u16, |acc, h| {
             let x = h.to_bits();
-            acc | (x & 0x7c00 == 0x7c00) | (x == 0x8000)
+            acc | u16::from(x & 0x7c00 == 0x7c00) | u16::from(x == 0x8000)
         });
-        if odd {
+        if odd != 0 {
             return false;
         }
         yr.copy_from_slice(row);
