@@ -4,6 +4,7 @@
 //! The variant is read from the package's description, never from its file name.
 
 use crate::ir::{Dim, ValueType};
+use crate::kernels;
 use crate::runtime::{Session, Tensor};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::Device;
@@ -406,11 +407,7 @@ impl TextDecoder {
                 n if self.capture_alignment
                     && self.alignment_source.is_some_and(|(src, _)| src == n) =>
                 {
-                    self.alignment = Some(
-                        t.to_dtype(candle_core::DType::F32)?
-                            .flatten_all()?
-                            .to_vec1()?,
-                    );
+                    self.alignment = Some(kernels::to_f32_vec(&t)?);
                 }
                 _ => rest.push((name, t)),
             }
@@ -419,9 +416,8 @@ impl TextDecoder {
             f(rest)?;
         }
         let logits = logits.ok_or_else(|| anyhow!("the decoder returned no logits"))?;
-        Ok(logits
-            .to_dtype(candle_core::DType::F32)?
-            .flatten_all()?
-            .to_vec1()?)
+        // The F16C conversion: candle's fp16 → f32 `to_dtype` converts element by element
+        // in software, about 97 µs a token over a 51,864-token vocabulary against 6–12.
+        kernels::to_f32_vec(&logits)
     }
 }
