@@ -30,14 +30,22 @@ fn recipe(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Statistics of `model` on two clips, for `component`.
+/// Statistics of `model` on the clips, for `component`, with the Gram matrices that error
+/// feedback (the whole-model recipe) needs.
 fn calibrate(model: &Path, clips: &[PathBuf], component: &str, out: &Path) {
     let mut c = common::milkit();
-    c.args(["calibrate", "--quiet", "--component", component, "--model"])
-        .arg(model)
-        .arg("--out")
-        .arg(out)
-        .arg("--audio");
+    c.args([
+        "calibrate",
+        "--quiet",
+        "--gram",
+        "--component",
+        component,
+        "--model",
+    ])
+    .arg(model)
+    .arg("--out")
+    .arg(out)
+    .arg("--audio");
     for clip in clips {
         c.arg(clip);
     }
