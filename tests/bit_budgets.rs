@@ -143,18 +143,21 @@ fn joint_plan_keeps_one_budget_over_both_models() {
     let Some(fx) = common::fixtures() else { return };
     let (enc, dec) = models(&fx);
     let sel = shared_sel();
+    let no_fixed = std::collections::BTreeMap::new();
     let parts = [
         PlanPart {
             model: &enc,
             base: lut(4, 16),
             sel: &sel,
             calibration: None,
+            fixed: &no_fixed,
         },
         PlanPart {
             model: &dec,
             base: lut(4, 8),
             sel: &sel,
             calibration: None,
+            fixed: &no_fixed,
         },
     ];
     let target = 4.6;

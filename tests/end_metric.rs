@@ -259,11 +259,13 @@ fn one_budget_over_parts_on_different_scales_is_refused() {
     with.set_end_metric("a_weight", &[(4, 0.1), (6, 0.01)]);
     with.set_end_metric("b_weight", &[(4, 0.1), (6, 0.01)]);
     let sel = all_weights();
+    let no_fixed = std::collections::BTreeMap::new();
     let part = |cal| PlanPart {
         model: &m,
         base: lut(4),
         sel: &sel,
         calibration: Some(cal),
+        fixed: &no_fixed,
     };
     let e = plan_bits_joint(&[part(&with), part(&without)], 9.0, &[4, 6])
         .err()

@@ -30,14 +30,22 @@ fn recipe(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Statistics of `model` on two clips, for `component`.
+/// Statistics of `model` on the clips, for `component`, with the Gram matrices that error
+/// feedback (the whole-model recipe) needs.
 fn calibrate(model: &Path, clips: &[PathBuf], component: &str, out: &Path) {
     let mut c = common::milkit();
-    c.args(["calibrate", "--quiet", "--component", component, "--model"])
-        .arg(model)
-        .arg("--out")
-        .arg(out)
-        .arg("--audio");
+    c.args([
+        "calibrate",
+        "--quiet",
+        "--gram",
+        "--component",
+        component,
+        "--model",
+    ])
+    .arg(model)
+    .arg("--out")
+    .arg(out)
+    .arg("--audio");
     for clip in clips {
         c.arg(clip);
     }
@@ -230,8 +238,161 @@ fn a_compress_table_reads_as_the_compression_flags() {
             "--asymmetric"
         ])
     );
+    // Fixed widths: a table in a recipe, NAME=BITS on the command line.
+    assert_eq!(
+        table("palettize = \"kmeans\"\nop_nbits = { lm_head_0 = 6, lm_head_1 = 3 }"),
+        parse(&[
+            "--palettize",
+            "kmeans",
+            "--op-nbits",
+            "lm_head_0=6,lm_head_1=3"
+        ])
+    );
+    for bad in ["lm_head_0", "lm_head_0=5", "=4", "lm_head_0=six"] {
+        let e = table(&format!("palettize = \"kmeans\"\nop_nbits = [\"{bad}\"]"))
+            .compression()
+            .unwrap_err();
+        assert!(e.to_string().contains("op_nbits entry"), "{bad}: {e}");
+    }
     let e = toml::from_str::<CompressFlags>("palettize = \"kmeanz\"").unwrap_err();
     assert!(e.to_string().contains("kmeanz"), "{e}");
     // Statistics come from the command line only.
     assert!(toml::from_str::<CompressFlags>("calibration = [\"x\"]").is_err());
+}
+
+/// The small multilingual synth checkpoint of the test above (whisper-tiny's vocabulary,
+/// d_model 256, one layer each).
+fn small_multilingual(dir: &Path) -> PathBuf {
+    let synth = dir.join("synth");
+    ok(&milkit(
+        &[
+            "synth",
+            "--quiet",
+            "--preset",
+            "tiny",
+            "--encoder-layers",
+            "1",
+            "--decoder-layers",
+            "1",
+            "--d-model",
+            "256",
+            "--heads",
+            "4",
+            "--ffn-dim",
+            "512",
+            "--out",
+        ],
+        &[&synth],
+    ));
+    synth
+}
+
+/// Per `constexpr_lut_to_dense` op of a package: (the weight it makes, index bits, elements,
+/// stored bits counted from its inputs: indices × bits + table entries × 16).
+fn lut_widths(pkg: &Path) -> Vec<(String, u32, u64, u64)> {
+    use milkit::ir::{Arg, Value};
+    let m = milkit::package::load_package(pkg).unwrap();
+    let main = m.program.main().unwrap();
+    let mut out = Vec::new();
+    for op in main.block.walk() {
+        if op.op_type != "constexpr_lut_to_dense" {
+            continue;
+        }
+        let inline = |k: &str| match op.arg(k) {
+            Some(Arg::Value(Value::Tensor(t))) => t.clone(),
+            _ => panic!("{}: input {k} not inline", op.name),
+        };
+        let (idx, lut) = (inline("indices"), inline("lut"));
+        let nbits = idx.dtype.bits() as u32;
+        let n = idx.num_elements() as u64;
+        let stored = n * nbits as u64 + lut.num_elements() as u64 * 16;
+        out.push((op.outputs[0].name.clone(), nbits, n, stored));
+    }
+    out
+}
+
+/// A recipe states a head chunk's bits (`op_nbits = { lm_head_0 = 6 }`): the exported
+/// decoder has that chunk at 6 bits and every other weight at the base 4 bits, and with a
+/// `target_bits` budget the chunk keeps its 6 bits while the plan fills the rest of the
+/// budget, the folder staying within it by `milkit eval --models DIR`. The folder average
+/// is also counted here from the ops' own indices and tables; `milkit eval` agrees.
+#[test]
+fn a_recipe_gives_a_head_chunk_its_stated_bits_within_the_budget() {
+    let Some(_) = common::fixtures() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let synth = small_multilingual(tmp.path());
+    for target in [None, Some(4.4)] {
+        let budget = target
+            .map(|t| format!("target_bits = {t}\n"))
+            .unwrap_or_default();
+        let r = tmp.path().join("chunk0.toml");
+        std::fs::write(
+            &r,
+            format!(
+                "name = \"chunk0\"\n\n[[component]]\ncomponent = \"decoder\"\n\
+                 file = \"TextDecoder.mlpackage\"\nhead_chunks = 16\n\n[component.compress]\n\
+                 palettize = \"kmeans\"\nnbits = 4\ngroup_size = 8\n{budget}\
+                 op_nbits = {{ lm_head_0 = 6 }}\n"
+            ),
+        )
+        .unwrap();
+        let out = tmp.path().join(format!("out-{target:?}"));
+        let mut c = common::milkit();
+        c.args(["export", "--quiet", "--recipe"])
+            .arg(&r)
+            .arg("--model")
+            .arg(&synth)
+            .arg("--out")
+            .arg(&out);
+        ok(&c.output().unwrap());
+        let pkg = out.join("TextDecoder.mlpackage");
+        let w = lut_widths(&pkg);
+        // 16 head chunks and the layer's 10 weights (4 self-, 4 cross-attention, fc1, fc2).
+        assert_eq!(w.len(), 26, "{w:?}");
+        let chunk0: Vec<_> = w.iter().filter(|x| x.0 == "lm_head_0_weight").collect();
+        assert_eq!(chunk0.len(), 1, "{w:?}");
+        assert_eq!(chunk0[0].1, 6, "chunk 0's index bits");
+        let others = w.iter().filter(|x| x.0 != "lm_head_0_weight");
+        match target {
+            None => assert!(others.clone().all(|x| x.1 == 4), "{w:?}"),
+            Some(_) => assert!(others.clone().all(|x| x.1 >= 4), "{w:?}"),
+        }
+        let (stored, elems) = w.iter().fold((0u64, 0u64), |a, x| (a.0 + x.3, a.1 + x.2));
+        let counted = stored as f64 / elems as f64;
+        let evaluated = bits_of(&bits(&out), "TextDecoder.mlpackage").unwrap();
+        println!(
+            "chunk 0 at 6 bits, budget {target:?}: {evaluated:.4} bits (counted {counted:.4})"
+        );
+        // Packed indices round up to whole bytes per op: well under 0.001 bits here.
+        assert!(
+            (evaluated - counted).abs() < 1e-3,
+            "{evaluated} vs {counted}"
+        );
+        if let Some(t) = target {
+            assert!(evaluated <= t + 1e-9, "{evaluated} > {t}");
+        }
+    }
+    // A width for an op the compression does not select is an error naming it.
+    let r = tmp.path().join("typo.toml");
+    std::fs::write(
+        &r,
+        "name = \"typo\"\n\n[[component]]\ncomponent = \"decoder\"\nfile = \"TextDecoder.mlpackage\"\n\
+         head_chunks = 16\n\n[component.compress]\npalettize = \"kmeans\"\ngroup_size = 8\n\
+         op_nbits = { lm_head_16 = 6 }\n",
+    )
+    .unwrap();
+    let mut c = common::milkit();
+    c.args(["export", "--quiet", "--recipe"])
+        .arg(&r)
+        .arg("--model")
+        .arg(&synth)
+        .arg("--out")
+        .arg(tmp.path().join("typo"));
+    let o = c.output().unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("lm_head_16") && err.contains("lm_head_0"),
+        "{err}"
+    );
 }

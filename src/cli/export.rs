@@ -114,6 +114,10 @@ fn check_decoder_flags(a: &ExportArgs, opset: Opset) -> Result<()> {
 /// `--component all`: the WhisperKit folder, written by the library.
 fn run_all(a: &ExportArgs, model: &Path, opset: Opset) -> Result<u8> {
     let t0 = Instant::now();
+    if !a.compress.op_nbits.is_empty() {
+        // Whisper's encoder and decoder share weight names (layers_0_fc1, ...).
+        bail!("--op-nbits with --component all would name weights of both the encoder and the decoder; give the widths in a recipe (`op_nbits` in the [component.compress] table of the component they belong to), or export one component");
+    }
     let opts = BundleOptions {
         opset,
         decoder: decoder_export(a),

@@ -15,9 +15,11 @@ use crate::ir::{Model, Opset};
 use crate::package::fsio::write_package_atomically;
 use crate::package::save::write_package_dir_new;
 use crate::passes::calibrate::Calibration;
-use crate::passes::compress::{compress_with, Method, Outcome, Selection};
+use crate::passes::compress::{compress_with, selected_weights, Method, Outcome, Selection};
 use crate::passes::lut::{LutConfig, LutMode};
-use crate::passes::mixed::{plan_bits, plan_bits_joint, MixedPlan, PlanPart, DEFAULT_CANDIDATES};
+use crate::passes::mixed::{
+    plan_bits_fixed, plan_bits_joint, MixedPlan, PlanPart, DEFAULT_CANDIDATES,
+};
 use crate::passes::regroup::{regroup, Regrouped};
 use crate::whisper::checkpoint::{missing_tokenizer_error, Checkpoint};
 use crate::whisper::decoder::CrossKv;
@@ -101,6 +103,10 @@ pub struct Compression {
     /// input Gram matrix), for the weights whose statistics hold that matrix
     /// ([`crate::passes::feedback`]).
     pub error_feedback: Option<f64>,
+    /// Widths fixed by name (an op or its weight constant → nbits; `--op-nbits`): kept as
+    /// they are by a mixed-precision plan, which plans the other weights within what they
+    /// leave of the budget. Every name must be a weight the selection compresses.
+    pub op_nbits: BTreeMap<String, u32>,
 }
 
 impl Compression {
@@ -115,6 +121,7 @@ impl Compression {
             nbits: BTreeMap::new(),
             regroup: false,
             error_feedback: None,
+            op_nbits: BTreeMap::new(),
         }
     }
 
@@ -125,6 +132,31 @@ impl Compression {
         } else {
             Ok(self.selection.clone())
         }
+    }
+
+    /// [`Self::op_nbits`] by weight constant name, for the weights `sel` selects in `m`; a
+    /// name that is none of them is an error.
+    pub fn fixed_widths(&self, m: &Model, sel: &Selection) -> Result<BTreeMap<String, u32>> {
+        if self.op_nbits.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        ensure!(
+            matches!(self.method, Method::Palettize(_)),
+            "op_nbits sets palettization widths; this compression quantizes"
+        );
+        let weights = selected_weights(m, &self.method, sel)?;
+        let mut out = BTreeMap::new();
+        for (name, &b) in &self.op_nbits {
+            let Some(w) = weights.iter().find(|w| &w.op == name || &w.weight == name) else {
+                let names: Vec<&str> = weights.iter().map(|w| w.op.as_str()).collect();
+                bail!(
+                    "op_nbits names `{name}`, which is not a weight this compression selects (it selects: {})",
+                    names.join(", ")
+                );
+            };
+            out.insert(w.weight.clone(), b);
+        }
+        Ok(out)
     }
 
     /// The base table layout of a mixed-precision plan (k-means palettization only).
@@ -167,9 +199,16 @@ impl Compression {
         let p = self.prepare(m)?;
         let cal = p.calibration.as_deref();
         let mut nbits = self.nbits.clone();
-        if let (true, Some(target)) = (nbits.is_empty(), self.target_bits) {
-            let cfg = self.mixed_base()?;
-            nbits = plan_bits(m, cfg, &p.sel, cal, target, &DEFAULT_CANDIDATES)?.nbits();
+        if nbits.is_empty() {
+            let fixed = self.fixed_widths(m, &p.sel)?;
+            nbits = match self.target_bits {
+                Some(target) => {
+                    let cfg = self.mixed_base()?;
+                    plan_bits_fixed(m, cfg, &p.sel, cal, target, &DEFAULT_CANDIDATES, &fixed)?
+                        .nbits()
+                }
+                None => fixed,
+            };
         }
         let mut out = compress_with(m, &self.method, &p.sel, cal, &nbits, self.error_feedback)?;
         out.regrouped = p.regrouped;
@@ -459,35 +498,41 @@ pub fn plan_folder_bits(
     let (Some(te), Some(td)) = (ec.target_bits, dc.target_bits) else {
         return Ok(None);
     };
+    // Errors on different scales (an end-metric curve against a per-op relative error)
+    // cannot share one budget: each component is then planned alone within its own.
+    let end_metric = |c: &Compression| c.calibration.as_ref().is_some_and(|s| s.has_end_metric());
+    if end_metric(ec) != end_metric(dc) {
+        progress("planning the encoder and the decoder each within its budget (their errors are on different scales)");
+        return Ok(None);
+    }
     ensure!(
         te == td,
         "one budget for the whole model: the encoder asks for {te} bits, the decoder for {td}"
     );
-    // Errors on different scales (an end-metric curve against a per-op relative error)
-    // cannot share one budget: each component is then planned alone within it.
-    let end_metric = |c: &Compression| c.calibration.as_ref().is_some_and(|s| s.has_end_metric());
-    if end_metric(ec) != end_metric(dc) {
-        progress("planning the encoder and the decoder each within the budget (their errors are on different scales)");
-        return Ok(None);
-    }
     progress("planning bit widths over the encoder and the decoder");
     let mut enc = export_encoder(ckpt, EncoderAbi::WhisperKit, opts.opset, &mut |_, _| {})?;
     let mut dec = export_decoder(ckpt, &opts.decoder, opts.opset)?;
     // The plan measures the weights as they will be compressed: reordered, if asked.
     let mut plans = {
         let (ep, dp) = (ec.prepare(&mut enc)?, dc.prepare(&mut dec)?);
+        let (ef, df) = (
+            ec.fixed_widths(&enc, &ep.sel)?,
+            dc.fixed_widths(&dec, &dp.sel)?,
+        );
         let parts = [
             PlanPart {
                 model: &enc,
                 base: *ec.mixed_base()?,
                 sel: &ep.sel,
                 calibration: ep.calibration.as_deref(),
+                fixed: &ef,
             },
             PlanPart {
                 model: &dec,
                 base: *dc.mixed_base()?,
                 sel: &dp.sel,
                 calibration: dp.calibration.as_deref(),
+                fixed: &df,
             },
         ];
         plan_bits_joint(&parts, te, &DEFAULT_CANDIDATES)?

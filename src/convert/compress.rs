@@ -10,6 +10,7 @@ use crate::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// A recipe's name for a CLI choice (`kmeans`, `int8`, `per-grouped-channel`, ...), read as
@@ -50,6 +51,7 @@ impl Default for CompressFlags {
             outlier_grouping: false,
             error_feedback: false,
             damping: 0.01,
+            op_nbits: vec![],
         }
     }
 }
@@ -162,6 +164,52 @@ pub struct CompressFlags {
     /// its mean diagonal.
     #[arg(long, default_value_t = 0.01, requires = "error_feedback")]
     pub damping: f64,
+    /// Palettization: fixed bit widths for named weights, NAME=BITS (an op or its weight
+    /// constant, as --op-names takes them; BITS one of 1, 2, 3, 4, 6, 8), e.g. `lm_head_0=6`
+    /// for the first row chunk of a head exported with --head-chunks. Every other selected
+    /// weight gets --nbits; with --target-bits these widths are kept as they are and the
+    /// rest is planned within what they leave of the budget (the average still counts them).
+    /// In a recipe: `op_nbits = { lm_head_0 = 6 }`. Each name must be a weight the
+    /// component compresses.
+    #[arg(long, value_delimiter = ',', value_name = "NAME=BITS")]
+    #[serde(deserialize_with = "op_widths")]
+    pub op_nbits: Vec<String>,
+}
+
+/// A recipe's `op_nbits`: a table `{ lm_head_0 = 6 }` or, as the flag writes it, a list
+/// `["lm_head_0=6"]`; kept in the flag's form.
+fn op_widths<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Widths {
+        Table(BTreeMap<String, u32>),
+        List(Vec<String>),
+    }
+    match Widths::deserialize(d)? {
+        Widths::Table(t) => Ok(t.into_iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        Widths::List(l) => Ok(l),
+    }
+}
+
+/// `NAME=BITS` entries as a map, each width checked.
+pub fn parse_op_widths(entries: &[String]) -> Result<BTreeMap<String, u32>> {
+    let mut out = BTreeMap::new();
+    for e in entries {
+        let Some((name, bits)) = e.split_once('=') else {
+            bail!("op_nbits entry `{e}` is not NAME=BITS (e.g. lm_head_0=6)");
+        };
+        let (name, bits) = (name.trim(), bits.trim());
+        let Ok(b) = bits.parse::<u32>() else {
+            bail!("op_nbits entry `{e}`: `{bits}` is not a whole number of bits");
+        };
+        if name.is_empty() || ![1, 2, 3, 4, 6, 8].contains(&b) {
+            bail!("op_nbits entry `{e}`: needs an op name and a width of 1, 2, 3, 4, 6 or 8 bits");
+        }
+        if out.insert(name.to_string(), b).is_some() {
+            bail!("op_nbits names `{name}` twice");
+        }
+    }
+    Ok(out)
 }
 
 impl CompressFlags {
@@ -230,6 +278,10 @@ impl CompressFlags {
                 calibration = Some(c);
             }
         }
+        let op_nbits = parse_op_widths(&self.op_nbits)?;
+        if !op_nbits.is_empty() && self.palettize.is_none() {
+            bail!("--op-nbits (op_nbits) sets palettization widths; it needs --palettize");
+        }
         Ok(self.method()?.map(|method| Compression {
             method,
             selection: self.selection(),
@@ -239,6 +291,7 @@ impl CompressFlags {
             nbits: Default::default(),
             regroup: self.outlier_grouping,
             error_feedback: self.error_feedback.then_some(self.damping),
+            op_nbits,
         }))
     }
 

@@ -16,6 +16,10 @@
 //! decoder): one budget over all their weights. Errors are relative to each weight's own
 //! output signal, so weights of different models compete on the same scale.
 //!
+//! Widths fixed beforehand by name (`--op-nbits`, [`PlanPart::fixed`]) are kept: such a
+//! weight is measured at its width only, counts towards the average, and is never upgraded,
+//! so the other weights share what it leaves of the budget.
+//!
 //! End-metric sensitivity: when the statistics carry a weight's end-metric curve
 //! ([`Calibration::end_metric`], e.g. the decoder's next-token KL divergence with only that
 //! weight compressed, measured by `milkit calibrate --sensitivity-recipe`), that curve is the
@@ -91,11 +95,33 @@ pub fn plan_bits(
     target_bits: f64,
     candidates: &[u32],
 ) -> Result<MixedPlan> {
+    plan_bits_fixed(
+        model,
+        base,
+        sel,
+        calibration,
+        target_bits,
+        candidates,
+        &BTreeMap::new(),
+    )
+}
+
+/// [`plan_bits`] with the widths of some weights fixed (weight constant name → nbits).
+pub fn plan_bits_fixed(
+    model: &Model,
+    base: &LutConfig,
+    sel: &Selection,
+    calibration: Option<&Calibration>,
+    target_bits: f64,
+    candidates: &[u32],
+    fixed: &BTreeMap<String, u32>,
+) -> Result<MixedPlan> {
     let part = PlanPart {
         model,
         base: *base,
         sel,
         calibration,
+        fixed,
     };
     let mut plans = plan_bits_joint(&[part], target_bits, candidates)?;
     Ok(plans.remove(0))
@@ -108,6 +134,8 @@ pub struct PlanPart<'a> {
     pub base: LutConfig,
     pub sel: &'a Selection,
     pub calibration: Option<&'a Calibration>,
+    /// Widths fixed beforehand (weight constant name → nbits): kept, counted, never upgraded.
+    pub fixed: &'a BTreeMap<String, u32>,
 }
 
 /// Plans several models under ONE budget (e.g. a Whisper encoder and decoder): every weight
@@ -132,6 +160,13 @@ pub fn plan_bits_joint(
     );
     for (i, part) in parts.iter().enumerate() {
         for w in measure(part, &cands)? {
+            if part.fixed.contains_key(&w.weight) {
+                // A one-point curve: nowhere to move.
+                plans.push(w);
+                owner.push(i);
+                starts.push(0);
+                continue;
+            }
             // Position on the curve of the part's base width: the first width at or above it.
             let start = w
                 .curve
@@ -200,6 +235,25 @@ fn measure(part: &PlanPart, cands: &[u32]) -> Result<Vec<WeightPlan>> {
         .par_iter()
         .map(|sw| {
             let shape = &sw.tensor.shape;
+            let fixed = part.fixed.get(&sw.weight).map(|&b| [b]);
+            let cands: &[u32] = match &fixed {
+                Some(b) => b,
+                None => cands,
+            };
+            if let (Some(&[b]), Some(cal)) = (fixed.as_ref(), end_metric) {
+                // Its measured divergence at that width where there is one (only reported).
+                let e = cal
+                    .end_metric(&sw.weight)?
+                    .and_then(|c| c.iter().find(|m| m.0 == b).map(|m| m.1))
+                    .unwrap_or(0.0);
+                return Ok(WeightPlan {
+                    weight: sw.weight.clone(),
+                    op: sw.op.clone(),
+                    elements: sw.tensor.num_elements(),
+                    curve: vec![(b, stored_bits(&LutConfig { nbits: b, ..*base }, shape), e)],
+                    chosen: b,
+                });
+            }
             if let Some(cal) = end_metric {
                 let measured = cal.end_metric(&sw.weight)?.with_context(|| {
                     format!(
