@@ -216,6 +216,125 @@ fn inline_lut4_conv_weight_runs_from_its_stored_nibbles() {
     }
 }
 
+/// Element (row, column) of a weight.
+type WeightAt<'a> = dyn Fn(usize, usize) -> f32 + 'a;
+
+/// Conv weights of 2 MiB or more, saved in a package and loaded from it — a LUT4 one
+/// (2048 × 2048 codes) and an fp16 `const` one (512 × 2048) — are packed where they lie in
+/// the mapped weight file (no copy: see `runtime::pack`): each conv's output, package mode
+/// and bf16 products, against float64 sums of the decoded weight (bf16: of the bf16-rounded
+/// operands) times the input. Tolerance: the fp16 output's one rounding (2⁻¹¹ relative)
+/// and f32 sums of 2048 terms, within 1e-3 · (1 + |y|).
+#[test]
+fn large_conv_weights_run_from_the_mapped_package() {
+    use milkit::ir::{ArrayDType, Feature};
+    use milkit::package::blob::BlobDType;
+    use milkit::runtime::{precision::Compute, Options, Session};
+    let mut r = Rng(29);
+    // n·k/2 = 2 MiB of codes, 32 palettes of 16; 20 frames (more than the GEMV takes).
+    let (n, k, m, groups, n16) = (2048, 2048, 20, 32, 512);
+    let codes: Vec<u8> = (0..n * k)
+        .map(|_| ((r.next() + 1.0) * 8.0) as u8 % 16)
+        .collect();
+    let lut: Vec<f32> = r
+        .vec(groups * 16)
+        .iter()
+        .map(|v| f16::from_f32(*v * 0.05).to_f32())
+        .collect();
+    let w16: Vec<f32> = r
+        .vec(n16 * k)
+        .iter()
+        .map(|v| f16::from_f32(*v * 0.05).to_f32())
+        .collect();
+    let x: Vec<f32> = r
+        .vec(k * m)
+        .iter()
+        .map(|v| f16::from_f32(*v).to_f32())
+        .collect();
+    let mut b = Builder::new(Opset::Ios18);
+    let xin = b.input("x", tin(DType::F16, &[1, k, 1, m]));
+    let w = b
+        .op1(
+            "constexpr_lut_to_dense",
+            "w",
+            vec![
+                (
+                    "indices",
+                    In::Inline(u_tensor(DType::U4, BlobDType::U4, &[n, k, 1, 1], &codes)),
+                ),
+                (
+                    "lut",
+                    In::Inline(f16_tensor(&[groups, 1, 1, 1, 16, 1], &lut)),
+                ),
+            ],
+        )
+        .unwrap();
+    let y = b
+        .op1(
+            "conv",
+            "y",
+            vec![("x", (&xin).into()), ("weight", In::from(&w))],
+        )
+        .unwrap();
+    let z = b
+        .op1(
+            "conv",
+            "z",
+            vec![
+                ("x", xin.into()),
+                ("weight", c(f16_tensor(&[n16, k, 1, 1], &w16))),
+            ],
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("big.mlpackage");
+    let (inputs, block) = b.finish(&[(y, "y"), (z, "z")]).unwrap();
+    let desc = milkit::ir::Description {
+        inputs: vec![Feature::new("x", ArrayDType::F16, &[1, k, 1, m])],
+        outputs: vec![
+            Feature::new("y", ArrayDType::F16, &[1, n, 1, m]),
+            Feature::new("z", ArrayDType::F16, &[1, n16, 1, m]),
+        ],
+        ..Default::default()
+    };
+    let mdl = milkit::ir::Model::single(Opset::Ios18, inputs, block, desc);
+    milkit::package::save_package(&mdl, &pkg, false, &mut |_| {}).unwrap();
+    let rpg = n / groups;
+    let lut4 = |o: usize, c: usize| lut[(o / rpg) * 16 + codes[o * k + c] as usize];
+    let fp16 = |o: usize, c: usize| w16[o * k + c];
+    let bf = |v: f32| half::bf16::from_f32(v).to_f64();
+    for compute in [Compute::Package, Compute::Bf16] {
+        if compute == Compute::Bf16 && !milkit::kernels::gemm::bf16_cpu() {
+            continue;
+        }
+        let opts = Options {
+            compute,
+            ..Options::default()
+        };
+        let mut s = Session::load_with(&pkg, &opts).unwrap();
+        let out = s.predict(&[("x", host(&x, &[1, k, 1, m]))]).unwrap();
+        let weights: [(&str, usize, &WeightAt<'_>); 2] = [("lut4", n, &lut4), ("fp16", n16, &fp16)];
+        for ((name, rows, wf), (_, got)) in weights.iter().zip(&out) {
+            let want: Vec<f64> = (0..rows * m)
+                .map(|i| {
+                    let (o, j) = (i / m, i % m);
+                    (0..k)
+                        .map(|c| {
+                            let (wv, xv) = (wf(o, c), x[c * m + j]);
+                            match compute {
+                                Compute::Bf16 => bf(wv) * bf(xv),
+                                _ => f64::from(wv) * f64::from(xv),
+                            }
+                        })
+                        .sum()
+                })
+                .collect();
+            assert_eq!(got.dims(), &[1, *rows, 1, m]);
+            assert_close(&f32s(got), &want, 1e-3, &format!("{name} {compute:?}"));
+        }
+    }
+}
+
 #[test]
 fn ios16_lut_and_affine_decode_match_scalar_loops() {
     use milkit::package::blob::BlobDType;
