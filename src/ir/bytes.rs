@@ -17,13 +17,6 @@ enum Inner {
     Mapped(Arc<memmap2::Mmap>),
 }
 
-/// The window's bytes ([`Bytes::as_slice`]): the same immutable bytes on every call.
-impl AsRef<[u8]> for Bytes {
-    fn as_ref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
 impl Bytes {
     /// Takes ownership of a vector.
     pub fn from_vec(v: Vec<u8>) -> Bytes {

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 pub mod store;
 pub mod wide;
-pub use store::{share_arena, Store, OWN_FROM};
+pub use store::{share_arena, Store};
 
 /// Which inner loops a product runs: plain Rust, AVX2 + FMA + F16C, or AVX-512 (which
 /// falls back to the AVX2 loops where it has none of its own). Ordered narrowest first.
@@ -157,19 +157,13 @@ impl PackedWeight {
     }
 
     pub fn from_f16(shape: &[usize], w: Vec<f16>) -> Result<PackedWeight> {
-        Self::f16_store(shape, Store::new(w))
-    }
-
-    /// [`PackedWeight::from_f16`] on values in a [`Store`] (e.g. [`Store::borrowed`] from a
-    /// mapped weight file, used where they lie).
-    pub fn f16_store(shape: &[usize], w: Store<f16>) -> Result<PackedWeight> {
         let (n, k) = rows_cols(shape)?;
         ensure!(w.len() == n * k, "{} values for shape {shape:?}", w.len());
         Ok(PackedWeight {
             n,
             k,
             shape: shape.to_vec(),
-            data: Packed::F16(w),
+            data: Packed::F16(Store::new(w)),
         })
     }
 
@@ -191,17 +185,6 @@ impl PackedWeight {
     pub fn lut4_nibbles(
         shape: &[usize],
         nibbles: Vec<u8>,
-        lut: Vec<f32>,
-        palette: usize,
-    ) -> Result<PackedWeight> {
-        Self::lut4_store(shape, Store::new(nibbles), lut, palette)
-    }
-
-    /// [`PackedWeight::lut4_nibbles`] on bytes in a [`Store`] (e.g. [`Store::borrowed`]
-    /// from a mapped weight file, used where they lie).
-    pub fn lut4_store(
-        shape: &[usize],
-        nibbles: Store<u8>,
         lut: Vec<f32>,
         palette: usize,
     ) -> Result<PackedWeight> {
@@ -228,7 +211,7 @@ impl PackedWeight {
             k,
             shape: shape.to_vec(),
             data: Packed::Lut4 {
-                idx: nibbles,
+                idx: Store::new(nibbles),
                 lut,
                 rows_per_group: n / groups,
                 tables,

@@ -84,9 +84,8 @@ pub fn pack_weights(
 
 /// A constant op whose one output only feeds packed weight inputs, folded straight into
 /// its packed form: a `const` fp16 / f32 tensor copied once from its (mapped) bytes, whose
-/// file pages are then released (a large fp16 one in a mapped file used where it lies,
-/// never copied); a `constexpr_*` decompression read from its compressed inputs, never
-/// expanded. `None` where the op has no such form (it is then evaluated and
+/// file pages are then released; a `constexpr_*` decompression read from its compressed
+/// inputs, never expanded. `None` where the op has no such form (it is then evaluated and
 /// packed at the end as any constant, see [`pack_weights`]).
 pub fn fold_packed(
     op: &crate::ir::Operation,
@@ -112,19 +111,8 @@ pub fn fold_packed(
         if t.shape != shape || t.data.len() != t.dtype.storage_bytes(t.num_elements()) {
             return Ok(None);
         }
-        // Copied on every core (the stored little-endian values are the host's); a large
-        // fp16 one in a mapped file used where it lies (see `fold_lut4_inline`).
+        // Copied on every core (the stored little-endian values are the host's).
         let le = cfg!(target_endian = "little");
-        if le
-            && t.dtype == crate::ir::DType::F16
-            && t.data.is_mapped()
-            && t.data.len() >= kernels::gemv::OWN_FROM
-        {
-            let keep = std::sync::Arc::new(t.data.clone());
-            if let Some(w) = kernels::gemv::Store::borrowed(keep) {
-                return Ok(Some(PackedWeight::f16_store(&shape, w)?));
-            }
-        }
         let p = match t.dtype {
             crate::ir::DType::F16 if le => {
                 PackedWeight::from_f16(&shape, kernels::data::par_copy(t.data.as_slice()))?
@@ -149,8 +137,7 @@ pub fn fold_packed(
 /// `lut` (fp16 or f32, one palette of at most 16 entries per group of output rows) are
 /// inline values, packed straight from the stored bytes: the codes already lie two a byte,
 /// low nibble first, as [`kernels::Packed::Lut4`] keeps them, so they are copied once (on
-/// every core; 2 MiB or more in a mapped file: used where they lie) and never unpacked to a
-/// byte each. `None` for any other form (the op is
+/// every core) and never unpacked to a byte each. `None` for any other form (the op is
 /// then compiled as usual). Call it before the op's inputs are evaluated.
 pub fn fold_lut4_inline(op: &crate::ir::Operation) -> Result<Option<PackedWeight>> {
     use crate::ir::{Arg, DType as D, Value};
@@ -196,17 +183,6 @@ pub fn fold_lut4_inline(op: &crate::ir::Operation) -> Result<Option<PackedWeight
     // A code past a short palette: left to the op's own evaluation (and its error).
     if pal < 16 && kernels::gemv::max_nibble(it.data.as_slice()) as usize >= pal {
         return Ok(None);
-    }
-    // A large weight in a mapped file is used where it lies: a copy costs as many fresh
-    // pages, which the kernel clears first (a LUT4 turbo encoder's 210 MB of fc1/fc2
-    // codes took most of its load that way). The smaller ones move into the shared arena
-    // anyway (`share_arena`, on huge pages for the decoders' per-token reads): copied.
-    if it.data.is_mapped() && it.data.len() >= kernels::gemv::OWN_FROM {
-        let keep = std::sync::Arc::new(it.data.clone());
-        if let Some(idx) = kernels::gemv::Store::borrowed(keep) {
-            lt.data.release_pages();
-            return Ok(Some(PackedWeight::lut4_store(&shape, idx, lut, pal)?));
-        }
     }
     let nibbles = kernels::data::par_copy::<u8>(it.data.as_slice());
     let p = PackedWeight::lut4_nibbles(&shape, nibbles, lut, pal)?;

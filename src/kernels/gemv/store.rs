@@ -1,7 +1,5 @@
 //! Where a packed weight's bulk (fp16/f32 values, 4-bit codes) lives: a vector of its own,
-//! a range of an arena shared by many weights, or bytes borrowed where they lie (a large
-//! weight's window of a mapped file: copying it would cost as many fresh pages, which the
-//! kernel clears first). A model's many small weights (a tiny
+//! or a range of an arena shared by many weights. A model's many small weights (a tiny
 //! decoder's 384 × 384 projections are 288 KB each) are each below the 2 MiB a huge page
 //! needs, so on their own they sit on 4 KiB pages, and a cold 288 KB read from those
 //! measured about 10 GB/s on one thread against about 16 GB/s from huge pages. Moved into
@@ -29,14 +27,11 @@ enum Owner<T> {
     Vec(Vec<T>),
     /// 8-byte words, so that every element type of a packed weight is aligned in it.
     Arena(Arc<Vec<u64>>),
-    /// Bytes that live elsewhere (a window of a mapped weight file), kept alive here.
-    Borrowed(Arc<dyn AsRef<[u8]> + Send + Sync>),
 }
 
 // SAFETY: a Store never hands out mutable access; `ptr` points into memory owned by
-// `owner` (a Vec whose buffer does not move when the Vec does, an Arc'd arena, or borrowed
-// immutable bytes behind an Arc that is Send + Sync), which lives as long as the Store, so
-// sharing or sending it is as safe as for `Vec<T>`.
+// `owner` (a Vec whose buffer does not move when the Vec does, or an Arc'd arena), which
+// lives as long as the Store, so sharing or sending it is as safe as for `Vec<T>`.
 unsafe impl<T: Pod + Send> Send for Store<T> {}
 unsafe impl<T: Pod + Sync> Sync for Store<T> {}
 
@@ -66,26 +61,6 @@ impl<T: Pod> Store<T> {
     }
 }
 
-impl<T: Pod> Store<T> {
-    /// The bytes `keep` holds as elements, used where they lie (a window of a mapped weight
-    /// file: no copy, no fresh pages to clear); `None` where they are not aligned for `T`
-    /// or not a whole number of elements. `keep` must hand out the same immutable bytes on
-    /// every call, as a file window or a shared vector does.
-    pub fn borrowed(keep: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Option<Store<T>> {
-        let s: &[T] = bytemuck::try_cast_slice((*keep).as_ref()).ok()?;
-        Some(Store {
-            ptr: s.as_ptr(),
-            len: s.len(),
-            owner: Owner::Borrowed(keep),
-        })
-    }
-
-    /// Whether the elements are borrowed ([`Store::borrowed`]).
-    pub fn is_borrowed(&self) -> bool {
-        matches!(self.owner, Owner::Borrowed(_))
-    }
-}
-
 impl<T: Pod> Deref for Store<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
@@ -104,22 +79,13 @@ impl<T: Pod> Clone for Store<T> {
                 len: self.len,
                 owner: Owner::Arena(a.clone()),
             },
-            Owner::Borrowed(b) => Store {
-                ptr: self.ptr,
-                len: self.len,
-                owner: Owner::Borrowed(b.clone()),
-            },
         }
     }
 }
 
 impl<T: Pod> std::fmt::Debug for Store<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match self.owner {
-            Owner::Vec(_) => "own",
-            Owner::Arena(_) => "arena",
-            Owner::Borrowed(_) => "borrowed",
-        };
+        let kind = if self.is_shared() { "arena" } else { "own" };
         write!(f, "Store({} elements, {kind})", self.len)
     }
 }
