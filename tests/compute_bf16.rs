@@ -180,6 +180,68 @@ fn bf16_gemm_matches_float64_sums_of_the_bf16_rounded_operands() {
     }
 }
 
+/// A product whose bf16 input panels pass 4 MiB (k = 2048: 1024 pairs × 1104 columns × 4
+/// bytes = 4.5 MB) runs its tasks over groups of panels (here 10, 10 and 3; turbo's fc2
+/// takes this path): every element still matches float64 sums of the bf16-rounded
+/// operands, within [`tolerance`] (random signs: the f32 sums' error grows about as √k, far
+/// below 1e-5 of the magnitude sum at k = 2048), for fp16 and LUT4 weights, an fp16 and an
+/// f32 output, and a last panel of 4 columns (m = 1060).
+#[test]
+fn bf16_gemm_over_groups_of_panels_matches_float64_sums() {
+    if !gemm::bf16_cpu() {
+        eprintln!("this CPU lacks AVX512-BF16: checked by the test above");
+        return;
+    }
+    let mut rng = Rng(23);
+    let (n, k, m) = (19, 2048, 1060);
+    let x16: Vec<f16> = (0..k * m).map(|_| f16::from_f32(rng.next())).collect();
+    let bias: Vec<f32> = (0..n).map(|_| rng.next()).collect();
+    let w16: Vec<f16> = (0..n * k).map(|_| f16::from_f32(rng.next())).collect();
+    let (lut, codes) = lut4_parts(&mut rng, n, k);
+    let forms = [
+        (
+            "w f16",
+            PackedWeight::from_f16(&[n, k, 1, 1], w16.clone()).unwrap(),
+            w16.iter().map(|v| v.to_f32()).collect::<Vec<f32>>(),
+        ),
+        (
+            "w lut4",
+            PackedWeight::lut4(&[n, k, 1, 1], &codes, lut.clone()).unwrap(),
+            (0..n * k)
+                .map(|i| lut[(i / k) * 16 + codes[i] as usize])
+                .collect(),
+        ),
+    ];
+    for (form, p, wv) in &forms {
+        let want = sums(
+            (n, k, m),
+            &|r, c| b(wv[r * k + c]),
+            &|c, j| b(x16[c * m + j].to_f32()),
+            Some(&bias),
+        );
+        let mut y16 = vec![f16::ZERO; n * m];
+        gemm::gemm_bf16(p, Act::F16(&x16), m, m, Some(&bias), Out::F16(&mut y16)).unwrap();
+        let mut y32 = vec![0f32; n * m];
+        gemm::gemm_bf16(p, Act::F16(&x16), m, m, Some(&bias), Out::F32(&mut y32)).unwrap();
+        for i in 0..n * m {
+            let (w, mag) = (want.0[i], want.1[i]);
+            for (out, got, fp16) in [
+                ("f16", y16[i].to_f64(), true),
+                ("f32", f64::from(y32[i]), false),
+            ] {
+                let (err, tol) = ((got - w).abs(), tolerance(w, mag, fp16));
+                assert!(
+                    err <= tol,
+                    "{form} [{n}×{k}]·[{k}×{m}] → {out}: element {i} (row {}, column {}): \
+                     {got} vs {w} (err {err:e}, tolerance {tol:e})",
+                    i / m,
+                    i % m
+                );
+            }
+        }
+    }
+}
+
 /// A palette of 16 fp16 values per row of `n` and `n·k` random codes.
 fn lut4_parts(rng: &mut Rng, n: usize, k: usize) -> (Vec<f32>, Vec<u8>) {
     let lut = (0..n * 16)

@@ -281,10 +281,15 @@ fn panel(
         }
         false => sc.q.as_ptr(),
     };
+    // The columns the tiles compute: on bf16 products only the panel's queries (the bf16
+    // micro-kernel then runs on fewer vectors a row: the last panel of 1500 holds 12), the
+    // columns past them left as they are and never read out; else the whole panel.
+    let cols = if bf16 { w } else { NR };
     // 1. Sᵀ = Kᵀ · Q, eight keys a tile.
     for j in (0..n).step_by(MR) {
         let mut t = Tile::once(kw, kt.row(j, kw), kw, qp);
         t.rows = MR.min(n - j);
+        t.cols = cols;
         t.out = OutPtr::F32(sc.s[j * NR..].as_mut_ptr());
         // SAFETY: Kᵀ has `MR` rows of kw from row j (padded to a whole tile), the query
         // panel kw × NR (values or pairs); rows × NR results land in rows j.. of the n × NR
@@ -341,6 +346,7 @@ fn panel(
     for c in (0..d).step_by(MR) {
         let mut t = Tile::once(nw, vw.row(c, nw), nw, pp);
         t.rows = MR.min(d - c);
+        t.cols = cols;
         t.out = OutPtr::F32(o[c * NR..].as_mut_ptr());
         // SAFETY: V has `MR` rows of nw from row c (padded), the probabilities nw × NR;
         // the tile's rows × NR results land in rows c.. of o.

@@ -222,21 +222,30 @@ fn product(
     } else {
         Panels::F32(pack_x(x, k, m, ldx))
     };
-    let task = |t: usize, rows: OutRows| {
-        let r0 = t * MC;
+    // Tasks: MC rows of W against a group of X's panels (all of them unless X's bf16
+    // panels outgrow the L3 share `panel_group` allows), group-major so that the tasks
+    // running at once read the same panels.
+    let np = m.div_ceil(NR);
+    let gp = panel_group(&xp, np);
+    let (groups, row_tasks) = (np.div_ceil(gp), n.div_ceil(MC));
+    let outp = SharedOut(match out {
+        Out::F16(o) => OutPtr::F16(o.as_mut_ptr()),
+        Out::F32(o) => OutPtr::F32(o.as_mut_ptr()),
+    });
+    let outp = &outp;
+    (0..groups * row_tasks).into_par_iter().for_each(|t| {
+        let (g, r0) = (t / row_tasks, (t % row_tasks) * MC);
+        let rows = MC.min(n - r0);
+        let panels = g * gp..((g + 1) * gp).min(np);
         let b = bias.map(|b| &b[r0..]);
-        block(w, &xp, m, r0, b, post, rows, level);
-    };
-    match out {
-        Out::F16(o) => o
-            .par_chunks_mut(MC * m)
-            .enumerate()
-            .for_each(|(t, o)| task(t, OutRows::F16(o))),
-        Out::F32(o) => o
-            .par_chunks_mut(MC * m)
-            .enumerate()
-            .for_each(|(t, o)| task(t, OutRows::F32(o))),
-    }
+        // SAFETY: row r0 of the `n × m` output (checked above); this task writes only its
+        // rows' columns of its panels, which no other task writes.
+        let at = match outp.0 {
+            OutPtr::F16(o) => OutPtr::F16(unsafe { o.add(r0 * m) }),
+            OutPtr::F32(o) => OutPtr::F32(unsafe { o.add(r0 * m) }),
+        };
+        block(w, &xp, m, r0, rows, panels, b, post, at, level);
+    });
     if let Panels::Bf16(buf) = xp {
         let mut kept = X_PAIRS.lock().unwrap_or_else(|e| e.into_inner());
         if buf.capacity() > kept.capacity() {
@@ -250,6 +259,36 @@ fn product(
 /// pages each call (the kernel clears each), as many as an encoder window's weights. A
 /// call that finds it taken (two products at once) makes its own; the larger is kept.
 static X_PAIRS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// bf16 panels beyond this many bytes are split into column groups ([`panel_group`]).
+const GROUP_FROM: usize = 4 << 20;
+/// The bytes of X's bf16 panels one group of tasks reads ([`panel_group`]).
+const GROUP_BYTES: usize = 2 << 20;
+/// The fewest panels in a group (each group converts its tasks' W rows again).
+const GROUP_MIN: usize = 4;
+
+/// How many of X's `np` panels one task covers: all of them, or where X's bf16 panels
+/// pass [`GROUP_FROM`] (turbo's fc2, k = 5120: 15.7 MB), as many as fit [`GROUP_BYTES`]
+/// (at least [`GROUP_MIN`]). A task over all of X streams all of it from memory once per
+/// [`MC`] rows; in groups, the tasks running at once share a group's panels in L3 (the
+/// fc2 shape's products 190 → about 225 GFLOP per CPU-second here, one thread).
+fn panel_group(xp: &Panels, np: usize) -> usize {
+    match xp {
+        Panels::Bf16(v) if 4 * v.len() > GROUP_FROM => {
+            let panel = 4 * v.len() / np.max(1);
+            (GROUP_BYTES / panel.max(1)).max(GROUP_MIN).min(np)
+        }
+        _ => np,
+    }
+    .max(1)
+}
+
+/// The output's base pointer, shared by the tasks, each writing its own rows and columns.
+struct SharedOut(OutPtr);
+
+// SAFETY: the tasks holding it write disjoint parts of the output (see `product`), which
+// outlives them (borrowed mutably for the whole call).
+unsafe impl Sync for SharedOut {}
 
 /// X's panels: f32 values (`[k][NR]` each), or bf16 pairs along k (`[⌈k/2⌉][NR]` words).
 enum Panels {
@@ -448,12 +487,6 @@ impl Level {
     }
 }
 
-/// One task's rows of the output.
-enum OutRows<'a> {
-    F16(&'a mut [f16]),
-    F32(&'a mut [f32]),
-}
-
 /// Where a tile's results go.
 #[derive(Clone, Copy)]
 pub(super) enum OutPtr {
@@ -527,23 +560,23 @@ impl Tile {
     }
 }
 
-/// Rows `r0..` of the product (as many as `out` holds) over all of k.
+/// Rows `r0..r0 + rows` of the product over all of k, the columns of X's `panels`; `out`
+/// is row r0, column 0 of the output (row stride m).
 #[allow(clippy::too_many_arguments)]
 fn block(
     w: &PackedWeight,
     xp: &Panels,
     m: usize,
     r0: usize,
+    rows: usize,
+    panels: std::ops::Range<usize>,
     bias: Option<&[f32]>,
     post: Option<Gelu>,
-    out: OutRows,
+    out: OutPtr,
     level: Level,
 ) {
-    let rows = match &out {
-        OutRows::F16(o) => o.len() / m,
-        OutRows::F32(o) => o.len() / m,
-    };
-    SCRATCH.with_borrow_mut(|sc| block_in(w, xp, m, r0, bias, post, out, level, rows, sc));
+    SCRATCH
+        .with_borrow_mut(|sc| block_in(w, xp, m, (r0, rows), panels, bias, post, out, level, sc));
 }
 
 /// A thread's buffers for [`block`], kept from task to task (a task's W rows and partial
@@ -574,12 +607,12 @@ fn block_in(
     w: &PackedWeight,
     xp: &Panels,
     m: usize,
-    r0: usize,
+    (r0, rows): (usize, usize),
+    panels: std::ops::Range<usize>,
     bias: Option<&[f32]>,
     post: Option<Gelu>,
-    mut out: OutRows,
+    outp: OutPtr,
     level: Level,
-    rows: usize,
     sc: &mut Scratch,
 ) {
     let rpad = rows.div_ceil(MR) * MR;
@@ -607,14 +640,10 @@ fn block_in(
     let lda = np * NR;
     // Partial sums: the first pass stores before any pass loads.
     let acc = at_least(&mut sc.acc, if passes > 1 { rpad * lda } else { 0 });
-    let outp = match &mut out {
-        OutRows::F16(o) => OutPtr::F16(o.as_mut_ptr()),
-        OutRows::F32(o) => OutPtr::F32(o.as_mut_ptr()),
-    };
     for pass in 0..passes {
         let k0 = (pass * kc).min(k);
         let kl = kc.min(k - k0);
-        for p in 0..np {
+        for p in panels.clone() {
             let j0 = p * NR;
             for ir in (0..rows).step_by(MR) {
                 let tile = Tile {
@@ -774,9 +803,22 @@ mod avx512 {
     /// [`tile`] on bf16 pairs: `kc` counts pairs of k, W's and X's words each hold two
     /// bf16 values (see [`super::Panels`]); per pair, three loads of X's panel row, eight
     /// broadcasts of W's words, 24 `vdpbf16ps` (each two products a lane, summed in f32).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c,fma")]
+    /// A tile of at most 16 or 32 columns (the last panel of 1500 frames holds 12) runs
+    /// [`tile_bf16_n`] on one or two vectors a row: the lanes it leaves out are only ever
+    /// padding, and each lane's sums are the same.
     pub(super) unsafe fn tile_bf16(t: &Tile) {
-        let mut acc = [[_mm512_setzero_ps(); 3]; MR];
+        match t.cols.div_ceil(16) {
+            0 | 1 => tile_bf16_n::<1>(t),
+            2 => tile_bf16_n::<2>(t),
+            _ => tile_bf16_n::<3>(t),
+        }
+    }
+
+    /// [`tile_bf16`] on the first `NV` (1 to 3) vectors of 16 columns: `NV` loads of X and
+    /// `8·NV` `vdpbf16ps` a pair; partial sums and results for those columns only.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c,fma")]
+    unsafe fn tile_bf16_n<const NV: usize>(t: &Tile) {
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         if t.load {
             for (i, a) in acc.iter_mut().enumerate() {
                 for (v, s) in a.iter_mut().enumerate() {
@@ -791,14 +833,15 @@ mod avx512 {
         }
         let mut xp = t.x as *const __m512i;
         for c in 0..t.kc {
-            let x0: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp));
-            let x1: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp.add(1)));
-            let x2: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp.add(2)));
+            let mut x = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); NV];
+            for (v, xv) in x.iter_mut().enumerate() {
+                *xv = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(xp.add(v)));
+            }
             for i in 0..MR {
                 let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(*wp[i].add(c)));
-                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, x0);
-                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, x1);
-                acc[i][2] = _mm512_dpbf16_ps(acc[i][2], a, x2);
+                for v in 0..NV {
+                    acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, x[v]);
+                }
             }
             xp = xp.add(NR / 16);
         }
@@ -970,7 +1013,7 @@ mod avx512 {
 
     /// Row `i` of the tile: to the partial sums, or (plus the bias) to the output.
     #[inline(always)]
-    unsafe fn emit(t: &Tile, i: usize, a: [__m512; 3]) {
+    unsafe fn emit<const NV: usize>(t: &Tile, i: usize, a: [__m512; NV]) {
         if t.store {
             for (v, s) in a.iter().enumerate() {
                 _mm512_storeu_ps(t.acc.add(i * t.lda + 16 * v), *s);
