@@ -194,7 +194,7 @@ fn grouped_palettization_pads_an_indivisible_head_by_itself() {
         let note = &m.description.user_defined[HEAD_PADDING_KEY];
         assert!(note.contains("51872") || chunks > 1, "{note}");
         // Every head op is compressed, none skipped.
-        assert_eq!(lut_ops(&m), chunks);
+        assert_eq!(common::count_ops(&m, "constexpr_lut_to_dense"), chunks);
         let (logits, shape) = step(&m);
         assert_eq!(shape, vec![1, 1, 51865]);
         // Against the fp16 head: close (4-bit tables), not equal.
@@ -261,7 +261,7 @@ fn a_chunked_head_compressed_in_two_passes_pads_each_chunk_once() {
         4,
         (1..chunks).map(|c| format!("lm_head_{c}")).collect(),
     );
-    assert_eq!(lut_ops(&m), chunks);
+    assert_eq!(common::count_ops(&m, "constexpr_lut_to_dense"), chunks);
     // 51,865 = 3 × 12,967 + 12,964: every chunk is padded (to 12,968), each named once.
     let note = &m.description.user_defined[HEAD_PADDING_KEY];
     for c in 0..chunks {
@@ -283,18 +283,6 @@ fn a_chunked_head_compressed_in_two_passes_pads_each_chunk_once() {
         six > 0.0 && six < 0.5 * four,
         "chunk 0 (6 bits) {six}, chunk 1 (4 bits) {four}"
     );
-}
-
-/// The `constexpr_lut_to_dense` ops of `m`'s main function.
-fn lut_ops(m: &Model) -> usize {
-    m.program
-        .main()
-        .unwrap()
-        .block
-        .walk()
-        .iter()
-        .filter(|o| o.op_type == "constexpr_lut_to_dense")
-        .count()
 }
 
 fn run(args: &[&str]) -> Output {

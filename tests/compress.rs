@@ -28,17 +28,6 @@ fn ok(o: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
 }
 
-fn count(m: &Model, op: &str) -> usize {
-    m.program
-        .main()
-        .unwrap()
-        .block
-        .walk()
-        .iter()
-        .filter(|o| o.op_type == op)
-        .count()
-}
-
 fn weight_len(p: &Path) -> u64 {
     std::fs::metadata(p.join("Data/com.apple.CoreML/weights/weight.bin"))
         .unwrap()
@@ -183,7 +172,11 @@ fn tiny_en_encoder_lut4_and_int4() {
             &[&model, Path::new("--out"), &out],
         ));
         let m = load_package(&out).unwrap();
-        assert_eq!(count(&m, "constexpr_lut_to_dense"), 26, "{mode}");
+        assert_eq!(
+            common::count_ops(&m, "constexpr_lut_to_dense"),
+            26,
+            "{mode}"
+        );
         let whole = weight_len(&fp16) as f64 / weight_len(&out) as f64;
         assert!(whole >= 3.2, "{mode}: weight.bin only {whole:.2}x smaller");
         let sel = rep["ratio"].as_f64().unwrap();
@@ -271,7 +264,7 @@ fn tiny_en_encoder_lut4_and_int4() {
     ));
     assert_eq!(rep["skipped"].as_array().unwrap().len(), 1);
     let m = load_package(&out).unwrap();
-    assert_eq!(count(&m, "constexpr_blockwise_shift_scale"), 25);
+    assert_eq!(common::count_ops(&m, "constexpr_blockwise_shift_scale"), 25);
     common::validate(&out);
     if let Some(theirs) = coremltools_decodes(&out) {
         assert_eq!(
@@ -323,8 +316,8 @@ fn turbo_encoder_has_194_lut_ops() {
         &[&ck, Path::new("--out"), &out],
     ));
     let m = load_package(&out).unwrap();
-    assert_eq!(count(&m, "constexpr_lut_to_dense"), 194);
-    assert_eq!(count(&m, "conv"), 194);
+    assert_eq!(common::count_ops(&m, "constexpr_lut_to_dense"), 194);
+    assert_eq!(common::count_ops(&m, "conv"), 194);
     common::validate(&out);
 }
 
@@ -345,6 +338,6 @@ fn recipe_exports_a_directory() {
         ],
     ));
     let m = load_package(&out.join("encoder.mlpackage")).unwrap();
-    assert_eq!(count(&m, "constexpr_lut_to_dense"), 26);
+    assert_eq!(common::count_ops(&m, "constexpr_lut_to_dense"), 26);
     assert_eq!(m.description.inputs[0].name, "logmel_data");
 }

@@ -55,11 +55,6 @@ fn f(n: &str, d: ArrayDType, s: &[usize]) -> (String, ArrayDType, Vec<usize>) {
     (n.to_string(), d, s.to_vec())
 }
 
-fn count(m: &Model, op: &str) -> usize {
-    let ops = m.program.main().unwrap().block.walk();
-    ops.iter().filter(|o| o.op_type == op).count()
-}
-
 /// Runs the validator; a stateful package may fail only its state-count comparison (the
 /// validator counts states as function inputs but not as description inputs), exactly as
 /// tests/decoder.rs accepts it.
@@ -218,7 +213,7 @@ fn tiny_en_decoder_crosskv_abis_and_validator() {
         .map(|f| f.name.clone())
         .collect();
     assert_eq!(outs, ["logits", "alignment_heads_weights"]);
-    assert_eq!(count(&m, "write_state"), 2 * 4);
+    assert_eq!(common::count_ops(&m, "write_state"), 2 * 4);
     validate_stateful(&p, 4, 2);
 
     // CrossKV and the decoder that takes its outputs.
@@ -512,11 +507,11 @@ fn whisperkit_folder_and_recipe() {
     );
     ok(&o);
     let enc = load_package(&out.join("AudioEncoder.mlpackage")).unwrap();
-    assert_eq!(count(&enc, "constexpr_lut_to_dense"), 26);
+    assert_eq!(common::count_ops(&enc, "constexpr_lut_to_dense"), 26);
     let dec = load_package(&out.join("TextDecoder.mlpackage")).unwrap();
-    assert_eq!(count(&dec, "constexpr_lut_to_dense"), 1);
+    assert_eq!(common::count_ops(&dec, "constexpr_lut_to_dense"), 1);
     let mel = load_package(&out.join("MelSpectrogram.mlpackage")).unwrap();
-    assert_eq!(count(&mel, "constexpr_lut_to_dense"), 0);
+    assert_eq!(common::count_ops(&mel, "constexpr_lut_to_dense"), 0);
     assert!(out.join("tokenizer.json").exists());
     common::validate(&out.join("TextDecoder.mlpackage"));
 }

@@ -398,16 +398,7 @@ fn tiny_en_encoder_lut4_with_channel_scales() {
     assert!(mode.ends_with("-channel-scale"), "{mode}");
 
     let m = milkit::package::load_package(&pcs_pkg).unwrap();
-    let count = |t: &str| {
-        m.program
-            .main()
-            .unwrap()
-            .block
-            .walk()
-            .iter()
-            .filter(|o| o.op_type == t)
-            .count()
-    };
+    let count = |t: &str| common::count_ops(&m, t);
     assert_eq!(count("constexpr_lut_to_dense"), 26);
     assert_eq!(count("constexpr_blockwise_shift_scale"), 26);
     // verify reads the chain and still counts 26 table ops.
@@ -436,14 +427,5 @@ fn recipe_table_takes_the_flag() {
     let out =
         common::export_encoder_recipe(dir.path(), "whispercpp", "per_channel_scale = true", &hf);
     let m = milkit::package::load_package(&out.join("encoder.mlpackage")).unwrap();
-    let n = m
-        .program
-        .main()
-        .unwrap()
-        .block
-        .walk()
-        .iter()
-        .filter(|o| o.op_type == "constexpr_blockwise_shift_scale")
-        .count();
-    assert_eq!(n, 26);
+    assert_eq!(common::count_ops(&m, "constexpr_blockwise_shift_scale"), 26);
 }

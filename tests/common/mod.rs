@@ -11,6 +11,18 @@ pub mod rng;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// How many ops of type `op_type` `m`'s main function holds (nested blocks included).
+pub fn count_ops(m: &milkit::ir::Model, op_type: &str) -> usize {
+    m.program
+        .main()
+        .unwrap()
+        .block
+        .walk()
+        .iter()
+        .filter(|o| o.op_type == op_type)
+        .count()
+}
+
 /// The shared fixtures directory, or None (after printing why) when it is absent and
 /// fixtures are not required. Panics when MILKIT_REQUIRE_FIXTURES=1 and it is missing.
 pub fn fixtures() -> Option<PathBuf> {
