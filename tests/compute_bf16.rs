@@ -146,26 +146,10 @@ fn bf16_gemm_matches_float64_sums_of_the_bf16_rounded_operands() {
                     );
                     let what =
                         format!("{form} [{n}×{k}]·[{k}×{m}] {xname} bias {}", bias.is_some());
-                    let mut y16 = vec![f16::ZERO; n * m];
-                    gemm::gemm_bf16(p, act, ldx, m, bias, Out::F16(&mut y16)).unwrap();
-                    let mut y32 = vec![0f32; n * m];
-                    gemm::gemm_bf16(p, act, ldx, m, bias, Out::F32(&mut y32)).unwrap();
-                    for i in 0..n * m {
-                        let (w, mag) = (want.0[i], want.1[i]);
-                        for (out, got, fp16) in [
-                            ("f16", y16[i].to_f64(), true),
-                            ("f32", f64::from(y32[i]), false),
-                        ] {
-                            let (err, tol) = ((got - w).abs(), tolerance(w, mag, fp16));
-                            assert!(
-                                err <= tol,
-                                "{what} → {out}: element {i}: {got} vs {w} (err {err:e}, \
-                                 tolerance {tol:e})"
-                            );
-                        }
-                        let off = (f64::from(y32[i]) - exact.0[i]).abs();
-                        unrounded_excess =
-                            unrounded_excess.max(off / tolerance(exact.0[i], exact.1[i], false));
+                    let y32 = products_within_tolerance(&what, p, act, ldx, m, bias, &want);
+                    for ((y, e), mag) in y32.iter().zip(&exact.0).zip(&exact.1) {
+                        let off = (f64::from(*y) - e).abs();
+                        unrounded_excess = unrounded_excess.max(off / tolerance(*e, *mag, false));
                     }
                 }
             }
@@ -219,27 +203,45 @@ fn bf16_gemm_over_groups_of_panels_matches_float64_sums() {
             &|c, j| b(x16[c * m + j].to_f32()),
             Some(&bias),
         );
-        let mut y16 = vec![f16::ZERO; n * m];
-        gemm::gemm_bf16(p, Act::F16(&x16), m, m, Some(&bias), Out::F16(&mut y16)).unwrap();
-        let mut y32 = vec![0f32; n * m];
-        gemm::gemm_bf16(p, Act::F16(&x16), m, m, Some(&bias), Out::F32(&mut y32)).unwrap();
-        for i in 0..n * m {
-            let (w, mag) = (want.0[i], want.1[i]);
-            for (out, got, fp16) in [
-                ("f16", y16[i].to_f64(), true),
-                ("f32", f64::from(y32[i]), false),
-            ] {
-                let (err, tol) = ((got - w).abs(), tolerance(w, mag, fp16));
-                assert!(
-                    err <= tol,
-                    "{form} [{n}×{k}]·[{k}×{m}] → {out}: element {i} (row {}, column {}): \
-                     {got} vs {w} (err {err:e}, tolerance {tol:e})",
-                    i / m,
-                    i % m
-                );
-            }
+        let what = format!("{form} [{n}×{k}]·[{k}×{m}]");
+        products_within_tolerance(&what, p, Act::F16(&x16), m, m, Some(&bias), &want);
+    }
+}
+
+/// `p`'s product with `act` (`ldx` columns a row, `m` used) into fp16 and into f32, every
+/// element of both within [`tolerance`] of `want` (float64 sums of the bf16-rounded
+/// operands, and their magnitudes); the f32 output, for further checks.
+fn products_within_tolerance(
+    what: &str,
+    p: &PackedWeight,
+    act: Act,
+    ldx: usize,
+    m: usize,
+    bias: Option<&[f32]>,
+    want: &(Vec<f64>, Vec<f64>),
+) -> Vec<f32> {
+    let len = want.0.len();
+    let mut y16 = vec![f16::ZERO; len];
+    gemm::gemm_bf16(p, act, ldx, m, bias, Out::F16(&mut y16)).unwrap();
+    let mut y32 = vec![0f32; len];
+    gemm::gemm_bf16(p, act, ldx, m, bias, Out::F32(&mut y32)).unwrap();
+    for i in 0..len {
+        let (w, mag) = (want.0[i], want.1[i]);
+        for (out, got, fp16) in [
+            ("f16", y16[i].to_f64(), true),
+            ("f32", f64::from(y32[i]), false),
+        ] {
+            let (err, tol) = ((got - w).abs(), tolerance(w, mag, fp16));
+            assert!(
+                err <= tol,
+                "{what} → {out}: element {i} (row {}, column {}): {got} vs {w} (err {err:e}, \
+                 tolerance {tol:e})",
+                i / m,
+                i % m
+            );
         }
     }
+    y32
 }
 
 /// A palette of 16 fp16 values per row of `n` and `n·k` random codes.
