@@ -128,27 +128,7 @@ fn the_4bit_encoder_recipe_holds_its_budget_on_tiny_en_and_transcribes() {
 fn both_4bit_recipes_hold_their_budgets_on_a_multilingual_checkpoint() {
     let Some(fx) = common::fixtures() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let synth = tmp.path().join("synth");
-    ok(&milkit(
-        &[
-            "synth",
-            "--quiet",
-            "--preset",
-            "tiny",
-            "--encoder-layers",
-            "1",
-            "--decoder-layers",
-            "1",
-            "--d-model",
-            "256",
-            "--heads",
-            "4",
-            "--ffn-dim",
-            "512",
-            "--out",
-        ],
-        &[&synth],
-    ));
+    let synth = small_multilingual(tmp.path());
     let clip = [fx.join("audio/multilingual/fleurs_de_000.wav")];
     let (enc, dec) = (tmp.path().join("enc.st"), tmp.path().join("dec.st"));
     calibrate(&synth, &clip, "encoder", &enc);
@@ -260,7 +240,7 @@ fn a_compress_table_reads_as_the_compression_flags() {
     assert!(toml::from_str::<CompressFlags>("calibration = [\"x\"]").is_err());
 }
 
-/// The small multilingual synth checkpoint of the test above (whisper-tiny's vocabulary,
+/// The small multilingual synth checkpoint the recipe tests use (whisper-tiny's vocabulary,
 /// d_model 256, one layer each).
 fn small_multilingual(dir: &Path) -> PathBuf {
     let synth = dir.join("synth");
