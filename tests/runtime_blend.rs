@@ -236,44 +236,52 @@ fn attention_over_blends(n: usize) -> milkit::ir::Model {
 /// Calls per op type, from a session's profile.
 type OpCounts = Vec<(String, usize)>;
 
+/// The attention over blends with and without blend fusion, on the given caches, new
+/// columns and mask: (output bits, op counts) for each.
+fn attention_both_ways(
+    n: usize,
+    mask: Vec<f32>,
+    kv: [Vec<f32>; 4],
+    r: &mut Rng,
+) -> [(Vec<u32>, OpCounts); 2] {
+    let q = r.vec(16);
+    [true, false].map(|fuse| {
+        let opts = Options {
+            fuse_blends: fuse,
+            ..Options::default()
+        };
+        let mut s = Session::from_model_with(attention_over_blends(n), &opts).unwrap();
+        s.enable_profiling(true);
+        let t =
+            |v: &[f32], shape: &[usize]| host(v, shape).to_dtype(candle_core::DType::F16).unwrap();
+        let ins = [
+            ("q", t(&q, &[1, 2, 8, 1])),
+            ("mask", t(&mask, &[1, 1, 1, n])),
+            ("k_cache", t(&kv[0], &[1, D, 1, n])),
+            ("k_new", t(&kv[1], &[1, D, 1, 1])),
+            ("v_cache", t(&kv[2], &[1, D, 1, n])),
+            ("v_new", t(&kv[3], &[1, D, 1, 1])),
+        ];
+        let out = s.predict(&ins).unwrap();
+        let bits = f32s(&out[0].1).iter().map(|x| x.to_bits()).collect();
+        let ops = s.profile().iter().map(|p| (p.0.clone(), p.1)).collect();
+        (bits, ops)
+    })
+}
+
 #[test]
 fn blend_moved_into_a_decode_attention_keeps_the_bits() {
     // 45 positions: a whole 32-element step of the row kernels and a tail; the mask picks
     // position 7 (a decode step) or mixes arbitrary values (any blend).
     let n = 45;
     for (seed, one_hot) in [(11, true), (12, false)] {
-        let results: Vec<(Vec<u32>, OpCounts)> = [true, false]
-            .iter()
-            .map(|&fuse| {
-                let opts = Options {
-                    fuse_blends: fuse,
-                    ..Options::default()
-                };
-                let mut s = Session::from_model_with(attention_over_blends(n), &opts).unwrap();
-                s.enable_profiling(true);
-                let mut r = Rng(seed);
-                let t = |v: Vec<f32>, shape: &[usize]| {
-                    host(&v, shape).to_dtype(candle_core::DType::F16).unwrap()
-                };
-                let mask: Vec<f32> = match one_hot {
-                    true => (0..n).map(|j| (j == 7) as u8 as f32).collect(),
-                    false => r.vec(n),
-                };
-                let ins = [
-                    ("q", t(r.vec(16), &[1, 2, 8, 1])),
-                    ("mask", t(mask, &[1, 1, 1, n])),
-                    ("k_cache", t(r.vec(D * n), &[1, D, 1, n])),
-                    ("k_new", t(r.vec(D), &[1, D, 1, 1])),
-                    ("v_cache", t(r.vec(D * n), &[1, D, 1, n])),
-                    ("v_new", t(r.vec(D), &[1, D, 1, 1])),
-                ];
-                let out = s.predict(&ins).unwrap();
-                let bits = f32s(&out[0].1).iter().map(|x| x.to_bits()).collect();
-                let ops = s.profile().iter().map(|p| (p.0.clone(), p.1)).collect();
-                (bits, ops)
-            })
-            .collect();
-        let (moved, whole) = (&results[0], &results[1]);
+        let mut r = Rng(seed);
+        let mask: Vec<f32> = match one_hot {
+            true => (0..n).map(|j| (j == 7) as u8 as f32).collect(),
+            false => r.vec(n),
+        };
+        let kv = [r.vec(D * n), r.vec(D), r.vec(D * n), r.vec(D)];
+        let [moved, whole] = attention_both_ways(n, mask, kv, &mut r);
         let count =
             |ops: &[(String, usize)], op: &str| ops.iter().find(|p| p.0 == op).map_or(0, |p| p.1);
         // Moved in: one attention step, no blend and no reshape left.
@@ -285,5 +293,62 @@ fn blend_moved_into_a_decode_attention_keeps_the_bits() {
         assert_eq!(count(&whole.1, "matmul+softmax+matmul"), 1, "{:?}", whole.1);
         assert_eq!(moved.0, whole.0, "seed {seed}: the outputs differ");
         assert!(moved.0.iter().any(|&b| b != 0));
+    }
+}
+
+/// A one-hot case: what it checks, the token's position, and an optional special value for
+/// the key (0) or value (2) cache.
+type Case = (&'static str, usize, Option<(usize, f32)>);
+
+#[test]
+fn cache_rows_read_in_place_keep_the_bits_of_the_blend_with_special_values() {
+    // A one-hot decode step reads the caches' rows in place and patches the token's column
+    // into the row kernels. It must give the bits of the blend run op by op: at the first
+    // position, inside the kernels' 32-element step and in the tail after it; with −0 in the
+    // caches (the blend makes it +0) and negative new values (their column is −0 + x); and,
+    // where a key or value is infinite or NaN, by reading the blend's own rows instead.
+    let n = 45;
+    let before = milkit::kernels::attention::in_place_reads();
+    let cases: [Case; 6] = [
+        ("plain", 7, None),
+        ("first position", 0, None),
+        ("tail position", 40, None),
+        ("infinite key", 7, Some((0, f32::INFINITY))),
+        ("NaN value", 40, Some((2, f32::NAN))),
+        ("infinite value", 0, Some((2, f32::NEG_INFINITY))),
+    ];
+    for (i, (what, pos, special)) in cases.into_iter().enumerate() {
+        let mut r = Rng(40 + i as u64);
+        let mask: Vec<f32> = (0..n).map(|j| (j == pos) as u8 as f32).collect();
+        let mut kv = [r.vec(D * n), r.vec(D), r.vec(D * n), r.vec(D)];
+        // −0 in every fifth cache element away from the token's column; new values of
+        // both signs, one of them −0.
+        for c in [0, 2] {
+            for (j, x) in kv[c].iter_mut().enumerate() {
+                if j % 5 == 0 && j % n != pos {
+                    *x = -0.0;
+                }
+            }
+        }
+        kv[1][3] = -0.0;
+        kv[3][5] = -0.0;
+        if let Some((c, x)) = special {
+            // In head 1 (rows 8..16), away from the token's column.
+            kv[c][11 * n + (pos + 3) % n] = x;
+        }
+        let [moved, whole] = attention_both_ways(n, mask, kv, &mut r);
+        assert_eq!(moved.0, whole.0, "{what}: the outputs differ");
+        if special.is_none() {
+            assert!(
+                moved.0.iter().all(|b| f32::from_bits(*b).is_finite()),
+                "{what}"
+            );
+        }
+    }
+    if milkit::kernels::gemv::wide::available() {
+        assert!(
+            milkit::kernels::attention::in_place_reads() > before,
+            "no head was read in place"
+        );
     }
 }

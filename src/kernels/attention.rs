@@ -16,6 +16,7 @@ use super::data::{from_vec, to_f32};
 use super::elementwise::broadcast_shape;
 use super::fastmath;
 use super::gemm::Inputs;
+use super::gemv::wide::Patch;
 use super::gemv::Isa;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
@@ -488,6 +489,14 @@ fn with_rows<R>(t: &Tensor, f: impl FnOnce(Rows) -> Result<R>) -> Result<Option<
     }))
 }
 
+static IN_PLACE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many heads' keys or values decode steps have read in place from a one-hot cache
+/// blend so far (tests check that the path is taken).
+pub fn in_place_reads() -> usize {
+    IN_PLACE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Where a decode step reads its keys or values: a tensor's rows, or the rows of a cache
 /// blend ([`BlendRows`]) filled head by head where they are read.
 #[derive(Clone, Copy)]
@@ -511,6 +520,20 @@ impl<'a> Heads<'a> {
                 (Rows::H(buf), 0)
             }
         }
+    }
+
+    /// Head `b`'s rows of a one-hot cache blend read in place ([`BlendRows::in_place`]):
+    /// the cache's rows, and the token's column with its values in `vals`.
+    fn in_place<'s>(
+        &self,
+        b: usize,
+        rows: usize,
+        vals: &'s mut Vec<f16>,
+    ) -> Option<(&'a [f16], Patch<'s>)> {
+        let Heads::Blend(br) = *self else { return None };
+        let (w, col) = br.in_place(b * rows, rows, vals)?;
+        IN_PLACE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some((w, Patch { col, vals }))
     }
 }
 
@@ -584,19 +607,44 @@ fn few_rows(
     );
     let out = with_heads(&y, fill[0], |ky| {
         with_heads(&v, fill[1], |vv| {
-            // Scratch per task, reused from head to head: f32 rows, and the blended
-            // keys' and values' rows (each filled whole before it is read).
-            let scratch = || (vec![0f32; n], Vec::<f16>::new(), Vec::<f16>::new());
+            // Scratch per task, reused from head to head: f32 rows, the blended keys' and
+            // values' rows (each filled whole before it is read), and the token's column
+            // where the blend is read in place.
+            let scratch = || {
+                let h = Vec::<f16>::new;
+                (vec![0f32; n], h(), h(), h(), h())
+            };
             Ok((0..nb)
                 .into_par_iter()
-                .map_init(scratch, |(buf, kh, vh), b| {
+                .map_init(scratch, |(buf, kh, vh, kc, vc), b| {
                     let mut s = vec![0f32; m * n];
-                    // This head's keys: rows of the tensor, or its rows of the blend
-                    // filled here (they stay in this core's cache).
-                    let (ky, k0) = ky.head(b, k, n, kh);
-                    for (i, si) in s.chunks_mut(n).enumerate() {
-                        let qi = &q[(b * m + i) * k..(b * m + i + 1) * k];
-                        ky.axpy(k0, qi, si, buf, simd, wide);
+                    let query = |i: usize| &q[(b * m + i) * k..(b * m + i + 1) * k];
+                    // This head's keys: a one-hot cache blend's rows read in place with the
+                    // token's column patched in, unless a score comes out infinite or NaN
+                    // (then the blend's own rows, which may differ there); else rows of
+                    // the tensor, or its rows of the blend filled here (they stay in this
+                    // core's cache).
+                    let mut direct = false;
+                    if let (true, Some((w, patch))) = (wide, ky.in_place(b, k, kc)) {
+                        for (i, si) in s.chunks_mut(n).enumerate() {
+                            super::gemv::wide::axpy_rows_f16_patched(
+                                w,
+                                query(i),
+                                si,
+                                Some(patch),
+                                true,
+                            );
+                        }
+                        direct = s.iter().all(|x| x.is_finite());
+                        if !direct {
+                            s.fill(0.0);
+                        }
+                    }
+                    if !direct {
+                        let (ky, k0) = ky.head(b, k, n, kh);
+                        for (i, si) in s.chunks_mut(n).enumerate() {
+                            ky.axpy(k0, query(i), si, buf, simd, wide);
+                        }
                     }
                     round_to(&mut s, a.round[0]);
                     if let Some(mk) = &mask {
@@ -612,16 +660,25 @@ fn few_rows(
                     }
                     round_to(&mut s, a.round[2]);
                     let mut o = vec![0f32; d * m];
-                    let (vv, v0) = vv.head(b, d, n, vh);
-                    // One query row against fp16 values: the `d` value rows in one pass of
-                    // the row kernel (AVX-512).
-                    if let (Some(h), 1, true) = (vv.f16(), m, wide) {
-                        let hb = &h[v0 * n..(v0 + d) * n];
-                        super::gemv::wide::f16_rows(hb, &s, &mut o, true);
-                    } else {
-                        for r in 0..d {
-                            for i in 0..m {
-                                o[r * m + i] = vv.dot(v0 + r, &s[i * n..(i + 1) * n], buf, simd);
+                    // The values likewise: in place where the result stays finite.
+                    let mut direct = false;
+                    if let (1, true, Some((w, patch))) = (m, wide, vv.in_place(b, d, vc)) {
+                        super::gemv::wide::f16_rows_patched(w, &s, &mut o, Some(patch), true);
+                        direct = o.iter().all(|x| x.is_finite());
+                    }
+                    if !direct {
+                        let (vv, v0) = vv.head(b, d, n, vh);
+                        // One query row against fp16 values: the `d` value rows in one pass
+                        // of the row kernel (AVX-512).
+                        if let (Some(h), 1, true) = (vv.f16(), m, wide) {
+                            let hb = &h[v0 * n..(v0 + d) * n];
+                            super::gemv::wide::f16_rows(hb, &s, &mut o, true);
+                        } else {
+                            for r in 0..d {
+                                for i in 0..m {
+                                    o[r * m + i] =
+                                        vv.dot(v0 + r, &s[i * n..(i + 1) * n], buf, simd);
+                                }
                             }
                         }
                     }

@@ -25,8 +25,17 @@ enum Data<'a> {
 /// (0 when it is broadcast along the last axis).
 struct Operand<'a> {
     v: Data<'a>,
-    row_base: Vec<usize>,
+    rows: Offsets,
     step: usize,
+}
+
+/// Where each output row of an operand starts.
+enum Offsets {
+    /// Row `r` at `r·s`: the leading axes collapse to one (a contiguous cache, a per-row
+    /// value, or `s = 0` for one row broadcast to all) — no table to build per call.
+    Step(usize),
+    /// Any other broadcast: one offset per row.
+    Table(Vec<usize>),
 }
 
 impl<'a> Operand<'a> {
@@ -40,8 +49,26 @@ impl<'a> Operand<'a> {
                 *s = 0;
             }
         }
-        // Each row's offset, counting the row index like an odometer over the leading
-        // axes (a division per axis and row cost more than the blend of a decode step).
+        // The leading axes of more than one row collapse to one when each one's stride is
+        // the next one's times its length (or all are broadcast).
+        let lead: Vec<usize> = (0..n - 1).filter(|&ax| out[ax] > 1).collect();
+        let collapses = lead.windows(2).all(|w| st[w[0]] == st[w[1]] * out[w[1]]);
+        let rows = match (collapses, lead.last()) {
+            (true, Some(&ax)) => Offsets::Step(st[ax]),
+            (true, None) => Offsets::Step(0),
+            _ => Offsets::Table(Self::table(&st, out)),
+        };
+        Operand {
+            v,
+            rows,
+            step: st[n - 1],
+        }
+    }
+
+    /// Each row's offset, counting the row index like an odometer over the leading axes
+    /// (a division per axis and row cost more than the blend of a decode step).
+    fn table(st: &[usize], out: &[usize]) -> Vec<usize> {
+        let n = out.len();
         let rows: usize = out[..n - 1].iter().product();
         let mut row_base = Vec::with_capacity(rows);
         let mut idx = vec![0usize; n - 1];
@@ -58,16 +85,28 @@ impl<'a> Operand<'a> {
                 idx[ax] = 0;
             }
         }
-        Operand {
-            v,
-            row_base,
-            step: st[n - 1],
+        row_base
+    }
+
+    /// Where output row `r` starts in this operand.
+    fn base(&self, r: usize) -> usize {
+        match &self.rows {
+            Offsets::Step(s) => r * s,
+            Offsets::Table(t) => t[r],
+        }
+    }
+
+    /// Whether every output row reads the same elements.
+    fn one_row(&self) -> bool {
+        match &self.rows {
+            Offsets::Step(s) => *s == 0,
+            Offsets::Table(t) => t.iter().all(|&b| b == t[0]),
         }
     }
 
     /// Output row `r` of this operand, as f32, into `buf`.
     fn row(&self, r: usize, buf: &mut [f32]) {
-        let b = self.row_base[r];
+        let b = self.base(r);
         match (self.v, self.step) {
             (Data::H(v), 0) => buf.fill(v[b].to_f32()),
             (Data::F(v), 0) => buf.fill(v[b]),
@@ -153,8 +192,7 @@ impl Pass {
     /// The plan for `ops` (`a, b, c, d` of `a·b + c·d`) with rows of `len`, if it applies
     /// and at most a quarter of each row must be computed.
     fn plan(ops: &[Operand], len: usize) -> Option<Pass> {
-        let row_const =
-            |op: &Operand| op.step == 1 && op.row_base.iter().all(|&b| b == op.row_base[0]);
+        let row_const = |op: &Operand| op.step == 1 && op.one_row();
         // Each product as (value, weight) with a weight that is one row for all rows.
         let split = |p: usize| {
             [(2 * p, 2 * p + 1), (2 * p + 1, 2 * p)]
@@ -168,7 +206,7 @@ impl Pass {
         };
         let row = |k: usize| -> Option<&[f16]> {
             match ops[k].v {
-                Data::H(h) => h.get(ops[k].row_base[0]..ops[k].row_base[0] + len),
+                Data::H(h) => h.get(ops[k].base(0)..ops[k].base(0) + len),
                 Data::F(_) => None,
             }
         };
@@ -180,7 +218,7 @@ impl Pass {
     }
 }
 
-impl BlendRows<'_> {
+impl<'a> BlendRows<'a> {
     /// Output rows `first..first + out.len() / row_len` into `out`, each rounded exactly as
     /// `mul`, `mul` and `add` on fp16 tensors round (`out`: a whole number of rows).
     pub fn fill(&self, first: usize, out: &mut [f16]) {
@@ -195,9 +233,9 @@ impl BlendRows<'_> {
             // Each operand's row widened once and reused while the next output row reads
             // the same elements (a broadcast mask is one row for the whole cache).
             for (k, (op, buf)) in self.ops.iter().zip(bufs.chunks_mut(len)).enumerate() {
-                if last[k] != op.row_base[r] {
+                if last[k] != op.base(r) {
                     op.row(r, buf);
-                    last[k] = op.row_base[r];
+                    last[k] = op.base(r);
                 }
             }
             let (a, rest) = bufs.split_at(len);
@@ -207,14 +245,90 @@ impl BlendRows<'_> {
         }
     }
 
+    /// Rows `first..first + rows` read in place: the passed-through operand's slice of
+    /// those rows, which must lie one after another, and the one column the blend computes,
+    /// each row's value in it written to `vals` (a decode step's cache rows and the
+    /// token's column). Elsewhere the blend is that operand's element itself, except that
+    /// it turns −0 into +0 and may give another NaN: a reader of the slice must not depend
+    /// on the sign of a zero and must check its results for infinities and NaNs, reading
+    /// [`fill`](Self::fill)'s rows where it finds one. `None` where there is no one-hot
+    /// plan, the plan computes more than one column, the rows are not consecutive, or a
+    /// row's new value is not finite.
+    pub fn in_place(
+        &self,
+        first: usize,
+        rows: usize,
+        vals: &mut Vec<f16>,
+    ) -> Option<(&'a [f16], usize)> {
+        let p = self.pass.as_ref()?;
+        let (&[col], Data::H(v), Data::H(o)) = (&p.general[..], self.ops[p.v].v, self.ops[p.o].v)
+        else {
+            return None;
+        };
+        let len = *self.dims.last()?;
+        let (vo, oo) = (&self.ops[p.v], &self.ops[p.o]);
+        if first + rows > self.rows() {
+            return None;
+        }
+        let b0 = vo.base(first);
+        let consecutive = match &vo.rows {
+            Offsets::Step(s) => *s == len,
+            Offsets::Table(t) => (0..rows).all(|i| t[first + i] == b0 + i * len),
+        };
+        if !consecutive {
+            return None;
+        }
+        if (first..first + rows).any(|r| !o[oo.base(r)].is_finite()) {
+            return None;
+        }
+        self.column(first, rows, col, vals)?;
+        v.get(b0..b0 + rows * len).map(|rows| (rows, col))
+    }
+
+    /// Column `j` of rows `first..first + rows` by the formula into `vals`, the operands
+    /// gathered and widened together and the products and sum rounded by
+    /// [`blend_to_f16`](super::convert::blend_to_f16) (a value at a time, half's software
+    /// conversions cost about 100 ns a row); `None` if an operand is not fp16.
+    fn column(&self, first: usize, rows: usize, j: usize, vals: &mut Vec<f16>) -> Option<()> {
+        let mut wide = vec![0f32; 4 * rows];
+        let mut g = Vec::with_capacity(rows);
+        for (op, w) in self.ops.iter().zip(wide.chunks_mut(rows)) {
+            let Data::H(h) = op.v else { return None };
+            g.clear();
+            g.extend((first..first + rows).map(|r| h[op.base(r) + j * op.step]));
+            super::convert::f16_to_f32(&g, w);
+        }
+        vals.clear();
+        vals.resize(rows, f16::ZERO);
+        let (a, rest) = wide.split_at(rows);
+        let (b, rest) = rest.split_at(rows);
+        let (c, d) = rest.split_at(rows);
+        super::convert::blend_to_f16(a, b, c, d, vals);
+        Some(())
+    }
+
+    /// Element `j` of row `r` by the formula, rounded as `mul`, `mul`, `add` round.
+    fn formula(&self, r: usize, j: usize) -> f16 {
+        let at = |k: usize| {
+            let op = &self.ops[k];
+            let i = op.base(r) + j * op.step;
+            match op.v {
+                Data::H(h) => h[i].to_f32(),
+                Data::F(f) => f[i],
+            }
+        };
+        let round = |x: f32| f16::from_f32(x).to_f32();
+        f16::from_f32(round(at(0) * at(1)) + round(at(2) * at(3)))
+    }
+
     /// Row `r` by [`Pass`] into `yr`; false where the plan does not apply to it.
     fn pass_row(&self, r: usize, yr: &mut [f16]) -> bool {
         let Some(p) = &self.pass else { return false };
         let (Data::H(v), Data::H(o)) = (self.ops[p.v].v, self.ops[p.o].v) else {
             return false;
         };
-        let (b, len) = (self.ops[p.v].row_base[r], yr.len());
-        if !o[self.ops[p.o].row_base[r]].is_finite() {
+        let (b, len) = (self.ops[p.v].base(r), yr.len());
+        if !o[self.ops[p.o].base(r)].is_finite() {
             return false;
         }
         let row = &v[b..b + len];
@@ -228,17 +342,8 @@ impl BlendRows<'_> {
             return false;
         }
         yr.copy_from_slice(row);
-        let at = |k: usize, j: usize| {
-            let op = &self.ops[k];
-            let i = op.row_base[r] + j * op.step;
-            match op.v {
-                Data::H(h) => h[i].to_f32(),
-                Data::F(f) => f[i],
-            }
-        };
-        let round = |x: f32| f16::from_f32(x).to_f32();
         for &j in &p.general {
-            yr[j] = f16::from_f32(round(at(0, j) * at(1, j)) + round(at(2, j) * at(3, j)));
+            yr[j] = self.formula(r, j);
         }
         true
     }

@@ -333,3 +333,39 @@ fn nibbles_pack_low_first_and_codes_range_check_by_their_maximum() {
     // The packers refuse a code past 4 bits wherever it is.
     assert!(super::PackedWeight::lut4(&[2, 500], &big, vec![0.0; 16]).is_err());
 }
+
+/// A patched column gives the bits of the same kernel over rows with that column replaced:
+/// the column in either half of a 32-element step, in the tail after the last step, and on
+/// both the AVX-512 and the portable paths.
+#[test]
+fn patched_row_kernels_match_the_rows_with_the_column_replaced_bit_for_bit() {
+    use super::wide::{self, Patch};
+    let mut r = Lcg(31);
+    let h = |x: f32| half::f16::from_f32(x);
+    for n in [32usize, 45, 96, 448] {
+        let rows = 6;
+        let w: Vec<half::f16> = (0..rows * n).map(|_| h(r.f())).collect();
+        let vals: Vec<half::f16> = (0..rows).map(|_| h(r.f() * 4.0)).collect();
+        let x: Vec<f32> = (0..n).map(|_| r.f()).collect();
+        let q: Vec<f32> = (0..rows).map(|_| r.f()).collect();
+        for col in [0, 5, 16, 31, n - 1] {
+            let mut replaced = w.clone();
+            for (i, v) in vals.iter().enumerate() {
+                replaced[i * n + col] = *v;
+            }
+            let patch = Some(Patch { col, vals: &vals });
+            for on in [false, wide::available()] {
+                let (mut got, mut want) = (vec![0f32; rows], vec![0f32; rows]);
+                wide::f16_rows_patched(&w, &x, &mut got, patch, on);
+                wide::f16_rows(&replaced, &x, &mut want, on);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "f16_rows n {n} col {col} on {on}");
+                let s0: Vec<f32> = (0..n).map(|_| r.f()).collect();
+                let (mut got, mut want) = (s0.clone(), s0);
+                wide::axpy_rows_f16_patched(&w, &q, &mut got, patch, on);
+                wide::axpy_rows_f16(&replaced, &q, &mut want, on);
+                assert_eq!(bits(&got), bits(&want), "axpy_rows n {n} col {col} on {on}");
+            }
+        }
+    }
+}

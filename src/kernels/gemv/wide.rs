@@ -56,8 +56,44 @@ pub fn permute_pairs(x: &[f32]) -> Vec<f32> {
     out
 }
 
+/// One column of a block of consecutive rows read with another value in its place: row
+/// `r`'s element at `col` is taken as `vals[r]` (a decode step reads its cache rows in
+/// place, the token's column standing in for what the cache holds there).
+#[derive(Clone, Copy)]
+pub struct Patch<'a> {
+    pub col: usize,
+    pub vals: &'a [f16],
+}
+
+impl Patch<'_> {
+    /// Row `r`'s element `j` of `w` (rows of `n`), with the patch applied.
+    fn at(p: Option<Patch>, w: &[f16], r: usize, n: usize, j: usize) -> f16 {
+        match p {
+            Some(p) if p.col == j => p.vals[r],
+            _ => w[r * n + j],
+        }
+    }
+
+    fn check(p: Option<Patch>, rows: usize, n: usize, what: &str) {
+        if let Some(p) = p {
+            assert!(
+                p.col < n && p.vals.len() >= rows,
+                "{what}: patch at column {} of {n} with {} values for {rows} rows",
+                p.col,
+                p.vals.len()
+            );
+        }
+    }
+}
+
 /// `out[i] = row i · x` for `out.len()` consecutive fp16 rows of `k = x.len()`.
 pub fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32], on: bool) {
+    f16_rows_patched(w, x, out, None, on)
+}
+
+/// [`f16_rows`] with one column of the rows replaced ([`Patch`]); the sums are formed in
+/// the same order, so the result has the bits of `f16_rows` over the patched rows.
+pub fn f16_rows_patched(w: &[f16], x: &[f32], out: &mut [f32], patch: Option<Patch>, on: bool) {
     let k = x.len();
     assert!(
         w.len() >= out.len() * k,
@@ -66,24 +102,42 @@ pub fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32], on: bool) {
         out.len() * k,
         w.len()
     );
+    Patch::check(patch, out.len(), k, "f16_rows");
     #[cfg(target_arch = "x86_64")]
     {
         if on {
             // SAFETY: `on` is only true when `available()` confirmed the CPU features; the
-            // assert above bounds every read.
-            unsafe { avx512::f16_rows(w, x, out) };
+            // asserts above bound every read.
+            unsafe { avx512::f16_rows(w, x, out, patch) };
             return;
         }
     }
     let _ = on;
+    if patch.is_none() {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = super::simd::dot_f16(&w[i * k..(i + 1) * k], x, false);
+        }
+        return;
+    }
+    let mut row = vec![f16::ZERO; k];
     for (i, o) in out.iter_mut().enumerate() {
-        *o = super::simd::dot_f16(&w[i * k..(i + 1) * k], x, false);
+        for (j, e) in row.iter_mut().enumerate() {
+            *e = Patch::at(patch, w, i, k, j);
+        }
+        *o = super::simd::dot_f16(&row, x, false);
     }
 }
 
 /// `s += Σ_r q[r]·w_r` over the `q.len()` consecutive fp16 rows `w` of `s.len()` (the
 /// decode-step attention scores `qᵀK` with Whisper's `[64, N]` keys), row after row.
 pub fn axpy_rows_f16(w: &[f16], q: &[f32], s: &mut [f32], on: bool) {
+    axpy_rows_f16_patched(w, q, s, None, on)
+}
+
+/// [`axpy_rows_f16`] with one column of the rows replaced ([`Patch`]): each element's
+/// products are added in the same order, so the result has the bits of `axpy_rows_f16`
+/// over the patched rows.
+pub fn axpy_rows_f16_patched(w: &[f16], q: &[f32], s: &mut [f32], patch: Option<Patch>, on: bool) {
     let n = s.len();
     assert!(
         w.len() >= q.len() * n,
@@ -91,19 +145,20 @@ pub fn axpy_rows_f16(w: &[f16], q: &[f32], s: &mut [f32], on: bool) {
         w.len(),
         q.len()
     );
+    Patch::check(patch, q.len(), n, "axpy_rows_f16");
     #[cfg(target_arch = "x86_64")]
     {
         if on {
             // SAFETY: as in `f16_rows`; `w` holds `q.len()` rows of `n`.
-            unsafe { avx512::axpy_rows_f16(w, q, s) };
+            unsafe { avx512::axpy_rows_f16(w, q, s, patch) };
             return;
         }
     }
     let _ = on;
-    for (row, &qr) in w.chunks_exact(n.max(1)).zip(q) {
-        s.iter_mut()
-            .zip(row)
-            .for_each(|(s, k)| *s += qr * k.to_f32());
+    for (r, &qr) in q.iter().enumerate() {
+        for (j, s) in s.iter_mut().enumerate() {
+            *s += qr * Patch::at(patch, w, r, n, j).to_f32();
+        }
     }
 }
 
@@ -170,6 +225,7 @@ pub fn code_rows(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::Patch;
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -223,10 +279,11 @@ mod avx512 {
     /// memory, took 1.4–1.7× as long), and software prefetches 4 KiB ahead only slowed the
     /// single stream down (1.2× as long, measured alternating).
     #[target_feature(enable = "avx512f,f16c,fma")]
-    pub unsafe fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32]) {
+    pub unsafe fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32], patch: Option<Patch>) {
         let k = x.len();
         let (wp, xp) = (w.as_ptr() as *const u8, x.as_ptr());
         let whole = k / 32 * 32;
+        let pj = patch.map_or(usize::MAX, |p| p.col / 32 * 32);
         unsafe {
             for (r, o) in out.iter_mut().enumerate() {
                 let row = wp.add(2 * r * k);
@@ -235,13 +292,17 @@ mod avx512 {
                 while j < whole {
                     let h0 = _mm256_loadu_si256(row.add(2 * j) as *const __m256i);
                     let h1 = _mm256_loadu_si256(row.add(2 * j + 32) as *const __m256i);
-                    a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(h0), _mm512_loadu_ps(xp.add(j)), a0);
-                    a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(h1), _mm512_loadu_ps(xp.add(j + 16)), a1);
+                    let (mut w0, mut w1) = (_mm512_cvtph_ps(h0), _mm512_cvtph_ps(h1));
+                    if j == pj {
+                        (w0, w1) = patched(w0, w1, patch, r);
+                    }
+                    a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp.add(j)), a0);
+                    a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(j + 16)), a1);
                     j += 32;
                 }
                 let mut s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-                for jj in whole..k {
-                    s += w[r * k + jj].to_f32() * x[jj];
+                for (jj, xj) in x.iter().enumerate().skip(whole) {
+                    s += Patch::at(patch, w, r, k, jj).to_f32() * xj;
                 }
                 *o = s;
             }
@@ -250,10 +311,11 @@ mod avx512 {
 
     /// See `super::axpy_rows_f16`: row after row, one sequential stream (as `f16_rows`).
     #[target_feature(enable = "avx512f,f16c,fma")]
-    pub unsafe fn axpy_rows_f16(w: &[f16], q: &[f32], s: &mut [f32]) {
+    pub unsafe fn axpy_rows_f16(w: &[f16], q: &[f32], s: &mut [f32], patch: Option<Patch>) {
         let n = s.len();
         let (wp, sp) = (w.as_ptr() as *const u8, s.as_mut_ptr());
         let whole = n / 32 * 32;
+        let pj = patch.map_or(usize::MAX, |p| p.col / 32 * 32);
         unsafe {
             for (r, &qr) in q.iter().enumerate() {
                 let row = wp.add(2 * r * n);
@@ -262,17 +324,33 @@ mod avx512 {
                 while j < whole {
                     let h0 = _mm256_loadu_si256(row.add(2 * j) as *const __m256i);
                     let h1 = _mm256_loadu_si256(row.add(2 * j + 32) as *const __m256i);
-                    let s0 = _mm512_fmadd_ps(_mm512_cvtph_ps(h0), qv, _mm512_loadu_ps(sp.add(j)));
-                    let s1 =
-                        _mm512_fmadd_ps(_mm512_cvtph_ps(h1), qv, _mm512_loadu_ps(sp.add(j + 16)));
+                    let (mut w0, mut w1) = (_mm512_cvtph_ps(h0), _mm512_cvtph_ps(h1));
+                    if j == pj {
+                        (w0, w1) = patched(w0, w1, patch, r);
+                    }
+                    let s0 = _mm512_fmadd_ps(w0, qv, _mm512_loadu_ps(sp.add(j)));
+                    let s1 = _mm512_fmadd_ps(w1, qv, _mm512_loadu_ps(sp.add(j + 16)));
                     _mm512_storeu_ps(sp.add(j), s0);
                     _mm512_storeu_ps(sp.add(j + 16), s1);
                     j += 32;
                 }
-                for j in whole..n {
-                    s[j] += qr * w[r * n + j].to_f32();
+                for (j, sj) in s.iter_mut().enumerate().skip(whole) {
+                    *sj += qr * Patch::at(patch, w, r, n, j).to_f32();
                 }
             }
+        }
+    }
+
+    /// A step's two halves with row `r`'s patched element (its column within the step)
+    /// put in place of the loaded one.
+    #[inline(always)]
+    unsafe fn patched(w0: __m512, w1: __m512, patch: Option<Patch>, r: usize) -> (__m512, __m512) {
+        let Some(p) = patch else { return (w0, w1) };
+        let (lane, v) = (p.col % 32, _mm512_set1_ps(p.vals[r].to_f32()));
+        if lane < 16 {
+            (_mm512_mask_mov_ps(w0, 1 << lane, v), w1)
+        } else {
+            (w0, _mm512_mask_mov_ps(w1, 1 << (lane - 16), v))
         }
     }
 
