@@ -8,8 +8,10 @@ use milkit::convert::decoder_export::DecoderExport;
 use milkit::convert::recipe::{recipe_components, Recipe};
 use milkit::passes::compress::Selection;
 use milkit::quality::calibrate::{
-    calibrate_decoder_with, calibrate_encoder, expand_audio_list, SensitivityRequest,
+    calibrate_decoder_with, calibrate_encoder_with, expand_audio_list, EncoderSensitivityRequest,
+    SensitivityRequest,
 };
+use milkit::whisper::encoder::EncoderAbi;
 use std::path::PathBuf;
 
 /// Runs the fp16 encoder (or text decoder) of a checkpoint on real audio and records, for
@@ -51,14 +53,17 @@ pub struct CalibrateArgs {
     /// window as large as the layer's own.
     #[arg(long)]
     pub gram: bool,
-    /// With `--component decoder`: also measure each decoder weight's end-metric
-    /// sensitivity for this recipe's decoder compression — the decoder's teacher-forced
-    /// next-token KL divergence from fp16, along the fp16 model's transcripts of the same
-    /// clips, with only that weight compressed as the recipe says, at each of --widths — and
-    /// store the curves in the statistics. `export --target-bits` then allocates the
-    /// decoder's bits by KL drop per stored bit instead of by each op's own output error
-    /// (and plans the decoder apart from an encoder without such curves, each within the
-    /// budget). Costs one decoder pass over the clips per weight and width.
+    /// Also measure each weight's end-metric sensitivity for this recipe's compression of
+    /// the --component, with only that weight compressed exactly as the recipe says (tables,
+    /// channel scales, outlier grouping, error feedback; with the statistics just gathered)
+    /// at each of --widths, and store the curves in the statistics. `decoder`: the decoder's
+    /// teacher-forced next-token KL divergence from fp16 along the fp16 model's transcripts
+    /// of the same clips. `encoder`: the encoder output's relative squared error against
+    /// fp16 (mean over clips of ‖y − y0‖² / ‖y0‖², first 30-s window of each clip). A mixed
+    /// plan (`target_bits`) then allocates that component's bits by drop of this measure per
+    /// stored bit instead of by each op's own output error; components whose errors are on
+    /// different scales are each planned within the budget. Costs one pass over the clips
+    /// per weight and width.
     #[arg(long, value_name = "RECIPE")]
     pub sensitivity_recipe: Option<PathBuf>,
     /// Bit widths the end-metric sensitivity is measured at (with --sensitivity-recipe).
@@ -91,11 +96,16 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
     let mut tick = |d: usize, _| pb.set_position(d as u64);
     let compression = match &a.sensitivity_recipe {
         None => None,
-        Some(_) if a.component != CalibComponent::Decoder => {
-            anyhow::bail!("--sensitivity-recipe measures the text decoder's weights: use it with --component decoder")
-        }
-        Some(r) => Some(decoder_compression_of(r)?),
+        Some(r) => Some(compression_of(r, a.component)?),
     };
+    if let Some((c, _)) = &compression {
+        if c.error_feedback.is_some() && !a.gram {
+            anyhow::bail!(
+                "the recipe's {} compression uses error feedback, which needs the Gram matrices: add --gram",
+                component_name(a.component)
+            );
+        }
+    }
     let mut widths = a.widths.clone();
     widths.sort_unstable();
     widths.dedup();
@@ -112,7 +122,20 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
         sweep_bar.set_position(d as u64);
     };
     let cal = match a.component {
-        CalibComponent::Encoder => calibrate_encoder(&model, &files, &sel, a.gram, &mut tick)?,
+        CalibComponent::Encoder => calibrate_encoder_with(
+            &model,
+            &files,
+            &sel,
+            a.gram,
+            compression
+                .as_ref()
+                .map(|(c, _)| EncoderSensitivityRequest {
+                    compression: c,
+                    widths: &widths,
+                }),
+            &mut tick,
+            &mut sweep,
+        )?,
         CalibComponent::Decoder => calibrate_decoder_with(
             &model,
             &files,
@@ -146,24 +169,45 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
     Ok(0)
 }
 
-/// The decoder compression a recipe describes (its `decoder` component's `[compress]`) and
-/// the shape of that decoder's export.
-fn decoder_compression_of(
+fn component_name(c: CalibComponent) -> &'static str {
+    match c {
+        CalibComponent::Encoder => "encoder",
+        CalibComponent::Decoder => "decoder",
+    }
+}
+
+/// The compression a recipe describes for `component` (its `[compress]` table) and the
+/// shape of the recipe's decoder export (used with the decoder only).
+fn compression_of(
     path: &std::path::Path,
+    component: CalibComponent,
 ) -> Result<(milkit::convert::bundle::Compression, DecoderExport)> {
     let r = Recipe::from_file(path)?;
     let specs = recipe_components(&r, path, &[])?;
-    let Some((_, spec)) = specs
-        .iter()
-        .find(|(_, s)| s.component == Component::Decoder)
-    else {
+    let (want, name) = match component {
+        CalibComponent::Encoder => (Component::Encoder, "encoder"),
+        CalibComponent::Decoder => (Component::Decoder, "decoder"),
+    };
+    let Some((_, spec)) = specs.iter().find(|(_, s)| s.component == want) else {
         anyhow::bail!(
-            "{}: the recipe has no `decoder` component to measure",
+            "{}: the recipe has no `{name}` component to measure",
             path.display()
         );
     };
     let Some(c) = spec.compression.clone() else {
-        anyhow::bail!("{}: the recipe's decoder is not compressed", path.display());
+        anyhow::bail!(
+            "{}: the recipe's {name} is not compressed; nothing to measure",
+            path.display()
+        );
     };
+    if component == CalibComponent::Encoder && spec.abi != EncoderAbi::WhisperKit {
+        // The statistics and the sweep run the WhisperKit-ABI encoder; other layouts may name
+        // or shape their weights differently.
+        anyhow::bail!(
+            "{}: the recipe's encoder uses the `{}` ABI; the encoder sweep measures the `whisperkit` one",
+            path.display(),
+            spec.abi.name()
+        );
+    }
     Ok((c, spec.decoder))
 }

@@ -483,7 +483,8 @@ pub fn write_whisperkit_folder(
 /// budget while the more sensitive weights (per measured error per stored bit) get more of
 /// it, wherever they are. Fixes the widths in both compressions (their `nbits`) and returns
 /// the encoder's and the decoder's plans; `None` when no joint plan is asked for, or when
-/// exactly one of the two has end-metric sensitivity curves (each is then planned alone
+/// their errors are on different scales: exactly one of the two has end-metric sensitivity
+/// curves, or both have curves, measured on different components (each is then planned alone
 /// within the budget, so the folder's average stays within it too).
 /// A part without statistics has its errors measured unweighted (plain weight error).
 pub fn plan_folder_bits(
@@ -500,8 +501,11 @@ pub fn plan_folder_bits(
     };
     // Errors on different scales (an end-metric curve against a per-op relative error)
     // cannot share one budget: each component is then planned alone within its own.
-    let end_metric = |c: &Compression| c.calibration.as_ref().is_some_and(|s| s.has_end_metric());
-    if end_metric(ec) != end_metric(dc) {
+    // (Curves measured on the encoder and on the decoder are on different scales too.)
+    fn scale(c: &Compression) -> Option<&str> {
+        c.calibration.as_ref().and_then(|s| s.end_metric_scale())
+    }
+    if scale(ec) != scale(dc) {
         progress("planning the encoder and the decoder each within its budget (their errors are on different scales)");
         return Ok(None);
     }

@@ -16,7 +16,7 @@
 //!
 //! The statistics may also carry, per weight, an end-metric sensitivity curve ([`EndMetric`]:
 //! the model's output divergence with only that weight compressed, per bit width, measured by
-//! `crate::quality::sensitivity`), which the mixed-precision plan then uses instead of its
+//! `crate::quality::sensitivity` or `crate::quality::encoder_sensitivity`), which the mixed-precision plan then uses instead of its
 //! own per-op error estimate. It is stored in the file's metadata.
 
 use super::select::{is_positional, Selection};
@@ -605,6 +605,13 @@ impl Calibration {
         self.meta
             .keys()
             .any(|k| k.starts_with(END_METRIC_META_PREFIX))
+    }
+
+    /// The scale the end-metric curves are on, if any: the component they were measured on
+    /// (a decoder's curves are next-token KL divergences, an encoder's its output's relative
+    /// squared error), so curves of different components cannot share one budget.
+    pub fn end_metric_scale(&self) -> Option<&str> {
+        self.has_end_metric().then(|| self.component())
     }
 
     /// `weight`'s end-metric sensitivity curve (widths ascending), if measured.

@@ -21,13 +21,15 @@
 //! so the other weights share what it leaves of the budget.
 //!
 //! End-metric sensitivity: when the statistics carry a weight's end-metric curve
-//! ([`Calibration::end_metric`], e.g. the decoder's next-token KL divergence with only that
-//! weight compressed, measured by `milkit calibrate --sensitivity-recipe`), that curve is the
-//! weight's error, at the widths it was measured at, instead of its own relative output
-//! error: the allocation then buys the largest drop of the model's output divergence per
-//! stored bit (the divergences of single weights taken as adding up). A part's statistics
-//! give such curves for all of its weights or for none; parts measured on different scales
-//! cannot share one budget ([`end_metric_parts`] tells).
+//! ([`Calibration::end_metric`], e.g. the decoder's next-token KL divergence or the encoder
+//! output's relative squared error with only that weight compressed, measured by
+//! `milkit calibrate --sensitivity-recipe`), that curve is the weight's error, at the widths
+//! it was measured at, instead of its own relative output error: the allocation then buys
+//! the largest drop of the model's output divergence per stored bit (the divergences of
+//! single weights taken as adding up). A part's statistics give such curves for all of its
+//! weights or for none; parts measured on different scales (per-op errors against curves,
+//! or the curves of different components, [`Calibration::end_metric_scale`]) cannot share
+//! one budget ([`end_metric_parts`] tells whether a part has curves).
 
 use super::calibrate::Calibration;
 use super::compress::{selected_weights, Method, Selection};
@@ -157,6 +159,15 @@ pub fn plan_bits_joint(
     ensure!(
         end_metric_parts(parts).iter().all(|&e| e) || end_metric_parts(parts).iter().all(|&e| !e),
         "one budget over parts whose errors are on different scales: some statistics carry end-metric sensitivity curves and some do not; plan them separately"
+    );
+    let scales: Vec<Option<&str>> = parts
+        .iter()
+        .map(|p| p.calibration.and_then(|c| c.end_metric_scale()))
+        .collect();
+    ensure!(
+        scales.windows(2).all(|w| w[0] == w[1]),
+        "one budget over parts whose errors are on different scales: end-metric curves measured on {:?}; plan them separately",
+        scales.iter().flatten().collect::<Vec<_>>()
     );
     for (i, part) in parts.iter().enumerate() {
         for w in measure(part, &cands)? {

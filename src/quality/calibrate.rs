@@ -2,8 +2,10 @@
 //! measured by running the fp16 model on real audio: the encoder on every 30-s window, the
 //! text decoder on every token of greedy transcription (its own tokens fed back, the fp16
 //! encoder's states as cross-attention input: the inputs it sees in use); optionally also
-//! the decoder weights' end-metric sensitivity ([`super::sensitivity`]).
+//! the weights' end-metric sensitivity: the decoder's ([`super::sensitivity`]) or the
+//! encoder's ([`super::encoder_sensitivity`]).
 
+use super::encoder_sensitivity::{describe, encoder_references, encoder_sensitivity};
 use super::eval::read_manifest;
 use super::sensitivity::{decoder_sensitivity, references, Reference};
 use crate::convert::bundle::Compression;
@@ -51,6 +53,31 @@ pub fn calibrate_encoder(
     grams: bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Calibration> {
+    calibrate_encoder_with(model_dir, audio, sel, grams, None, progress, &mut |_, _| {})
+}
+
+/// What [`calibrate_encoder_with`] also measures: the end-metric sensitivity of every weight
+/// `compression` (a recipe's encoder compression) selects, at `widths`
+/// ([`super::encoder_sensitivity`]).
+pub struct EncoderSensitivityRequest<'a> {
+    pub compression: &'a Compression,
+    pub widths: &'a [u32],
+}
+
+/// [`calibrate_encoder`], and with `sensitivity` also each selected weight's end-metric
+/// curve (the encoder output's mean relative squared error against fp16 with only that
+/// weight compressed, per width, on the first 30-s window of each clip, compressed with the
+/// statistics just gathered), stored in the statistics ([`Calibration::set_end_metric`]).
+/// `sweep(done, total)` is called after each of those measurements.
+pub fn calibrate_encoder_with(
+    model_dir: &Path,
+    audio: &[PathBuf],
+    sel: &Selection,
+    grams: bool,
+    sensitivity: Option<EncoderSensitivityRequest>,
+    progress: &mut dyn FnMut(usize, usize),
+    sweep: &mut dyn FnMut(usize, usize),
+) -> Result<Calibration> {
     let ckpt = Checkpoint::open(model_dir)?;
     let model = export_encoder(&ckpt, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {})?;
     let n_mels = model
@@ -64,11 +91,19 @@ pub fn calibrate_encoder(
     let input = inst.description.inputs[0].name.clone();
     let mut session = Session::from_model(inst).context("preparing the instrumented encoder")?;
     let mut moments = Moments::default();
+    // The first window of every clip: what the end-metric sweep measures on.
+    let mut first_windows = Vec::new();
     for (i, path) in audio.iter().enumerate() {
         let samples = load_wav(path)?;
-        for mel in log_mel_windows(&samples, n_mels, filters.as_ref())? {
+        for (k, mel) in log_mel_windows(&samples, n_mels, filters.as_ref())?
+            .into_iter()
+            .enumerate()
+        {
             let frames = mel.len() / n_mels;
             let x = Tensor::from_vec(mel, (1, n_mels, 1, frames), &candle_core::Device::Cpu)?;
+            if k == 0 && sensitivity.is_some() {
+                first_windows.push(x.clone());
+            }
             let outs = session
                 .predict(&[(input.as_str(), x)])
                 .with_context(|| format!("running the encoder on {}", path.display()))?;
@@ -76,8 +111,25 @@ pub fn calibrate_encoder(
         }
         progress(i + 1, audio.len());
     }
+    drop(session);
     let mut cal = moments.finish(&ckpt.source_name());
     cal.meta.insert(COMPONENT_KEY.into(), "encoder".into());
+    if let Some(req) = sensitivity {
+        let refs = encoder_references(&model, first_windows)?;
+        let curves = encoder_sensitivity(
+            &model,
+            req.compression,
+            Some(&cal),
+            &refs,
+            req.widths,
+            sweep,
+        )?;
+        for (w, c) in &curves {
+            cal.set_end_metric(w, c);
+        }
+        cal.meta
+            .insert("milkit.calibration.end_metric".into(), describe(refs.len()));
+    }
     Ok(cal)
 }
 

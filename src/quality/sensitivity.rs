@@ -7,7 +7,8 @@
 //! cross-attention input. The curves go into the statistics file
 //! ([`Calibration::set_end_metric`]); the mixed-precision plan (`passes::mixed`) then spends
 //! the bit budget where it lowers this divergence most per stored bit, instead of where each
-//! op's own output error falls most.
+//! op's own output error falls most. [`weight_sensitivity`], the sweep itself, serves the
+//! encoder's weights too (`super::encoder_sensitivity`).
 
 use super::fidelity::kl_divergence;
 use crate::convert::bundle::Compression;
@@ -106,7 +107,7 @@ pub fn weight_sensitivity(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<BTreeMap<String, EndMetric>> {
     let Method::Palettize(cfg) = compression.method else {
-        bail!("end-metric sensitivity measures palettization (the recipe's decoder must use `palettize`)");
+        bail!("end-metric sensitivity measures palettization (the recipe's compression must use `palettize`, not `quantize`)");
     };
     ensure!(!widths.is_empty(), "no bit widths to measure");
     let mut c = compression.clone();
