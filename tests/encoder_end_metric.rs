@@ -248,16 +248,11 @@ fn the_cli_stores_encoder_curves_that_export_plans_with() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // Its widths are the plan over the curves (which some weights' curves move above 4).
-    let want = plan_bits(
-        &m,
-        &lut(4),
-        &Selection::default(),
-        Some(&cal),
-        4.6,
-        &[2, 3, 4, 6, 8],
-    )
-    .unwrap()
-    .nbits();
+    // The 4.6-bit plan (LUT4 at least) that the statistics `cal` give over `widths`.
+    let plan = |cal: &Calibration, widths: &[u32]| {
+        plan_bits(&m, &lut(4), &Selection::default(), Some(cal), 4.6, widths)
+    };
+    let want = plan(&cal, &[2, 3, 4, 6, 8]).unwrap().nbits();
     assert!(want.values().any(|&b| b > 4), "{want:?}");
     let o = milkit()
         .args(["inspect", "--mil"])
@@ -281,31 +276,14 @@ fn the_cli_stores_encoder_curves_that_export_plans_with() {
     // ... and not what the per-op errors alone would plan.
     let mut plain = cal.clone();
     plain.meta.retain(|k, _| !k.contains("end_metric"));
-    let per_op = plan_bits(
-        &m,
-        &lut(4),
-        &Selection::default(),
-        Some(&plain),
-        4.6,
-        &[2, 3, 4, 6, 8],
-    )
-    .unwrap()
-    .nbits();
+    let per_op = plan(&plain, &[2, 3, 4, 6, 8]).unwrap().nbits();
     assert_ne!(got, per_op);
     // A curve missing for one weight: the plan names it instead of mixing scales.
     let mut partial = cal.clone();
     partial
         .meta
         .remove("milkit.calibration.end_metric:layers_0_fc2_weight");
-    let e = plan_bits(
-        &m,
-        &lut(4),
-        &Selection::default(),
-        Some(&partial),
-        4.6,
-        &[4, 6, 8],
-    )
-    .unwrap_err();
+    let e = plan(&partial, &[4, 6, 8]).unwrap_err();
     assert!(format!("{e:#}").contains("layers_0_fc2_weight"), "{e:#}");
 }
 

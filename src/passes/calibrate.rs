@@ -44,6 +44,10 @@ pub const GRAM_META_PREFIX: &str = "milkit.calibration.gram:";
 /// Prefix of the metadata keys holding, per weight, its end-metric sensitivity curve.
 pub const END_METRIC_META_PREFIX: &str = "milkit.calibration.end_metric:";
 
+/// Metadata key describing what the end-metric curves measure (the sweep's measure, clips
+/// and positions).
+pub const END_METRIC_MEASURE_KEY: &str = "milkit.calibration.end_metric";
+
 /// A weight's end-metric sensitivity: (bit width, the model output's divergence from the
 /// uncompressed model with only this weight compressed at that width), widths ascending.
 pub type EndMetric = Vec<(u32, f64)>;
@@ -598,6 +602,15 @@ impl Calibration {
             .join(",");
         self.meta
             .insert(format!("{END_METRIC_META_PREFIX}{weight}"), text);
+    }
+
+    /// Records a sweep's curves, one per weight, and what they measure (under
+    /// [`END_METRIC_MEASURE_KEY`]).
+    pub fn set_end_metrics(&mut self, curves: &BTreeMap<String, EndMetric>, measure: String) {
+        for (w, c) in curves {
+            self.set_end_metric(w, c);
+        }
+        self.meta.insert(END_METRIC_MEASURE_KEY.into(), measure);
     }
 
     /// Whether any weight has an end-metric sensitivity curve.

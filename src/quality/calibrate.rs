@@ -124,11 +124,7 @@ pub fn calibrate_encoder_with(
             req.widths,
             sweep,
         )?;
-        for (w, c) in &curves {
-            cal.set_end_metric(w, c);
-        }
-        cal.meta
-            .insert("milkit.calibration.end_metric".into(), describe(refs.len()));
+        cal.set_end_metrics(&curves, describe(refs.len()));
     }
     Ok(cal)
 }
@@ -228,12 +224,9 @@ pub fn calibrate_decoder_with(
             req.widths,
             sweep,
         )?;
-        for (w, c) in &curves {
-            cal.set_end_metric(w, c);
-        }
         let positions: usize = refs.iter().map(Reference::positions).sum();
-        cal.meta.insert(
-            "milkit.calibration.end_metric".into(),
+        cal.set_end_metrics(
+            &curves,
             format!(
                 "mean teacher-forced next-token KL(fp16 || one weight compressed), nats, over {positions} positions of {} clips",
                 refs.len()

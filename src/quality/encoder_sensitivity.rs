@@ -28,7 +28,7 @@ use crate::runtime::{Session, Tensor};
 use anyhow::{ensure, Context, Result};
 use std::collections::BTreeMap;
 
-/// Describes the measure in the statistics file's metadata (`milkit.calibration.end_metric`).
+/// Describes the measure in the statistics file's metadata (`END_METRIC_MEASURE_KEY`).
 pub fn describe(clips: usize) -> String {
     format!(
         "mean over {clips} clips (first 30-s window each) of ||y - y0||^2 / ||y0||^2, y the encoder output with one weight compressed, y0 the fp16 encoder's"
