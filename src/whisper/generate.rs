@@ -12,7 +12,6 @@
 //! step).
 use super::config::{GenerationConfig, TokenIds};
 use super::tokenizer::Tokenizer;
-use crate::kernels::fastmath;
 use anyhow::{bail, ensure, Context, Result};
 use std::io::Write;
 use std::path::Path;
@@ -561,39 +560,9 @@ impl DecodingRules {
     }
 }
 
-/// log Σ exp(x) over the non-NaN elements; −∞ for an empty or all −∞ slice. The terms
-/// e^(x − max) ≤ 1 are computed in f32 ([`fastmath::exp`], within 5e-7 relative: a
-/// vectorised pass, where libm's f64 `exp` took about 0.3 ms a call over a 51,864-token
-/// vocabulary, three calls a decoded token) and summed in f64, so the result is within
-/// about 1e-6 of the f64 sum (tested).
-pub fn log_sum_exp(x: &[f32]) -> f64 {
-    let max = x
-        .iter()
-        .copied()
-        .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        return f64::NEG_INFINITY;
-    }
-    // Eight f64 partial sums, so that the loop vectorises; NaN and −∞ add nothing.
-    let term = |v: f32| {
-        let e = f64::from(fastmath::exp(v - max));
-        if v.is_nan() || v == f32::NEG_INFINITY {
-            0.0
-        } else {
-            e
-        }
-    };
-    let mut acc = [0f64; 8];
-    let mut chunks = x.chunks_exact(8);
-    for c in &mut chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a += term(v);
-        }
-    }
-    let tail: f64 = chunks.remainder().iter().map(|&v| term(v)).sum();
-    f64::from(max) + (acc.iter().sum::<f64>() + tail).ln()
-}
+/// log Σ exp(x) over the non-NaN elements (the decoding rules' and the fidelity metrics'
+/// normaliser over a vocabulary of logits): [`crate::kernels::fastmath::log_sum_exp`].
+pub use crate::kernels::fastmath::log_sum_exp;
 
 /// Index of the largest logit, first on ties; NaN and -inf never win. None if nothing is
 /// selectable.
