@@ -187,7 +187,7 @@ fn wide_kernels_match_plain_loops() {
     use super::wide;
     let mut r = Lcg(9);
     let on = wide::available();
-    for k in [32usize, 40, 72, 200, 384] {
+    for k in [32usize, 40, 60, 72, 200, 384, 1500] {
         for rows in [1usize, 4, 7] {
             let w: Vec<half::f16> = (0..rows * k).map(|_| half::f16::from_f32(r.f())).collect();
             let x: Vec<f32> = (0..k).map(|_| r.f()).collect();
@@ -342,7 +342,7 @@ fn patched_row_kernels_match_the_rows_with_the_column_replaced_bit_for_bit() {
     use super::wide::{self, Patch};
     let mut r = Lcg(31);
     let h = |x: f32| half::f16::from_f32(x);
-    for n in [32usize, 45, 96, 448] {
+    for n in [32usize, 45, 96, 448, 1500] {
         let rows = 6;
         let w: Vec<half::f16> = (0..rows * n).map(|_| h(r.f())).collect();
         let vals: Vec<half::f16> = (0..rows).map(|_| h(r.f() * 4.0)).collect();
