@@ -762,6 +762,14 @@ pub struct AudioBenchReport {
     /// decoder_bytes_per_token / bandwidth: the time per token a decoder bound by reading its
     /// weights cannot beat.
     pub floor_ms_per_token: f64,
+    /// The median of the decoder model's warm calls (as `decoder_warm_ms_per_token`, over
+    /// every timed run), in ms.
+    pub decoder_warm_median_ms: f64,
+    /// The median time of the bandwidth passes (taken after each timed run), scaled to
+    /// `decoder_bytes_per_token`, in ms: set against `decoder_warm_median_ms`, a median
+    /// against a median, where `floor_ms_per_token` (the best pass) is a best case that a
+    /// shared machine's swings move.
+    pub floor_median_ms: f64,
     /// The whole transcription (models already loaded).
     pub total_ms: f64,
     /// faster-whisper on the same audio in the same run (`--compare-faster-whisper`).

@@ -312,10 +312,12 @@ fn bench_json_follows_schema_and_counts_decoder_bytes() {
             "decoder_bytes_per_token",
             "decoder_first_call_ms",
             "decoder_ms_per_token",
+            "decoder_warm_median_ms",
             "decoder_warm_ms_per_token",
             "encoder_gflop",
             "encoder_gflops",
             "encoder_ms",
+            "floor_median_ms",
             "floor_ms_per_token",
             "mel_ms",
             "total_ms"
@@ -345,6 +347,15 @@ fn bench_json_follows_schema_and_counts_decoder_bytes() {
     let floor = bytes / (f("bandwidth_gbps") * 1e9) * 1e3;
     assert!((floor - f("floor_ms_per_token")).abs() <= 1e-9 * floor.max(1.0));
     assert!(f("bandwidth_gbps") > 0.5);
+    // The median pass is no faster than the best one; the warm calls' median lies among
+    // the warm calls, so it is positive.
+    let (median_floor, median_warm) = (f("floor_median_ms"), f("decoder_warm_median_ms"));
+    assert!(
+        median_floor >= f("floor_ms_per_token") * (1.0 - 1e-9),
+        "median pass {median_floor} ms below the best pass {}",
+        f("floor_ms_per_token")
+    );
+    assert!(median_warm > 0.0 && median_warm < f("total_ms"));
     let parts = f("mel_ms") + f("encoder_ms");
     assert!(parts > 0.0 && parts < f("total_ms"));
     assert!(f("decoder_ms_per_token") > 0.0 && f("decoder_ms_per_token") < f("total_ms"));

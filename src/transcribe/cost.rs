@@ -242,21 +242,30 @@ pub fn flops_per_call(m: &Model) -> Result<u64> {
 /// bytes with all rayon threads, as the decoder's kernels read weights. The same working set
 /// matters: a buffer that fits a large last-level cache streams far faster than DRAM.
 pub fn stream_bandwidth_gbps(bytes: u64, passes: usize) -> f64 {
+    let best = stream_pass_seconds(bytes, passes)
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+    ((bytes / 8).max(512) * 8) as f64 / best.max(1e-9) / 1e9
+}
+
+/// The time of each of `passes` passes (at least one) of summing a buffer of `bytes` bytes
+/// (rounded down to whole u64s, at least 4 KiB) with all rayon threads, in seconds ([`stream_bandwidth_gbps`]).
+pub fn stream_pass_seconds(bytes: u64, passes: usize) -> Vec<f64> {
     let n = (bytes / 8).max(512) as usize;
     let buf: Vec<u64> = (0..n as u64).collect();
     let chunk = n.div_ceil(rayon::current_num_threads() * 4).max(512);
-    let mut best = f64::INFINITY;
-    for _ in 0..passes.max(1) {
-        let t0 = Instant::now();
-        let s: u64 = buf
-            .par_chunks(chunk)
-            .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
-            .reduce(|| 0, u64::wrapping_add);
-        let dt = t0.elapsed().as_secs_f64();
-        std::hint::black_box(s);
-        best = best.min(dt);
-    }
-    (n * 8) as f64 / best.max(1e-9) / 1e9
+    (0..passes.max(1))
+        .map(|_| {
+            let t0 = Instant::now();
+            let s: u64 = buf
+                .par_chunks(chunk)
+                .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+                .reduce(|| 0, u64::wrapping_add);
+            let dt = t0.elapsed().as_secs_f64();
+            std::hint::black_box(s);
+            dt
+        })
+        .collect()
 }
 
 #[cfg(test)]

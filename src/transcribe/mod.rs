@@ -55,6 +55,10 @@ pub struct Timings {
     pub decoder_first: Duration,
     /// How many first calls `decoder_first` holds.
     pub decoder_passes: usize,
+    /// Each of the decoder model's other calls (`decoder_calls` − `decoder_first`), in
+    /// order: the steady per-token times whose median `bench audio` sets against the
+    /// bandwidth floor's median pass.
+    pub warm_calls: Vec<Duration>,
     /// Whole call, detokenization included.
     pub total: Duration,
 }
@@ -835,6 +839,7 @@ impl Transcriber {
         let mut rows = Vec::new();
         let mut steps = 0;
         let (mut first, mut calls) = (Duration::ZERO, Duration::ZERO);
+        let mut warm = Vec::new();
         let pass = self.rules.decode(opts, rng, |token, pos| {
             let ts = Instant::now();
             let logits = decoder.step(token, pos)?;
@@ -842,6 +847,8 @@ impl Transcriber {
             calls += dt;
             if steps == 0 {
                 first = dt;
+            } else {
+                warm.push(dt);
             }
             steps += 1;
             if capture {
@@ -855,6 +862,7 @@ impl Transcriber {
         t.decoder_calls += calls;
         t.decoder_first += first;
         t.decoder_passes += (steps > 0) as usize;
+        t.warm_calls.extend(warm);
         Ok((pass?, rows))
     }
 
