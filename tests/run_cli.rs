@@ -251,7 +251,7 @@ fn bench_subcommands_each_take_their_own_flags() {
     for (sub, flags, usage) in [
         (
             "audio",
-            &["--models", "--profile", "--runs"][..],
+            &["--models", "--profile", "--profile-ops", "--runs"][..],
             "Usage: milkit bench audio [OPTIONS] --models <MODELS> <AUDIO>\n",
         ),
         (

@@ -286,13 +286,29 @@ fn bench_json_follows_schema_and_counts_decoder_bytes() {
         .arg(fx.join("audio/jfk.wav"))
         .arg("--models")
         .arg(io)
-        .arg("--json")
+        .args(["--json", "--profile-ops"])
         .output()
         .unwrap();
     assert!(
         o.status.success(),
         "bench failed: {}",
         String::from_utf8_lossy(&o.stderr)
+    );
+    // `--profile-ops` (stderr): every op by type and name; the vocabulary head runs once a
+    // decoder call (in one op or in chunks), as many times as the header's decoder calls.
+    let err = String::from_utf8_lossy(&o.stderr);
+    let calls: usize = err
+        .split("profile (one transcription, ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no profile header in:\n{err}"));
+    let head = err.lines().filter(|l| {
+        l.starts_with("| TextDecoder | conv lm_head") && l.contains(&format!(" | {calls} | "))
+    });
+    assert!(
+        head.count() >= 1,
+        "no head op with {calls} calls in:\n{err}"
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let schema_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/bench-audio.schema.json");

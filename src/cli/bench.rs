@@ -105,6 +105,11 @@ pub struct AudioBench {
     /// Also print the time per op type of every package (stderr).
     #[arg(long)]
     pub profile: bool,
+    /// Like --profile, but every op on its own line, named as in the program (`conv
+    /// lm_head`, `matmul+softmax+matmul layers_0_encoder_attn_context`): where a decode
+    /// step's time goes op by op.
+    #[arg(long)]
+    pub profile_ops: bool,
     /// Precision the packages are computed in, as for `milkit transcribe` (`bf16`: the
     /// encoder's 1x1 convs and self-attention on bf16 inputs, a faster evaluation mode, not
     /// what a device
@@ -187,7 +192,11 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
             b.runs,
             b.json,
             b.compare_faster_whisper.as_deref(),
-            b.profile,
+            match (b.profile_ops, b.profile) {
+                (true, _) => super::bench_audio::Profile::Ops,
+                (false, true) => super::bench_audio::Profile::OpTypes,
+                (false, false) => super::bench_audio::Profile::Off,
+            },
             b.compute,
         ),
         Bench::Export(b) => bench_export(b, resolve(&b.model)?),

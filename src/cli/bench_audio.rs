@@ -98,7 +98,7 @@ pub fn run(
     runs: usize,
     json: bool,
     compare: Option<&Path>,
-    profile: bool,
+    profile: Profile,
     compute: milkit::transcribe::Compute,
 ) -> Result<u8> {
     let t_start = Instant::now();
@@ -133,8 +133,8 @@ pub fn run(
         }
     }
     let r = best.unwrap_or(cold);
-    if profile {
-        print_profile(&mut tr, &samples)?;
+    if profile != Profile::Off {
+        print_profile(&mut tr, &samples, profile == Profile::Ops)?;
     }
     let streamed = ((bytes / 8).max(512) * 8) as f64;
     let bw = streamed
@@ -233,15 +233,28 @@ pub fn run(
     Ok(0)
 }
 
+/// What `--profile` / `--profile-ops` print.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    Off,
+    /// Per op type, those over 1 % of their package's time.
+    OpTypes,
+    /// Every op, by name.
+    Ops,
+}
+
 /// One more transcription with per-op timing on; per package, the op types that took at
-/// least 1 % of that package's time (to stderr, so `--json` stays parseable).
-fn print_profile(tr: &mut Transcriber, samples: &[f32]) -> Result<()> {
+/// least 1 % of that package's time, or with `each` every op by name (to stderr, so
+/// `--json` stays parseable).
+fn print_profile(tr: &mut Transcriber, samples: &[f32], each: bool) -> Result<()> {
+    tr.profile_each_op(each);
     tr.enable_profiling(true);
     let r = tr.transcribe(samples)?;
     let steps = r.timings.decoder_steps.max(1);
     // Read before switching off: switching off drops the accumulated times.
     let prof = tr.profile();
     tr.enable_profiling(false);
+    tr.profile_each_op(false);
     let mut totals: std::collections::BTreeMap<&str, f64> = Default::default();
     for (pkg, _, _, t) in &prof {
         *totals.entry(pkg).or_default() += ms(*t);
@@ -251,7 +264,7 @@ fn print_profile(tr: &mut Transcriber, samples: &[f32]) -> Result<()> {
     eprintln!("|---|---|---|---|---|");
     for (pkg, op, n, t) in &prof {
         let total = totals.get(pkg).copied().unwrap_or(0.0).max(1e-9);
-        if ms(*t) / total < 0.01 {
+        if !each && ms(*t) / total < 0.01 {
             continue;
         }
         eprintln!(

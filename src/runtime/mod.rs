@@ -120,13 +120,18 @@ impl Output {
     }
 }
 
+/// Profile entries: calls and total time per key (op type, or op).
+type Times = BTreeMap<String, (usize, Duration)>;
+
 /// A loaded program ready to run.
 pub struct Session {
     description: Description,
     functions: BTreeMap<String, Plan>,
     default_function: String,
     states: BTreeMap<String, (ValueType, StateCell)>,
-    profile: Option<BTreeMap<String, (usize, Duration)>>,
+    profile: Option<Times>,
+    /// Profile entries per op (`op_type name`) instead of per op type.
+    profile_ops: bool,
     /// Per function: input-invariant values kept across calls (see [`memo`]); `None`
     /// when memoization is off.
     memo: Option<BTreeMap<String, memo::Memo>>,
@@ -269,6 +274,7 @@ impl Session {
             default_function,
             states,
             profile: None,
+            profile_ops: false,
             memo: Some(BTreeMap::new()),
             run: RunLimits {
                 products: opts.compute.products(),
@@ -372,7 +378,14 @@ impl Session {
         self.profile = on.then(BTreeMap::new);
     }
 
-    /// (op type, calls, total time) since profiling was enabled, slowest first.
+    /// Keys [`Session::profile`]'s entries by each op (`op_type name`, the op's output name
+    /// in the program) instead of by op type.
+    pub fn profile_each_op(&mut self, each: bool) {
+        self.profile_ops = each;
+    }
+
+    /// (op type, or `op_type name` with [`Session::profile_each_op`], calls, total time)
+    /// since profiling was enabled, slowest first.
     pub fn profile(&self) -> Vec<(String, usize, Duration)> {
         let mut v: Vec<_> = self
             .profile
@@ -478,7 +491,8 @@ impl Session {
         let res = rayon::scope(|s| {
             keep_awake(s, &done);
             let _stop = StopOnDrop(&done);
-            run_steps(plan, &mut slots, profile.as_mut(), memo, run)
+            let profile = profile.as_mut().map(|p| (p, self.profile_ops));
+            run_steps(plan, &mut slots, profile, memo, run)
         });
         self.profile = profile;
         res?;
@@ -566,7 +580,7 @@ impl Drop for StopOnDrop<'_> {
 fn run_steps(
     plan: &Plan,
     slots: &mut [Option<RValue>],
-    mut profile: Option<&mut BTreeMap<String, (usize, Duration)>>,
+    mut profile: Option<(&mut Times, bool)>,
     mut memo: Option<&mut memo::Memo>,
     run: &RunLimits,
 ) -> Result<()> {
@@ -625,8 +639,12 @@ fn run_steps(
             m.store(plan, si, slots);
         }
         dyn_live = dyn_live.saturating_sub(free(st, slots, &mut dyn_bytes));
-        if let Some(p) = profile.as_mut() {
-            let e = p.entry(st.op_type.clone()).or_default();
+        if let Some((p, each)) = profile.as_mut() {
+            let key = match each {
+                true => format!("{} {}", st.op_type, st.name),
+                false => st.op_type.clone(),
+            };
+            let e = p.entry(key).or_default();
             e.0 += 1;
             e.1 += t0.elapsed();
         }

@@ -423,6 +423,18 @@ impl Transcriber {
         }
     }
 
+    /// Profiles per op (`op_type name`) instead of per op type, in every package.
+    pub fn profile_each_op(&mut self, each: bool) {
+        self.encoder.profile_each_op(each);
+        self.decoder.session_mut().profile_each_op(each);
+        for s in [self.cross_kv.as_mut(), self.mel.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            s.profile_each_op(each);
+        }
+    }
+
     /// (package, op type, calls, total time) since profiling was enabled, per package slowest
     /// op first.
     pub fn profile(&self) -> Vec<(&'static str, String, usize, std::time::Duration)> {
