@@ -186,20 +186,7 @@ unsafe fn log_sum_exp_avx2(x: &[f32]) -> f64 {
 /// [`log_sum_exp`]'s loops, inlined into each width's function.
 #[inline(always)]
 pub fn log_sum_exp_each(x: &[f32]) -> f64 {
-    // The largest non-NaN value in sixteen lanes (a comparison is false for NaN, so NaN
-    // never replaces a lane; the lanes' maximum is the same whatever the order).
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let chunks = x.chunks_exact(16);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            *m = if v > *m { v } else { *m };
-        }
-    }
-    let max = lanes
-        .iter()
-        .chain(rest)
-        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let max = max_each(x);
     if max == f32::NEG_INFINITY {
         return f64::NEG_INFINITY;
     }
@@ -221,6 +208,69 @@ pub fn log_sum_exp_each(x: &[f32]) -> f64 {
     }
     let tail: f64 = chunks.remainder().iter().map(|&v| term(v)).sum();
     f64::from(max) + (acc.iter().sum::<f64>() + tail).ln()
+}
+
+/// The largest non-NaN value of `x`; −∞ for an empty or all-NaN slice. Vectorised as
+/// [`log_sum_exp`] (the lanes' maximum is the same whatever the order, so the same value at
+/// every width).
+pub fn max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked above).
+            return unsafe { max_avx512(x) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { max_avx2(x) };
+        }
+    }
+    max_each(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn max_avx512(x: &[f32]) -> f32 {
+    max_each(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_avx2(x: &[f32]) -> f32 {
+    max_each(x)
+}
+
+/// [`max`]'s loop: sixteen lanes, each replaced only by a larger value (a comparison with
+/// NaN is false, so NaN never enters).
+#[inline(always)]
+fn max_each(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = x.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    lanes
+        .iter()
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// The first index of the largest value of `x` that is neither NaN nor −∞ (+∞ included);
+/// None when there is none. Two vectorised passes: [`max`], then the first sixteen-element
+/// chunk that holds it.
+pub fn argmax(x: &[f32]) -> Option<usize> {
+    let m = max(x);
+    if m == f32::NEG_INFINITY {
+        return None;
+    }
+    let (c, chunk) = x
+        .chunks(16)
+        .enumerate()
+        .find(|(_, c)| c.iter().fold(false, |any, &v| any | (v == m)))?;
+    Some(c * 16 + chunk.iter().position(|&v| v == m)?)
 }
 
 /// `Σ a·b` with eight independent partial sums, so the loop vectorises (a plain iterator
@@ -300,6 +350,44 @@ mod tests {
             assert!(got.is_finite());
         }
         assert_eq!(log_sum_exp(&[f32::NAN]), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn argmax_takes_the_first_largest_and_skips_nan_and_minus_infinity() {
+        // Against a plain scan written here, on vocabulary-sized rows with ties, NaN, −∞
+        // and +∞ at chunk edges and inside the tail.
+        let plain = |x: &[f32]| {
+            let mut best: Option<(usize, f32)> = None;
+            for (i, &v) in x.iter().enumerate() {
+                if v.is_nan() || v == f32::NEG_INFINITY {
+                    continue;
+                }
+                if best.is_none_or(|(_, b)| v > b) {
+                    best = Some((i, v));
+                }
+            }
+            best.map(|(i, _)| i)
+        };
+        let mut x: Vec<f32> = (0..51_867)
+            .map(|i| ((i * 7919 % 1000) as f32 - 700.0) * 0.03)
+            .collect();
+        assert_eq!(argmax(&x), plain(&x));
+        x[15] = f32::NAN;
+        x[16] = 100.0;
+        x[40_000] = 100.0;
+        assert_eq!(argmax(&x), Some(16));
+        x[51_866] = f32::INFINITY;
+        assert_eq!(argmax(&x), Some(51_866));
+        x[0] = f32::NAN;
+        assert_eq!(argmax(&x), plain(&x));
+        for v in [f32::NAN, f32::NEG_INFINITY] {
+            let y = vec![v; 37];
+            assert_eq!((argmax(&y), max(&y)), (None, f32::NEG_INFINITY));
+        }
+        let y = [f32::NEG_INFINITY, f32::NAN, -3.0, -3.0];
+        assert_eq!(argmax(&y), Some(2));
+        assert_eq!(argmax(&[]), None);
+        assert_eq!(max(&x[1..17]), 100.0);
     }
 
     /// erf by its Maclaurin series (cancellation stays below 1e-12 for |x| ≤ 3).

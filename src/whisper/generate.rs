@@ -567,17 +567,7 @@ pub use crate::kernels::fastmath::log_sum_exp;
 /// Index of the largest logit, first on ties; NaN and -inf never win. None if nothing is
 /// selectable.
 pub fn argmax(logits: &[f32]) -> Option<u32> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &v) in logits.iter().enumerate() {
-        if v.is_nan() || v == f32::NEG_INFINITY {
-            continue;
-        }
-        match best {
-            Some((_, b)) if v <= b => {}
-            _ => best = Some((i, v)),
-        }
-    }
-    best.and_then(|(i, _)| u32::try_from(i).ok())
+    crate::kernels::fastmath::argmax(logits).and_then(|i| u32::try_from(i).ok())
 }
 
 /// A token drawn from softmax(logits / temperature) with `rng` (inverse CDF in f64).
