@@ -411,28 +411,27 @@ impl Transcriber {
         self.decoder.session()
     }
 
+    /// Every package's session: encoder, decoder, and the CrossKV and mel ones the folder
+    /// has.
+    fn sessions_mut(&mut self) -> impl Iterator<Item = &mut Session> {
+        [
+            Some(&mut self.encoder),
+            Some(self.decoder.session_mut()),
+            self.cross_kv.as_mut(),
+            self.mel.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
     /// Starts (or stops) per-op timing in every package's session (see [`Session::profile`]).
     pub fn enable_profiling(&mut self, on: bool) {
-        self.encoder.enable_profiling(on);
-        self.decoder.session_mut().enable_profiling(on);
-        for s in [self.cross_kv.as_mut(), self.mel.as_mut()]
-            .into_iter()
-            .flatten()
-        {
-            s.enable_profiling(on);
-        }
+        self.sessions_mut().for_each(|s| s.enable_profiling(on));
     }
 
     /// Profiles per op (`op_type name`) instead of per op type, in every package.
     pub fn profile_each_op(&mut self, each: bool) {
-        self.encoder.profile_each_op(each);
-        self.decoder.session_mut().profile_each_op(each);
-        for s in [self.cross_kv.as_mut(), self.mel.as_mut()]
-            .into_iter()
-            .flatten()
-        {
-            s.profile_each_op(each);
-        }
+        self.sessions_mut().for_each(|s| s.profile_each_op(each));
     }
 
     /// (package, op type, calls, total time) since profiling was enabled, per package slowest
