@@ -119,7 +119,7 @@ pub fn run(
     let per_run = BANDWIDTH_PASSES
         .div_ceil(runs.max(1))
         .max(MIN_PASSES_PER_RUN);
-    let (mut passes, mut warm) = (Vec::new(), Vec::new());
+    let (mut passes, mut warm) = (Vec::<f64>::new(), Vec::new());
     let mut best: Option<Transcript> = None;
     for _ in 0..runs.max(1) {
         let r = tr.transcribe(&samples)?;
@@ -136,17 +136,15 @@ pub fn run(
     if profile != Profile::Off {
         print_profile(&mut tr, &samples, profile == Profile::Ops)?;
     }
-    let streamed = ((bytes / 8).max(512) * 8) as f64;
-    let bw = streamed
-        / passes
-            .iter()
-            .copied()
-            .fold(f64::INFINITY, f64::min)
-            .max(1e-9)
-        / 1e9;
-    // The stream's passes read `streamed` bytes; the floor is for `bytes`.
-    let median_pass_ms = median(&mut passes) * 1e3 * bytes as f64 / streamed;
-    let warm_median_ms = median(&mut warm) * 1e3;
+    let bw = cost::best_pass_gbps(bytes, &passes);
+    // The stream's passes read `streamed_bytes`; the floor is for `bytes`.
+    let streamed = cost::streamed_bytes(bytes) as f64;
+    let median_pass_ms = super::bench::median(&passes) * 1e3 * bytes as f64 / streamed;
+    // 0 when every decoding pass ended at its first call (no warm call to time).
+    let warm_median_ms = match warm.is_empty() {
+        true => 0.0,
+        false => super::bench::median(&warm) * 1e3,
+    };
     let t = &r.timings;
     let encoder_gflop = encoder_flops(&tr)? as f64 / 1e9;
     let windows = r.windows.len().max(1) as f64;
@@ -274,17 +272,4 @@ fn print_profile(tr: &mut Transcriber, samples: &[f32], each: bool) -> Result<()
         );
     }
     Ok(())
-}
-
-/// The median of `v` (the mean of the middle two for an even count); 0 for none.
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let h = v.len() / 2;
-    match v.len() % 2 {
-        1 => v[h],
-        _ => (v[h - 1] + v[h]) / 2.0,
-    }
 }

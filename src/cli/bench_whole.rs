@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use super::bench::median;
+
 /// What to run and how often.
 pub struct WholeOpts<'a> {
     pub audio: &'a Path,
@@ -90,16 +92,6 @@ fn wait_with_rusage(pid: libc::pid_t) -> Result<(i32, i64)> {
         if e.kind() != std::io::ErrorKind::Interrupted {
             return Err(e.into());
         }
-    }
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
     }
 }
 

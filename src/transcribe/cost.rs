@@ -242,16 +242,26 @@ pub fn flops_per_call(m: &Model) -> Result<u64> {
 /// bytes with all rayon threads, as the decoder's kernels read weights. The same working set
 /// matters: a buffer that fits a large last-level cache streams far faster than DRAM.
 pub fn stream_bandwidth_gbps(bytes: u64, passes: usize) -> f64 {
-    let best = stream_pass_seconds(bytes, passes)
-        .into_iter()
-        .fold(f64::INFINITY, f64::min);
-    ((bytes / 8).max(512) * 8) as f64 / best.max(1e-9) / 1e9
+    best_pass_gbps(bytes, &stream_pass_seconds(bytes, passes))
 }
 
-/// The time of each of `passes` passes (at least one) of summing a buffer of `bytes` bytes
-/// (rounded down to whole u64s, at least 4 KiB) with all rayon threads, in seconds ([`stream_bandwidth_gbps`]).
+/// The bandwidth (10^9 bytes/s) of the fastest of [`stream_pass_seconds`]`(bytes, ..)`'s
+/// passes.
+pub fn best_pass_gbps(bytes: u64, pass_seconds: &[f64]) -> f64 {
+    let best = pass_seconds.iter().copied().fold(f64::INFINITY, f64::min);
+    streamed_bytes(bytes) as f64 / best.max(1e-9) / 1e9
+}
+
+/// The bytes [`stream_pass_seconds`] reads for `bytes`: rounded down to whole u64s, at
+/// least 4 KiB.
+pub fn streamed_bytes(bytes: u64) -> u64 {
+    (bytes / 8).max(512) * 8
+}
+
+/// The time of each of `passes` passes (at least one) of summing a buffer of
+/// [`streamed_bytes`]`(bytes)` bytes with all rayon threads, in seconds.
 pub fn stream_pass_seconds(bytes: u64, passes: usize) -> Vec<f64> {
-    let n = (bytes / 8).max(512) as usize;
+    let n = (streamed_bytes(bytes) / 8) as usize;
     let buf: Vec<u64> = (0..n as u64).collect();
     let chunk = n.div_ceil(rayon::current_num_threads() * 4).max(512);
     (0..passes.max(1))
