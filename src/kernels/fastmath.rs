@@ -334,13 +334,46 @@ mod tests {
         assert!((erf(5.0) - 1.0).abs() < 2e-7 && (erf(-9.0) + 1.0).abs() < 2e-7);
     }
 
+    /// A vocabulary-sized row of logits (spread as a decoder's are; 51,867: a tail that is
+    /// not a whole chunk of eight or sixteen).
+    fn logits() -> Vec<f32> {
+        (0..51_867)
+            .map(|i| ((i * 7919 % 1000) as f32 - 700.0) * 0.03)
+            .collect()
+    }
+
+    #[test]
+    fn log_sum_exp_matches_the_f64_sum_within_1e_6() {
+        // With suppressed tokens (−∞) and a NaN.
+        let mut x = logits();
+        x[3] = f32::NEG_INFINITY;
+        x[100] = f32::NAN;
+        x[51_866] = f32::NEG_INFINITY;
+        let want = |x: &[f32]| {
+            let v: Vec<f64> = x
+                .iter()
+                .filter(|v| !v.is_nan())
+                .map(|&v| v as f64)
+                .collect();
+            let m = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            m + v.iter().map(|&v| (v - m).exp()).sum::<f64>().ln()
+        };
+        for part in [&x[..], &x[..5], &x[50_363..]] {
+            let (got, want) = (log_sum_exp(part), want(part));
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+        assert_eq!(
+            log_sum_exp(&[f32::NEG_INFINITY, f32::NAN]),
+            f64::NEG_INFINITY
+        );
+        assert_eq!(log_sum_exp(&[]), f64::NEG_INFINITY);
+    }
+
     #[test]
     fn log_sum_exp_gives_the_same_bits_at_every_vector_width() {
-        // Vocabulary-sized logits with suppressed tokens, a NaN, a maximum in the tail that
-        // is not a whole chunk, and slices starting at odd offsets.
-        let mut x: Vec<f32> = (0..51_867)
-            .map(|i| ((i * 7919 % 1000) as f32 - 700.0) * 0.03)
-            .collect();
+        // Suppressed tokens, a NaN, a maximum in the tail that is not a whole chunk, and
+        // slices starting at odd offsets.
+        let mut x = logits();
         x[3] = f32::NEG_INFINITY;
         x[100] = f32::NAN;
         x[51_866] = 40.0;
@@ -368,9 +401,7 @@ mod tests {
             }
             best.map(|(i, _)| i)
         };
-        let mut x: Vec<f32> = (0..51_867)
-            .map(|i| ((i * 7919 % 1000) as f32 - 700.0) * 0.03)
-            .collect();
+        let mut x = logits();
         assert_eq!(argmax(&x), plain(&x));
         x[15] = f32::NAN;
         x[16] = 100.0;
