@@ -139,11 +139,11 @@ pub fn run(
     let bw = cost::best_pass_gbps(bytes, &passes);
     // The stream's passes read `streamed_bytes`; the floor is for `bytes`.
     let streamed = cost::streamed_bytes(bytes) as f64;
-    let median_pass_ms = super::bench::median(&passes) * 1e3 * bytes as f64 / streamed;
+    let median_pass_ms = super::stats::median(&passes) * 1e3 * bytes as f64 / streamed;
     // 0 when every decoding pass ended at its first call (no warm call to time).
     let warm_median_ms = match warm.is_empty() {
         true => 0.0,
-        false => super::bench::median(&warm) * 1e3,
+        false => super::stats::median(&warm) * 1e3,
     };
     let t = &r.timings;
     let encoder_gflop = encoder_flops(&tr)? as f64 / 1e9;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use super::bench::median;
+use super::stats::median;
 
 /// What to run and how often.
 pub struct WholeOpts<'a> {

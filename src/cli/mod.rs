@@ -14,5 +14,6 @@ pub mod export_recipe;
 pub mod gate;
 pub mod progress;
 pub mod run;
+pub mod stats;
 pub mod synth;
 pub mod transcribe;
