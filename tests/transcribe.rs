@@ -164,6 +164,46 @@ fn stateful_decoder_and_library_agree_with_reference() {
     );
 }
 
+/// Every decoder call of a transcription and of teacher forcing runs on a rayon pool
+/// worker, so its parallel loops fork inside the pool (a push onto the worker's own deque)
+/// instead of waking a worker from outside and blocking until it has taken the jobs.
+#[test]
+fn decoder_calls_run_on_a_pool_worker() {
+    use milkit::transcribe::decoder::TextDecoder;
+    use std::sync::{Arc, Mutex};
+    let Some(fx) = common::fixtures() else { return };
+    let (io, _) = folders(&fx);
+    let mut t = Transcriber::open(io).unwrap();
+    let seen: Arc<Mutex<Vec<Option<usize>>>> = Arc::default();
+    let sink = seen.clone();
+    let mut dec = TextDecoder::load(&io.join("TextDecoder.mlpackage")).unwrap();
+    dec.set_observer(Box::new(move |_| {
+        sink.lock().unwrap().push(rayon::current_thread_index());
+        Ok(())
+    }));
+    t.set_decoder(dec);
+    let greedy = TranscribeOptions::greedy_no_timestamps();
+    let r = t
+        .transcribe_file_with(&fx.join("audio/jfk.wav"), &greedy)
+        .unwrap();
+    assert_eq!(r.text, reference_text(&fx, "jfk"));
+    let calls = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(calls.len() > 10, "{} decoder calls observed", calls.len());
+    assert!(
+        calls.iter().all(Option::is_some),
+        "decoder calls outside the pool: {calls:?}"
+    );
+    let samples = milkit::whisper::audio::load_wav(fx.join("audio/jfk.wav")).unwrap();
+    let (_, cross) = t.encode_window(&samples).unwrap();
+    let logits = t
+        .teacher_force(&cross, &r.windows[0].pass.tokens[..4])
+        .unwrap();
+    assert_eq!(logits.len(), 4);
+    let forced = std::mem::take(&mut *seen.lock().unwrap());
+    assert_eq!(forced.len(), 4);
+    assert!(forced.iter().all(Option::is_some), "{forced:?}");
+}
+
 #[test]
 fn long_audio_is_decoded_in_30_second_windows() {
     let Some(fx) = common::fixtures() else { return };

@@ -531,6 +531,18 @@ impl Session {
     }
 }
 
+/// Runs `f` on a pool worker with the other workers kept awake meanwhile (see
+/// `keep_awake`): for a caller that runs many calls with little work between them (a
+/// decoding loop), so each call finds the pool awake.
+pub fn on_awake_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    rayon::scope(|s| {
+        keep_awake(s, &done);
+        let _stop = StopOnDrop(&done);
+        f()
+    })
+}
+
 /// Spawns, for a pool of more than one thread, a job that takes pending pool work as soon
 /// as it appears until `done`: a worker that slept between two ops (a decode step's ops
 /// are tens of microseconds apart, longer than rayon spins before sleeping) needs about as
