@@ -31,6 +31,15 @@ pub fn chunk_for(n: usize) -> usize {
     }
 }
 
+/// `f(src part, dst part)` over matching [`chunk_for`] parts of two equally long slices,
+/// in parallel where that pays.
+fn convert_parts<A: Sync, B: Send>(src: &[A], dst: &mut [B], f: impl Fn(&[A], &mut [B]) + Sync) {
+    let c = chunk_for(src.len());
+    dst.par_chunks_mut(c)
+        .zip(src.par_chunks(c))
+        .for_each(|(o, i)| f(i, o));
+}
+
 /// Calls `f` with the elements of `t` in row-major order. `t` must hold `T`; non-contiguous
 /// views are copied first.
 pub fn with_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
@@ -111,18 +120,12 @@ pub fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>> {
         DType::F32 => with_slice(t, |s: &[f32]| s.to_vec()),
         DType::F16 => with_slice(t, |s: &[f16]| {
             let mut out = vec![0f32; s.len()];
-            let c = chunk_for(s.len());
-            out.par_chunks_mut(c)
-                .zip(s.par_chunks(c))
-                .for_each(|(o, i)| super::convert::f16_to_f32(i, o));
+            convert_parts(s, &mut out, super::convert::f16_to_f32);
             out
         }),
         DType::BF16 => with_slice(t, |s: &[bf16]| {
             let mut out = vec![0f32; s.len()];
-            let c = chunk_for(s.len());
-            out.par_chunks_mut(c)
-                .zip(s.par_chunks(c))
-                .for_each(|(o, i)| i.convert_to_f32_slice(o));
+            convert_parts(s, &mut out, |i, o| i.convert_to_f32_slice(o));
             out
         }),
         _ => to_vec::<f32>(t),
@@ -146,18 +149,12 @@ pub fn from_f32(v: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
         DType::F32 => from_vec(v, shape),
         DType::F16 => {
             let mut out = vec![f16::ZERO; v.len()];
-            let c = chunk_for(v.len());
-            out.par_chunks_mut(c)
-                .zip(v.par_chunks(c))
-                .for_each(|(o, i)| super::convert::f32_to_f16(i, o));
+            convert_parts(&v, &mut out, super::convert::f32_to_f16);
             from_vec(out, shape)
         }
         DType::BF16 => {
             let mut out = vec![bf16::ZERO; v.len()];
-            let c = chunk_for(v.len());
-            out.par_chunks_mut(c)
-                .zip(v.par_chunks(c))
-                .for_each(|(o, i)| o.convert_from_f32_slice(i));
+            convert_parts(&v, &mut out, |i, o| o.convert_from_f32_slice(i));
             from_vec(out, shape)
         }
         d => Ok(from_vec(v, shape)?.to_dtype(d)?),
@@ -234,10 +231,7 @@ pub fn cast(t: &Tensor, dtype: DType) -> Result<Tensor> {
         (DType::F32, DType::F16) => {
             let v = with_slice(t, |s: &[f32]| {
                 let mut out = vec![f16::ZERO; s.len()];
-                let c = chunk_for(s.len());
-                out.par_chunks_mut(c)
-                    .zip(s.par_chunks(c))
-                    .for_each(|(o, i)| super::convert::f32_to_f16(i, o));
+                convert_parts(s, &mut out, super::convert::f32_to_f16);
                 out
             })?;
             from_vec(v, t.dims())

@@ -486,12 +486,10 @@ impl Session {
         // injecting its jobs from outside and blocking on a latch, a wake-up per op that
         // costs about as much as a decode step's small GEMVs themselves. A helper job keeps
         // the other workers awake for the call (see `keep_awake`).
-        let done = std::sync::atomic::AtomicBool::new(false);
         let run = &self.run;
-        let res = rayon::scope(|s| {
-            keep_awake(s, &done);
-            let _stop = StopOnDrop(&done);
-            let profile = profile.as_mut().map(|p| (p, self.profile_ops));
+        let profile_ops = self.profile_ops;
+        let res = on_awake_pool(|| {
+            let profile = profile.as_mut().map(|p| (p, profile_ops));
             run_steps(plan, &mut slots, profile, memo, run)
         });
         self.profile = profile;
