@@ -334,6 +334,34 @@ fn nibbles_pack_low_first_and_codes_range_check_by_their_maximum() {
     assert!(super::PackedWeight::lut4(&[2, 500], &big, vec![0.0; 16]).is_err());
 }
 
+/// The fp16 row kernel sums each row alone, whatever rows share its call (it reads two at
+/// a time, one from each half of the range, and an odd count leaves one alone): every row
+/// of a call over 1 to 9 rows has the bits of that row computed by itself.
+#[test]
+fn fp16_rows_sum_each_row_with_the_bits_of_that_row_alone() {
+    use super::wide;
+    let mut r = Lcg(77);
+    for k in [40usize, 384, 1500] {
+        for rows in 1..=9 {
+            let w: Vec<half::f16> = (0..rows * k).map(|_| half::f16::from_f32(r.f())).collect();
+            let x: Vec<f32> = (0..k).map(|_| r.f()).collect();
+            for on in [false, wide::available()] {
+                let mut all = vec![0f32; rows];
+                wide::f16_rows(&w, &x, &mut all, on);
+                for (i, g) in all.iter().enumerate() {
+                    let mut one = [0f32];
+                    wide::f16_rows(&w[i * k..(i + 1) * k], &x, &mut one, on);
+                    assert_eq!(
+                        g.to_bits(),
+                        one[0].to_bits(),
+                        "k {k} row {i} of {rows} on {on}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A patched column gives the bits of the same kernel over rows with that column replaced:
 /// the column in either half of a 32-element step, in the tail after the last step, and on
 /// both the AVX-512 and the portable paths.
@@ -342,8 +370,14 @@ fn patched_row_kernels_match_the_rows_with_the_column_replaced_bit_for_bit() {
     use super::wide::{self, Patch};
     let mut r = Lcg(31);
     let h = |x: f32| half::f16::from_f32(x);
-    for n in [32usize, 45, 96, 448, 1500] {
-        let rows = 6;
+    for (n, rows) in [
+        (32usize, 6),
+        (45, 7),
+        (96, 6),
+        (448, 7),
+        (1500, 6),
+        (1500, 7),
+    ] {
         let w: Vec<half::f16> = (0..rows * n).map(|_| h(r.f())).collect();
         let vals: Vec<half::f16> = (0..rows).map(|_| h(r.f() * 4.0)).collect();
         let x: Vec<f32> = (0..n).map(|_| r.f()).collect();

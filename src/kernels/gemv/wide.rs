@@ -273,45 +273,120 @@ mod avx512 {
         }
     }
 
-    /// One row after another, so the rows are read as one sequential stream: four rows at
-    /// a time made four short streams, which the hardware prefetchers followed badly (a
-    /// decode step's cross-attention over 1500 positions, its keys and values read from
-    /// memory, took 1.4–1.7× as long), and software prefetches 4 KiB ahead only slowed the
-    /// single stream down (1.2× as long, measured alternating).
+    /// Two rows at a time, row `r` of the first half of the range with row `r + h` of the
+    /// second: two sequential streams, each row summed in its own two chains in the order of
+    /// a lone row (so the bits do not depend on the pairing). One row at a time, each row's
+    /// two chains of dependent FMAs (12 for a 384-element row) bound the loop: 64 cycles a
+    /// row on a Zen 4 core with the weights in cache; on an Emerald Rapids Xeon (2 cores of a
+    /// VM), the pairs took a 40 MB head in cache from a median 1.90–2.18 to 1.65–1.72 ms on
+    /// one thread, 1.04–1.24 to 0.96–1.05 ms on two (same bits). Four *adjacent* rows at a time made four streams 768
+    /// bytes apart, which Zen 4's prefetchers followed badly (a cross-attention over keys
+    /// and values read from memory took 1.4–1.7× as long); software prefetches 4 KiB ahead
+    /// only slowed a single stream down (1.2× as long, measured alternating).
     #[target_feature(enable = "avx512f,f16c,fma")]
     pub unsafe fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32], patch: Option<Patch>) {
-        let k = x.len();
-        let (wp, xp) = (w.as_ptr() as *const u8, x.as_ptr());
-        let whole = k / 32 * 32;
-        let pj = patch.map_or(usize::MAX, |p| p.col / 32 * 32);
+        let n = out.len();
+        let h = n / 2;
+        let ctx = RowsCx {
+            wp: w.as_ptr() as *const u8,
+            xp: x.as_ptr(),
+            k: x.len(),
+            pj: patch.map_or(usize::MAX, |p| p.col / 32 * 32),
+            patch,
+        };
         unsafe {
-            for (r, o) in out.iter_mut().enumerate() {
-                let row = wp.add(2 * r * k);
-                let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                let mut j = 0;
-                while j < whole {
-                    let h0 = _mm256_loadu_si256(row.add(2 * j) as *const __m256i);
-                    let h1 = _mm256_loadu_si256(row.add(2 * j + 32) as *const __m256i);
-                    let (mut w0, mut w1) = (_mm512_cvtph_ps(h0), _mm512_cvtph_ps(h1));
-                    if j == pj {
-                        (w0, w1) = patched(w0, w1, patch, r);
+            match prefetch_rows() {
+                true => {
+                    for r in 0..h {
+                        [out[r], out[r + h]] = rows_sums::<2, true>(&ctx, [r, r + h]);
                     }
-                    a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp.add(j)), a0);
-                    a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(j + 16)), a1);
-                    j += 32;
                 }
+                false => {
+                    for r in 0..h {
+                        [out[r], out[r + h]] = rows_sums::<2, false>(&ctx, [r, r + h]);
+                    }
+                }
+            }
+            if n % 2 == 1 {
+                [out[n - 1]] = rows_sums::<1, false>(&ctx, [n - 1]);
+            }
+        }
+    }
+
+    /// How far ahead of each stream [`f16_rows`] prefetches, where it does.
+    const ROWS_AHEAD: usize = 2048;
+
+    /// Whether [`f16_rows`] prefetches [`ROWS_AHEAD`] bytes ahead of its two streams: on
+    /// Intel cores. On an Emerald Rapids Xeon (2 cores of a VM), a 40 MB
+    /// head after a 28 MB read of other data (what a decode step does between two heads)
+    /// took a median 1.84–2.22 ms with the prefetches against 2.47–2.98 ms without
+    /// (alternating, 40 calls each, two threads); on Zen 4, software prefetches slowed
+    /// a single row stream (1.2× as long) or changed nothing, so they stay off there.
+    fn prefetch_rows() -> bool {
+        static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *INTEL.get_or_init(|| {
+            let id = __cpuid(0);
+            [id.ebx, id.edx, id.ecx] == [0x756e_6547, 0x4965_6e69, 0x6c65_746e] // "GenuineIntel"
+        })
+    }
+
+    /// What [`rows_sums`] reads: the rows' first byte, the activations, the row length,
+    /// and the patch with the start of the step that holds its column.
+    struct RowsCx<'a> {
+        wp: *const u8,
+        xp: *const f32,
+        k: usize,
+        pj: usize,
+        patch: Option<Patch<'a>>,
+    }
+
+    /// The sums of the `S` rows `rows` (indices from `cx.wp`), their steps interleaved:
+    /// each row in two chains (even and odd 16-lane steps), then the last part step, then
+    /// one reduction of the two chains' sum.
+    #[inline(always)]
+    unsafe fn rows_sums<const S: usize, const PF: bool>(cx: &RowsCx, rows: [usize; S]) -> [f32; S] {
+        let (k, xp) = (cx.k, cx.xp);
+        let whole = k / 32 * 32;
+        unsafe {
+            let base = rows.map(|r| cx.wp.add(2 * r * k));
+            let (mut a0, mut a1) = ([_mm512_setzero_ps(); S], [_mm512_setzero_ps(); S]);
+            let mut j = 0;
+            while j < whole {
+                let (x0, x1) = (_mm512_loadu_ps(xp.add(j)), _mm512_loadu_ps(xp.add(j + 16)));
+                for s in 0..S {
+                    if PF {
+                        // Past the end the prefetch is dropped: prefetches never fault.
+                        let ahead = base[s].wrapping_add(2 * j + ROWS_AHEAD);
+                        _mm_prefetch(ahead as *const i8, _MM_HINT_T0);
+                    }
+                    let h0 = _mm256_loadu_si256(base[s].add(2 * j) as *const __m256i);
+                    let h1 = _mm256_loadu_si256(base[s].add(2 * j + 32) as *const __m256i);
+                    let (mut w0, mut w1) = (_mm512_cvtph_ps(h0), _mm512_cvtph_ps(h1));
+                    if j == cx.pj {
+                        (w0, w1) = patched(w0, w1, cx.patch, rows[s]);
+                    }
+                    a0[s] = _mm512_fmadd_ps(w0, x0, a0[s]);
+                    a1[s] = _mm512_fmadd_ps(w1, x1, a1[s]);
+                }
+                j += 32;
+            }
+            let mut sums = [0f32; S];
+            for s in 0..S {
                 if whole < k {
                     // The last part step: the rest of the row through the same lanes, the
                     // missing elements zero (a scalar tail cost 3-5 ns an element in
                     // half's conversion: 28 of Whisper's 1500 positions a row, a third of
                     // a decode step's cross-attention).
-                    let (w0, w1) = tail(row.add(2 * whole), k - whole, pj == whole, patch, r);
+                    let p = base[s].add(2 * whole);
+                    let (w0, w1) = tail(p, k - whole, cx.pj == whole, cx.patch, rows[s]);
                     let (m0, m1) = tail_masks(k - whole);
-                    a0 = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, xp.add(whole)), a0);
-                    a1 = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, xp.add(whole + 16)), a1);
+                    a0[s] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, xp.add(whole)), a0[s]);
+                    a1[s] =
+                        _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, xp.add(whole + 16)), a1[s]);
                 }
-                *o = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+                sums[s] = _mm512_reduce_add_ps(_mm512_add_ps(a0[s], a1[s]));
             }
+            sums
         }
     }
 
