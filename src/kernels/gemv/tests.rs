@@ -334,6 +334,23 @@ fn nibbles_pack_low_first_and_codes_range_check_by_their_maximum() {
     assert!(super::PackedWeight::lut4(&[2, 500], &big, vec![0.0; 16]).is_err());
 }
 
+/// The floor's read (`wide::read_sum`) is the wrapping sum of its words on both paths, for
+/// lengths that are whole 256-byte steps, that leave a rest, and that have no step at all.
+#[test]
+fn the_stream_read_sums_every_word() {
+    use super::wide;
+    let mut r = Lcg(5);
+    for n in [0usize, 1, 31, 32, 33, 64, 95, 1000, 4096 + 17] {
+        let words: Vec<u64> = (0..n)
+            .map(|_| ((r.code() as u64) << 60) | (r.code() as u64 * 0x0101_0101) | n as u64)
+            .collect();
+        let want = words.iter().fold(0u64, |a, &x| a.wrapping_add(x));
+        for on in [false, wide::available()] {
+            assert_eq!(wide::read_sum(&words, on), want, "{n} words, on {on}");
+        }
+    }
+}
+
 /// The fp16 row kernel sums each row alone, whatever rows share its call (it reads two at
 /// a time, one from each half of the range, and an odd count leaves one alone): every row
 /// of a call over 1 to 9 rows has the bits of that row computed by itself.
