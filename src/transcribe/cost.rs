@@ -3,7 +3,7 @@
 //! (the FLOPs of its contractions), the encoder rate's numerator.
 
 use crate::ir::{Arg, Model, Operation, Value, ValueType};
-use crate::kernels::gemv::wide::read_sum;
+use crate::kernels::gemv::wide;
 use crate::package::convert::goes_to_blob;
 use anyhow::{anyhow, Result};
 use rayon::prelude::*;
@@ -267,13 +267,13 @@ pub fn stream_pass_seconds(bytes: u64, passes: usize) -> Vec<f64> {
     let n = (streamed_bytes(bytes) / 8) as usize;
     let buf: Vec<u64> = (0..n as u64).collect();
     let chunk = n.div_ceil(rayon::current_num_threads() * 4).max(512);
-    let wide = crate::kernels::gemv::wide::available();
+    let on = wide::available();
     (0..passes.max(1))
         .map(|_| {
             let t0 = Instant::now();
             let s: u64 = buf
                 .par_chunks(chunk)
-                .map(|c| read_sum(c, wide))
+                .map(|c| wide::read_sum(c, on))
                 .reduce(|| 0, u64::wrapping_add);
             let dt = t0.elapsed().as_secs_f64();
             std::hint::black_box(s);

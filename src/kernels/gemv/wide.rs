@@ -129,10 +129,11 @@ pub fn f16_rows_patched(w: &[f16], x: &[f32], out: &mut [f32], patch: Option<Pat
 }
 
 /// The wrapping sum of `words`: a plain read of their bytes at the rate this module's row
-/// kernels can reach, for measuring a weight-stream floor. The AVX-512 loop reads 256 bytes
-/// a step into four accumulators and prefetches as [`f16_rows`] does: a scalar fold read
-/// the same 68 MB 30 % slower than `f16_rows` on an Emerald Rapids Xeon, so a floor taken
-/// with it was no floor.
+/// kernels can reach, for measuring a weight-stream floor. The AVX-512 loop reads the two
+/// halves of `words` side by side (two streams, as [`f16_rows`] reads its rows), 128 bytes
+/// of each a step into four accumulators, and prefetches where `f16_rows` does: a scalar
+/// fold read the same 68 MB 30 % slower than `f16_rows` on an Emerald Rapids Xeon, so a
+/// floor taken with it was no floor.
 pub fn read_sum(words: &[u64], on: bool) -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
@@ -297,10 +298,11 @@ mod avx512 {
     /// two chains of dependent FMAs (12 for a 384-element row) bound the loop: 64 cycles a
     /// row on a Zen 4 core with the weights in cache; on an Emerald Rapids Xeon (2 cores of a
     /// VM), the pairs took a 40 MB head in cache from a median 1.90–2.18 to 1.65–1.72 ms on
-    /// one thread, 1.04–1.24 to 0.96–1.05 ms on two (same bits). Four *adjacent* rows at a time made four streams 768
-    /// bytes apart, which Zen 4's prefetchers followed badly (a cross-attention over keys
-    /// and values read from memory took 1.4–1.7× as long); software prefetches 4 KiB ahead
-    /// only slowed a single stream down (1.2× as long, measured alternating).
+    /// one thread, 1.04–1.24 to 0.96–1.05 ms on two (same bits). Four *adjacent* rows at a
+    /// time made four streams 768 bytes apart, which Zen 4's prefetchers followed badly (a
+    /// cross-attention over keys and values read from memory took 1.4–1.7× as long);
+    /// software prefetches 4 KiB ahead only slowed a single stream down there (1.2× as
+    /// long, measured alternating).
     #[target_feature(enable = "avx512f,f16c,fma")]
     pub unsafe fn f16_rows(w: &[f16], x: &[f32], out: &mut [f32], patch: Option<Patch>) {
         let n = out.len();
@@ -335,11 +337,11 @@ mod avx512 {
     const ROWS_AHEAD: usize = 2048;
 
     /// Whether [`f16_rows`] prefetches [`ROWS_AHEAD`] bytes ahead of its two streams: on
-    /// Intel cores. On an Emerald Rapids Xeon (2 cores of a VM), a 40 MB
-    /// head after a 28 MB read of other data (what a decode step does between two heads)
-    /// took a median 1.84–2.22 ms with the prefetches against 2.47–2.98 ms without
-    /// (alternating, 40 calls each, two threads); on Zen 4, software prefetches slowed
-    /// a single row stream (1.2× as long) or changed nothing, so they stay off there.
+    /// Intel cores. On an Emerald Rapids Xeon (2 cores of a VM), a 40 MB head after a 28 MB
+    /// read of other data (what a decode step does between two heads) took a median
+    /// 1.84–2.22 ms with the prefetches against 2.47–2.98 ms without (alternating, 40 calls
+    /// each, two threads); on Zen 4, software prefetches slowed a single row stream (1.2× as
+    /// long) or changed nothing, so they stay off there.
     fn prefetch_rows() -> bool {
         static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *INTEL.get_or_init(|| {
