@@ -258,6 +258,51 @@ fn max_each(x: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
 }
 
+/// `row` replaced by its softmax: `e^(x − max)` ([`exp`], [`max`]) divided by their
+/// [`sum`]. Compiled for the widest vector unit the CPU has, the same operations in the
+/// same order at every width, so the same bits (a decode step's attention runs it on every
+/// head's scores; as part of the plain x86-64 build, 128-bit lanes and a serial maximum,
+/// it took about as long as reading the head's keys).
+pub fn softmax(row: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked above).
+            return unsafe { softmax_avx512(row) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { softmax_avx2(row) };
+        }
+    }
+    softmax_each(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn softmax_avx512(row: &mut [f32]) {
+    softmax_each(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn softmax_avx2(row: &mut [f32]) {
+    softmax_each(row)
+}
+
+#[inline(always)]
+fn softmax_each(row: &mut [f32]) {
+    let m = max_each(row);
+    row.iter_mut().for_each(|e| *e = exp(*e - m));
+    let inv = 1.0 / sum(row);
+    row.iter_mut().for_each(|e| *e *= inv);
+}
+
+/// Whether no element of `x` is infinite or NaN (one vectorised pass, no early exit).
+pub fn all_finite(x: &[f32]) -> bool {
+    x.iter().fold(true, |all, v| all & v.is_finite())
+}
+
 /// The first index of the largest value of `x` that is neither NaN nor −∞ (+∞ included);
 /// None when there is none. Two vectorised passes: [`max`], then the first sixteen-element
 /// chunk that holds it.
@@ -292,7 +337,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `Σ a` with eight independent partial sums (see [`dot`]).
-#[inline]
+#[inline(always)]
 pub fn sum(a: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let c = a.chunks_exact(8);
@@ -383,6 +428,49 @@ mod tests {
             assert!(got.is_finite());
         }
         assert_eq!(log_sum_exp(&[f32::NAN]), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn softmax_matches_f64_within_2e_6_relative_and_gives_the_same_bits_at_every_vector_width() {
+        // Rows as a decode step's attention scores are (1,500 frames, a causal mask's −∞,
+        // lengths that are not whole chunks), against the softmax in f64 written here.
+        let mut x = logits();
+        x[7] = f32::NEG_INFINITY;
+        for part in [&x[..1500], &x[3..40], &x[..5], &x[50_000..]] {
+            let mut got = part.to_vec();
+            softmax(&mut got);
+            let mut each = part.to_vec();
+            softmax_each(&mut each);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&each), "{} elements", part.len());
+            let m = part.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+            let e: Vec<f64> = part.iter().map(|&v| (v as f64 - m).exp()).collect();
+            let total: f64 = e.iter().sum();
+            for (g, w) in got.iter().zip(&e) {
+                let w = w / total;
+                // (A masked score's e^−∞ is `exp`'s floor e^−87.3, not 0.)
+                assert!((*g as f64 - w).abs() <= 2e-6 * w + 1e-37, "{g} vs {w}");
+            }
+        }
+        let mut y = [f32::NEG_INFINITY; 3];
+        softmax(&mut y);
+        assert!(
+            y.iter().all(|v| v.is_nan()),
+            "a row with no finite score: {y:?}"
+        );
+    }
+
+    #[test]
+    fn all_finite_is_false_for_any_infinity_or_nan_anywhere() {
+        let x = logits();
+        assert!(all_finite(&x) && all_finite(&[]));
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, 15, 16, 51_866] {
+                let mut y = x.clone();
+                y[at] = bad;
+                assert!(!all_finite(&y), "{bad} at {at}");
+            }
+        }
     }
 
     #[test]
