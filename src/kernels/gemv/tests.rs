@@ -379,6 +379,38 @@ fn fp16_rows_sum_each_row_with_the_bits_of_that_row_alone() {
     }
 }
 
+/// `axpy_rows_f16` over many rows (four a sweep or row after row on AVX-512) gives the bits
+/// of adding the rows one call at a time, for row counts around the block of four and sums whose length
+/// ends in a masked tail.
+#[test]
+fn axpy_rows_over_many_rows_matches_one_row_at_a_time_bit_for_bit() {
+    use super::wide;
+    let mut r = Lcg(57);
+    for n in [16usize, 37, 64, 1500] {
+        for rows in 1..=9 {
+            let w: Vec<half::f16> = (0..rows * n).map(|_| half::f16::from_f32(r.f())).collect();
+            let q: Vec<f32> = (0..rows).map(|_| r.f()).collect();
+            let s0: Vec<f32> = (0..n).map(|_| r.f()).collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for on in [false, wide::available()] {
+                let (mut got, mut want) = (s0.clone(), s0.clone());
+                wide::axpy_rows_f16(&w, &q, &mut got, on);
+                for t in 0..rows {
+                    wide::axpy_rows_f16(&w[t * n..(t + 1) * n], &q[t..t + 1], &mut want, on);
+                }
+                assert_eq!(bits(&got), bits(&want), "n {n} rows {rows} on {on}");
+            }
+            if wide::available() {
+                // Both sweeps, whichever this CPU takes.
+                let (mut step, mut each) = (s0.clone(), s0.clone());
+                wide::axpy_rows_f16_avx512(&w, &q, &mut step, true);
+                wide::axpy_rows_f16_avx512(&w, &q, &mut each, false);
+                assert_eq!(bits(&step), bits(&each), "n {n} rows {rows}, four a sweep");
+            }
+        }
+    }
+}
+
 /// A patched column gives the bits of the same kernel over rows with that column replaced:
 /// the column in either half of a 32-element step, in the tail after the last step, and on
 /// both the AVX-512 and the portable paths.
