@@ -548,6 +548,142 @@ fn with_heads<R>(
     }
 }
 
+/// A head's index, its part of the result and, where they are wanted, of the
+/// probabilities ([`few_rows`]).
+type HeadOut<'o> = (usize, &'o mut [f32], Option<&'o mut [f32]>);
+
+/// What every head of a decode-step attention reads ([`few_rows`]).
+struct Head<'h, 'a> {
+    a: &'h Attention<'h>,
+    /// This head's index in the batch.
+    b: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    d: usize,
+    /// The queries, `[nb, m, k]` f32.
+    q: &'h [f32],
+    /// The mask broadcast to `[nb, m, n]`, f32.
+    mask: Option<&'h [f32]>,
+    ky: Heads<'a>,
+    vv: Heads<'a>,
+    simd: bool,
+    wide: bool,
+}
+
+/// A worker's buffers for [`head`], reused from call to call (see [`with_scratch`]).
+#[derive(Default)]
+struct Scratch {
+    /// The head's scores, then its probabilities (`m·n`).
+    s: Vec<f32>,
+    /// One row widened to f32.
+    buf: Vec<f32>,
+    /// Blended keys' and values' rows, filled whole before they are read.
+    kh: Vec<f16>,
+    vh: Vec<f16>,
+    /// The token's column where a blend is read in place.
+    kc: Vec<f16>,
+    vc: Vec<f16>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// Calls `f` with this thread's [`Scratch`] (a fresh one if it is in use further up the
+/// stack).
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|c| match c.try_borrow_mut() {
+        Ok(mut sc) => f(&mut sc),
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+/// One head of [`few_rows`]: its result `[d, m]` into `o` (zeroed by the caller) and its
+/// probabilities left in `sc.s[..m·n]`.
+fn head(h: &Head, sc: &mut Scratch, o: &mut [f32]) {
+    let Head {
+        a,
+        b,
+        m,
+        n,
+        k,
+        d,
+        q,
+        mask,
+        ky,
+        vv,
+        simd,
+        wide,
+    } = *h;
+    let Scratch {
+        s,
+        buf,
+        kh,
+        vh,
+        kc,
+        vc,
+    } = sc;
+    s.clear();
+    s.resize(m * n, 0.0);
+    buf.resize(n, 0.0);
+    let query = |i: usize| &q[(b * m + i) * k..(b * m + i + 1) * k];
+    // The values read in place (a one-hot cache blend's rows, the token's column patched
+    // in) where there is one query.
+    let vplace = match (m, wide) {
+        (1, true) => vv.in_place(b, d, vc),
+        _ => None,
+    };
+    // This head's keys: a one-hot cache blend's rows read in place with the token's column
+    // patched in, unless a score comes out infinite or NaN (then the blend's own rows,
+    // which may differ there); else rows of the tensor, or its rows of the blend filled
+    // here (they stay in this core's cache).
+    let mut direct = false;
+    if let (true, Some((w, patch))) = (wide, ky.in_place(b, k, kc)) {
+        for (i, si) in s.chunks_mut(n).enumerate() {
+            super::gemv::wide::axpy_rows_f16_patched(w, query(i), si, Some(patch), true);
+        }
+        direct = fastmath::all_finite(s);
+        if !direct {
+            s.fill(0.0);
+        }
+    }
+    if !direct {
+        let (ky, k0) = ky.head(b, k, n, kh);
+        for (i, si) in s.chunks_mut(n).enumerate() {
+            ky.axpy(k0, query(i), si, buf, simd, wide);
+        }
+    }
+    round_to(s, a.round[0]);
+    if let Some(mk) = mask {
+        let mb = &mk[b * m * n..(b + 1) * m * n];
+        s.iter_mut().zip(mb).for_each(|(s, m)| *s += m);
+        round_to(s, a.round[1]);
+    }
+    s.chunks_mut(n).for_each(fastmath::softmax);
+    round_to(s, a.round[2]);
+    // The values likewise: in place where the result stays finite.
+    let mut direct = false;
+    if let Some((w, patch)) = vplace {
+        super::gemv::wide::f16_rows_patched(w, s, o, Some(patch), true);
+        direct = fastmath::all_finite(o);
+    }
+    if !direct {
+        let (vv, v0) = vv.head(b, d, n, vh);
+        // One query row against fp16 values: the `d` value rows in one pass of the row
+        // kernel (AVX-512).
+        if let (Some(hv), 1, true) = (vv.f16(), m, wide) {
+            super::gemv::wide::f16_rows(&hv[v0 * n..(v0 + d) * n], s, o, true);
+        } else {
+            for r in 0..d {
+                for i in 0..m {
+                    o[r * m + i] = vv.dot(v0 + r, &s[i * n..(i + 1) * n], buf, simd);
+                }
+            }
+        }
+    }
+}
+
 /// The decode-step form: a few query rows against keys `[.., K, N]` and values `[.., D, N]`
 /// (Whisper's head layout, result `[.., D, M]`), reading keys and values in their storage
 /// dtype row by row — no f32 copy of a 1500-position cross-attention cache per token.
@@ -605,97 +741,49 @@ fn few_rows(
         isa != super::gemv::Isa::Portable,
         isa == super::gemv::Isa::Avx512,
     );
-    let out = with_heads(&y, fill[0], |ky| {
+    // Each head writes its own part of the result (and of the probabilities), so the
+    // parallel loop allocates nothing: with glibc's one arena (`crate::alloc::one_arena`)
+    // the two workers' allocations there waited on each other.
+    let mut out = vec![0f32; nb * d * m];
+    let mut probs = vec![0f32; if want_probs { nb * m * n } else { 0 }];
+    let mut parts: Vec<HeadOut> = Vec::with_capacity(nb);
+    let mut pchunks = probs.chunks_mut((m * n).max(1));
+    for (b, o) in out.chunks_mut((d * m).max(1)).enumerate() {
+        parts.push((b, o, if want_probs { pchunks.next() } else { None }));
+    }
+    let done = with_heads(&y, fill[0], |ky| {
         with_heads(&v, fill[1], |vv| {
-            // Scratch per task, reused from head to head: f32 rows, the blended keys' and
-            // values' rows (each filled whole before it is read), and the token's column
-            // where the blend is read in place.
-            let scratch = || {
-                let h = Vec::<f16>::new;
-                (vec![0f32; n], h(), h(), h(), h())
-            };
-            Ok((0..nb)
-                .into_par_iter()
-                .map_init(scratch, |(buf, kh, vh, kc, vc), b| {
-                    let mut s = vec![0f32; m * n];
-                    let query = |i: usize| &q[(b * m + i) * k..(b * m + i + 1) * k];
-                    // This head's keys: a one-hot cache blend's rows read in place with the
-                    // token's column patched in, unless a score comes out infinite or NaN
-                    // (then the blend's own rows, which may differ there); else rows of
-                    // the tensor, or its rows of the blend filled here (they stay in this
-                    // core's cache).
-                    let mut direct = false;
-                    if let (true, Some((w, patch))) = (wide, ky.in_place(b, k, kc)) {
-                        for (i, si) in s.chunks_mut(n).enumerate() {
-                            super::gemv::wide::axpy_rows_f16_patched(
-                                w,
-                                query(i),
-                                si,
-                                Some(patch),
-                                true,
-                            );
-                        }
-                        direct = s.iter().all(|x| x.is_finite());
-                        if !direct {
-                            s.fill(0.0);
-                        }
+            parts.into_par_iter().for_each(|(b, o, p)| {
+                with_scratch(|sc| {
+                    head(
+                        &Head {
+                            a,
+                            b,
+                            m,
+                            n,
+                            k,
+                            d,
+                            q: &q,
+                            mask: mask.as_deref(),
+                            ky,
+                            vv,
+                            simd,
+                            wide,
+                        },
+                        sc,
+                        o,
+                    );
+                    if let Some(p) = p {
+                        p.copy_from_slice(&sc.s[..m * n]);
                     }
-                    if !direct {
-                        let (ky, k0) = ky.head(b, k, n, kh);
-                        for (i, si) in s.chunks_mut(n).enumerate() {
-                            ky.axpy(k0, query(i), si, buf, simd, wide);
-                        }
-                    }
-                    round_to(&mut s, a.round[0]);
-                    if let Some(mk) = &mask {
-                        let mb = &mk[b * m * n..(b + 1) * m * n];
-                        s.iter_mut().zip(mb).for_each(|(s, m)| *s += m);
-                        round_to(&mut s, a.round[1]);
-                    }
-                    for row in s.chunks_mut(n) {
-                        let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                        row.iter_mut().for_each(|e| *e = fastmath::exp(*e - mx));
-                        let inv = 1.0 / fastmath::sum(row);
-                        row.iter_mut().for_each(|e| *e *= inv);
-                    }
-                    round_to(&mut s, a.round[2]);
-                    let mut o = vec![0f32; d * m];
-                    // The values likewise: in place where the result stays finite.
-                    let mut direct = false;
-                    if let (1, true, Some((w, patch))) = (m, wide, vv.in_place(b, d, vc)) {
-                        super::gemv::wide::f16_rows_patched(w, &s, &mut o, Some(patch), true);
-                        direct = o.iter().all(|x| x.is_finite());
-                    }
-                    if !direct {
-                        let (vv, v0) = vv.head(b, d, n, vh);
-                        // One query row against fp16 values: the `d` value rows in one pass
-                        // of the row kernel (AVX-512).
-                        if let (Some(h), 1, true) = (vv.f16(), m, wide) {
-                            let hb = &h[v0 * n..(v0 + d) * n];
-                            super::gemv::wide::f16_rows(hb, &s, &mut o, true);
-                        } else {
-                            for r in 0..d {
-                                for i in 0..m {
-                                    o[r * m + i] =
-                                        vv.dot(v0 + r, &s[i * n..(i + 1) * n], buf, simd);
-                                }
-                            }
-                        }
-                    }
-                    if !want_probs {
-                        s = vec![];
-                    }
-                    (o, s)
                 })
-                .collect::<Vec<(Vec<f32>, Vec<f32>)>>())
+            });
+            Ok(())
         })?
         .ok_or_else(|| anyhow::anyhow!("values are neither fp16 nor f32"))
     })?;
-    let Some(parts) = out else { return Ok(None) };
-    let (mut out, mut probs) = (Vec::with_capacity(nb * d * m), vec![]);
-    for (o, p) in parts {
-        out.extend(o);
-        probs.extend(p);
+    if done.is_none() {
+        return Ok(None);
     }
     let mut shape = batch.to_vec();
     shape.extend([d, m]);

@@ -290,21 +290,35 @@ impl<'a> BlendRows<'a> {
     /// [`blend_to_f16`](super::convert::blend_to_f16) (a value at a time, half's software
     /// conversions cost about 100 ns a row); `None` if an operand is not fp16.
     fn column(&self, first: usize, rows: usize, j: usize, vals: &mut Vec<f16>) -> Option<()> {
-        let mut wide = vec![0f32; 4 * rows];
-        let mut g = Vec::with_capacity(rows);
-        for (op, w) in self.ops.iter().zip(wide.chunks_mut(rows)) {
-            let Data::H(h) = op.v else { return None };
-            g.clear();
-            g.extend((first..first + rows).map(|r| h[op.base(r) + j * op.step]));
-            super::convert::f16_to_f32(&g, w);
+        // The gathered column and its widened operands in this thread's buffers: decode
+        // steps call this for every head from two workers at once, and with glibc's one
+        // arena (`crate::alloc::one_arena`) their allocations waited on each other.
+        thread_local! {
+            static BUFS: std::cell::RefCell<(Vec<f16>, Vec<f32>)> = Default::default();
         }
-        vals.clear();
-        vals.resize(rows, f16::ZERO);
-        let (a, rest) = wide.split_at(rows);
-        let (b, rest) = rest.split_at(rows);
-        let (c, d) = rest.split_at(rows);
-        super::convert::blend_to_f16(a, b, c, d, vals);
-        Some(())
+        BUFS.with(|c| {
+            let mut fresh = Default::default();
+            let mut held = c.try_borrow_mut();
+            let (g, wide) = match held.as_deref_mut() {
+                Ok(b) => b,
+                Err(_) => &mut fresh,
+            };
+            wide.clear();
+            wide.resize(4 * rows, 0.0);
+            for (op, w) in self.ops.iter().zip(wide.chunks_mut(rows)) {
+                let Data::H(h) = op.v else { return None };
+                g.clear();
+                g.extend((first..first + rows).map(|r| h[op.base(r) + j * op.step]));
+                super::convert::f16_to_f32(g, w);
+            }
+            vals.clear();
+            vals.resize(rows, f16::ZERO);
+            let (a, rest) = wide.split_at(rows);
+            let (b, rest) = rest.split_at(rows);
+            let (c, d) = rest.split_at(rows);
+            super::convert::blend_to_f16(a, b, c, d, vals);
+            Some(())
+        })
     }
 
     /// Element `j` of row `r` by the formula, rounded as `mul`, `mul`, `add` round.
