@@ -4,6 +4,38 @@
 //! Stegun 7.1.26); `tanh` within a few 1e-7 absolute. All far below fp16 resolution and
 //! below the f32 rounding noise of the ops that use them.
 
+/// Defines `fn NAME(ARG) -> RET` as `EACH(ARG)` compiled for the widest vector unit the
+/// CPU has: an AVX-512F clone, else an AVX2 clone, else the plain build. `EACH` is
+/// `#[inline(always)]`, so each clone vectorises its loops at its own width; the operations
+/// and their order stay the same, so the result does not depend on the width.
+macro_rules! widest {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($arg:ident: $ty:ty) $(-> $ret:ty)? = $each:ident) => {
+        $(#[$doc])*
+        $vis fn $name($arg: $ty) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512($arg: $ty) $(-> $ret)? {
+                    $each($arg)
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($arg: $ty) $(-> $ret)? {
+                    $each($arg)
+                }
+                if is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F (checked above).
+                    return unsafe { avx512($arg) };
+                }
+                if is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2 (checked above).
+                    return unsafe { avx2($arg) };
+                }
+            }
+            $each($arg)
+        }
+    };
+}
+
 /// e^x. Inputs below −87.3 give ~1e-38 (not a subnormal), above 88.7 saturate near f32::MAX.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
@@ -149,38 +181,15 @@ impl Gelu {
     }
 }
 
-/// log Σ e^x over the non-NaN elements of `x`; −∞ for an empty or all −∞ slice (a
-/// vocabulary's log-softmax normaliser: three per decoded token with timestamps, one per
-/// token and clip in the fidelity metrics). The terms e^(x − max) ≤ 1 are computed in f32
-/// ([`exp`]) and summed in f64 in eight lanes, so the result is within about 1e-6 of the
-/// f64 sum (tested). Compiled for the widest vector unit the CPU has — the same operations
-/// in the same order at every width, so the same bits: the portable loop, vectorised for
-/// plain x86-64 (SSE2), took about 0.2 ms over a 51,864-token vocabulary.
-pub fn log_sum_exp(x: &[f32]) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked above).
-            return unsafe { log_sum_exp_avx512(x) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked above).
-            return unsafe { log_sum_exp_avx2(x) };
-        }
-    }
-    log_sum_exp_each(x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn log_sum_exp_avx512(x: &[f32]) -> f64 {
-    log_sum_exp_each(x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn log_sum_exp_avx2(x: &[f32]) -> f64 {
-    log_sum_exp_each(x)
+widest! {
+    /// log Σ e^x over the non-NaN elements of `x`; −∞ for an empty or all −∞ slice (a
+    /// vocabulary's log-softmax normaliser: three per decoded token with timestamps, one per
+    /// token and clip in the fidelity metrics). The terms e^(x − max) ≤ 1 are computed in f32
+    /// ([`exp`]) and summed in f64 in eight lanes, so the result is within about 1e-6 of the
+    /// f64 sum (tested). Compiled for the widest vector unit the CPU has — the same operations
+    /// in the same order at every width, so the same bits: the portable loop, vectorised for
+    /// plain x86-64 (SSE2), took about 0.2 ms over a 51,864-token vocabulary.
+    pub fn log_sum_exp(x: &[f32]) -> f64 = log_sum_exp_each
 }
 
 /// [`log_sum_exp`]'s loops, inlined into each width's function.
@@ -210,34 +219,11 @@ pub fn log_sum_exp_each(x: &[f32]) -> f64 {
     f64::from(max) + (acc.iter().sum::<f64>() + tail).ln()
 }
 
-/// The largest non-NaN value of `x`; −∞ for an empty or all-NaN slice. Vectorised as
-/// [`log_sum_exp`] (the lanes' maximum is the same whatever the order, so the same value at
-/// every width).
-pub fn max(x: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked above).
-            return unsafe { max_avx512(x) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked above).
-            return unsafe { max_avx2(x) };
-        }
-    }
-    max_each(x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn max_avx512(x: &[f32]) -> f32 {
-    max_each(x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn max_avx2(x: &[f32]) -> f32 {
-    max_each(x)
+widest! {
+    /// The largest non-NaN value of `x`; −∞ for an empty or all-NaN slice. Vectorised as
+    /// [`log_sum_exp`] (the lanes' maximum is the same whatever the order, so the same value at
+    /// every width).
+    pub fn max(x: &[f32]) -> f32 = max_each
 }
 
 /// [`max`]'s loop: sixteen lanes, each replaced only by a larger value (a comparison with
@@ -258,36 +244,13 @@ fn max_each(x: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
 }
 
-/// `row` replaced by its softmax: `e^(x − max)` ([`exp`], [`max`]) divided by their
-/// [`sum`]. Compiled for the widest vector unit the CPU has, the same operations in the
-/// same order at every width, so the same bits (a decode step's attention runs it on every
-/// head's scores; as part of the plain x86-64 build, 128-bit lanes and a serial maximum,
-/// it took about as long as reading the head's keys).
-pub fn softmax(row: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked above).
-            return unsafe { softmax_avx512(row) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked above).
-            return unsafe { softmax_avx2(row) };
-        }
-    }
-    softmax_each(row)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn softmax_avx512(row: &mut [f32]) {
-    softmax_each(row)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn softmax_avx2(row: &mut [f32]) {
-    softmax_each(row)
+widest! {
+    /// `row` replaced by its softmax: `e^(x − max)` ([`exp`], [`max`]) divided by their
+    /// [`sum`]. Compiled for the widest vector unit the CPU has, the same operations in the
+    /// same order at every width, so the same bits (a decode step's attention runs it on every
+    /// head's scores; as part of the plain x86-64 build, 128-bit lanes and a serial maximum,
+    /// it took about as long as reading the head's keys).
+    pub fn softmax(row: &mut [f32]) = softmax_each
 }
 
 #[inline(always)]
