@@ -403,8 +403,8 @@ fn axpy_rows_over_many_rows_matches_one_row_at_a_time_bit_for_bit() {
             if wide::available() {
                 // Both sweeps, whichever this CPU takes.
                 let (mut step, mut each) = (s0.clone(), s0.clone());
-                wide::axpy_rows_f16_avx512(&w, &q, &mut step, true);
-                wide::axpy_rows_f16_avx512(&w, &q, &mut each, false);
+                wide::axpy_rows_f16_sweep(&w, &q, &mut step, true);
+                wide::axpy_rows_f16_sweep(&w, &q, &mut each, false);
                 assert_eq!(bits(&step), bits(&each), "n {n} rows {rows}, four a sweep");
             }
         }

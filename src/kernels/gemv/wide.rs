@@ -153,26 +153,31 @@ pub fn axpy_rows_f16(w: &[f16], q: &[f32], s: &mut [f32], on: bool) {
     axpy_rows_f16_patched(w, q, s, None, on)
 }
 
-/// [`axpy_rows_f16`] on AVX-512 (`available()` must be true) with four rows a sweep
-/// (`in_step`) or row after row, as chosen for this CPU's caches (see `rows_in_step`); the
-/// same bits either way.
-pub fn axpy_rows_f16_avx512(w: &[f16], q: &[f32], s: &mut [f32], in_step: bool) {
-    assert!(available(), "axpy_rows_f16_avx512 on a CPU without AVX-512");
-    assert!(
-        w.len() >= q.len() * s.len(),
-        "axpy_rows_f16: too few weights"
-    );
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: the CPU has the features (asserted), and `w` holds `q.len()` rows of `n`.
-    unsafe {
-        avx512::axpy_rows_f16(w, q, s, None, in_step)
-    };
-}
-
 /// [`axpy_rows_f16`] with one column of the rows replaced ([`Patch`]): each element's
 /// products are added in the same order, so the result has the bits of `axpy_rows_f16`
 /// over the patched rows.
 pub fn axpy_rows_f16_patched(w: &[f16], q: &[f32], s: &mut [f32], patch: Option<Patch>, on: bool) {
+    axpy_rows_swept(w, q, s, patch, on, None)
+}
+
+/// [`axpy_rows_f16`] on AVX-512 (`available()` must be true) with four rows a sweep
+/// (`in_step`) or row after row, whichever this CPU would take (see `rows_in_step`): the
+/// tests check that both give the same bits.
+#[cfg(test)]
+pub(super) fn axpy_rows_f16_sweep(w: &[f16], q: &[f32], s: &mut [f32], in_step: bool) {
+    assert!(available(), "axpy_rows_f16_sweep on a CPU without AVX-512");
+    axpy_rows_swept(w, q, s, None, true, Some(in_step))
+}
+
+/// [`axpy_rows_f16_patched`] with the AVX-512 sweep given (`None`: this CPU's choice).
+fn axpy_rows_swept(
+    w: &[f16],
+    q: &[f32],
+    s: &mut [f32],
+    patch: Option<Patch>,
+    on: bool,
+    in_step: Option<bool>,
+) {
     let n = s.len();
     assert!(
         w.len() >= q.len() * n,
@@ -184,12 +189,13 @@ pub fn axpy_rows_f16_patched(w: &[f16], q: &[f32], s: &mut [f32], patch: Option<
     #[cfg(target_arch = "x86_64")]
     {
         if on {
+            let in_step = in_step.unwrap_or_else(avx512::rows_in_step);
             // SAFETY: as in `f16_rows`; `w` holds `q.len()` rows of `n`.
-            unsafe { avx512::axpy_rows_f16(w, q, s, patch, avx512::rows_in_step()) };
+            unsafe { avx512::axpy_rows_f16(w, q, s, patch, in_step) };
             return;
         }
     }
-    let _ = on;
+    let _ = (on, in_step);
     for (r, &qr) in q.iter().enumerate() {
         for (j, s) in s.iter_mut().enumerate() {
             *s += qr * Patch::at(patch, w, r, n, j).to_f32();
