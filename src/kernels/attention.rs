@@ -571,7 +571,7 @@ struct Head<'h, 'a> {
     wide: bool,
 }
 
-/// A worker's buffers for [`head`], reused from call to call (see [`with_scratch`]).
+/// A worker's buffers for [`head`], reused from call to call (see `super::with_local`).
 #[derive(Default)]
 struct Scratch {
     /// The head's scores, then its probabilities (`m·n`).
@@ -588,15 +588,6 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
-}
-
-/// Calls `f` with this thread's [`Scratch`] (a fresh one if it is in use further up the
-/// stack).
-fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
-    SCRATCH.with(|c| match c.try_borrow_mut() {
-        Ok(mut sc) => f(&mut sc),
-        Err(_) => f(&mut Scratch::default()),
-    })
 }
 
 /// One head of [`few_rows`]: its result `[d, m]` into `o` (zeroed by the caller) and its
@@ -754,7 +745,7 @@ fn few_rows(
     let done = with_heads(&y, fill[0], |ky| {
         with_heads(&v, fill[1], |vv| {
             parts.into_par_iter().for_each(|(b, o, p)| {
-                with_scratch(|sc| {
+                super::with_local(&SCRATCH, |sc| {
                     head(
                         &Head {
                             a,

@@ -291,18 +291,11 @@ impl<'a> BlendRows<'a> {
     /// conversions cost about 100 ns a row); `None` if an operand is not fp16.
     fn column(&self, first: usize, rows: usize, j: usize, vals: &mut Vec<f16>) -> Option<()> {
         // The gathered column and its widened operands in this thread's buffers: decode
-        // steps call this for every head from two workers at once, and with glibc's one
-        // arena (`crate::alloc::one_arena`) their allocations waited on each other.
+        // steps call this for every head from two workers at once.
         thread_local! {
             static BUFS: std::cell::RefCell<(Vec<f16>, Vec<f32>)> = Default::default();
         }
-        BUFS.with(|c| {
-            let mut fresh = Default::default();
-            let mut held = c.try_borrow_mut();
-            let (g, wide) = match held.as_deref_mut() {
-                Ok(b) => b,
-                Err(_) => &mut fresh,
-            };
+        super::with_local(&BUFS, |(g, wide)| {
             wide.clear();
             wide.resize(4 * rows, 0.0);
             for (op, w) in self.ops.iter().zip(wide.chunks_mut(rows)) {

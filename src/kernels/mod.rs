@@ -31,3 +31,17 @@ pub use linalg::{conv, einsum, matmul, ConvParams};
 pub use norm::{
     channel_affine, layer_norm, layer_norm_on, layer_norm_rows, reduce, softmax, Reduce,
 };
+
+/// Calls `f` with this thread's value of `key`, or with a fresh default one where it is
+/// already in use further up the stack: per-thread scratch that the decode-step kernels
+/// reuse from call to call, so their parallel loops allocate nothing (with glibc's one
+/// arena, `crate::alloc::one_arena`, two workers' allocations wait on each other).
+pub(crate) fn with_local<T: Default, R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|c| match c.try_borrow_mut() {
+        Ok(mut v) => f(&mut v),
+        Err(_) => f(&mut T::default()),
+    })
+}
