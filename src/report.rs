@@ -15,7 +15,15 @@ pub struct TensorInfo {
     pub name: String,
     /// MIL dtype name: `fp16`, `fp32`, `int32`, ...
     pub dtype: String,
+    /// The shape (a flexible input's default shape).
     pub shape: Vec<u64>,
+    /// A flexible input's accepted sizes per dimension, `[lower, upper]`, inclusive (upper
+    /// −1: unbounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape_range: Option<Vec<(u64, i64)>>,
+    /// A flexible input's accepted shapes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enumerated_shapes: Option<Vec<Vec<u64>>>,
 }
 
 /// Op counts of one function, nested blocks included.

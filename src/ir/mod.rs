@@ -8,8 +8,8 @@ pub mod value;
 
 pub use bytes::Bytes;
 pub use program::{
-    Arg, ArrayDType, Block, Description, DictKey, Feature, FeatureKind, Function, FunctionIo,
-    Model, Operation, Program, Var, HEAD_PADDING_KEY,
+    Arg, ArrayDType, Block, ColorSpace, Description, DictKey, Feature, FeatureKind, Function,
+    FunctionIo, Model, Operation, Program, ShapeFlex, Var, HEAD_PADDING_KEY,
 };
 pub use types::{DType, Dim, Opset, TensorType, ValueType};
 pub use value::{Tensor, Value};

@@ -1,9 +1,10 @@
 //! Program structure: Program → Function → Block → Operation, plus the model description
 //! (the package-level I/O ABI and metadata) that wraps a program in an `.mlpackage`.
 
-use super::types::{DType, Opset, TensorType, ValueType};
+use super::types::{DType, Dim, Opset, TensorType, ValueType};
 use super::value::Value;
 use std::collections::BTreeMap;
+use std::fmt;
 
 /// A named, typed SSA value.
 #[derive(Clone, Debug, PartialEq)]
@@ -143,6 +144,37 @@ impl DictKey {
     }
 }
 
+/// The pixel layout of an image feature (Core ML's `ImageFeatureType.ColorSpace`): what
+/// channels the program's `[1, C, H, W]` input receives, in which order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColorSpace {
+    /// One channel, 8-bit.
+    Grayscale,
+    /// Three channels: red, green, blue.
+    Rgb,
+    /// Three channels: blue, green, red.
+    Bgr,
+    /// One channel, fp16 pixels.
+    GrayscaleF16,
+}
+
+impl ColorSpace {
+    pub fn channels(self) -> usize {
+        match self {
+            ColorSpace::Grayscale | ColorSpace::GrayscaleF16 => 1,
+            ColorSpace::Rgb | ColorSpace::Bgr => 3,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            ColorSpace::Grayscale => "GRAYSCALE",
+            ColorSpace::Rgb => "RGB",
+            ColorSpace::Bgr => "BGR",
+            ColorSpace::GrayscaleF16 => "GRAYSCALE_FLOAT16",
+        }
+    }
+}
+
 /// What a feature holds. Every input and state, and most outputs, are multi-arrays
 /// (described by the feature's `dtype` and `shape`); a classifier's outputs are a scalar
 /// label (`Int64` or `String`) and a dictionary of class → probability (fp64 values), for
@@ -155,6 +187,68 @@ pub enum FeatureKind {
     Double,
     String,
     Dict(DictKey),
+    /// An image input: `shape` is `[height, width]` (its flexibility ranges over those two)
+    /// and `dtype` means nothing; the program's input is the `[1, C, H, W]` (or
+    /// `[C, H, W]`) tensor the pixels become.
+    Image(ColorSpace),
+}
+
+/// The shapes a multi-array input takes besides its default one (Core ML's shape
+/// flexibility: what coremltools writes for `RangeDim` and `EnumeratedShapes` inputs, whose
+/// program input then has `?` dimensions).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum ShapeFlex {
+    /// Only the default shape.
+    #[default]
+    Fixed,
+    /// Per dimension the sizes allowed, inclusive: lower bound and upper bound (`None`:
+    /// unbounded).
+    Ranges(Vec<(usize, Option<usize>)>),
+    /// Exactly these shapes.
+    Enumerated(Vec<Vec<usize>>),
+}
+
+impl ShapeFlex {
+    /// Whether a dimension may take a size other than the default's.
+    pub fn varies(&self, axis: usize, default: usize) -> bool {
+        match self {
+            ShapeFlex::Fixed => false,
+            ShapeFlex::Ranges(r) => r
+                .get(axis)
+                .is_some_and(|&(lo, hi)| hi != Some(lo) || lo != default),
+            ShapeFlex::Enumerated(s) => s.iter().any(|s| s.get(axis) != Some(&default)),
+        }
+    }
+}
+
+impl fmt::Display for ShapeFlex {
+    /// `[1, 1..=64, 3]`, `[1, 2..]`, `[1, 3] | [2, 3]`; empty for a fixed shape.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |v: &[usize]| {
+            v.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            ShapeFlex::Fixed => Ok(()),
+            ShapeFlex::Ranges(r) => {
+                let dims: Vec<String> = r
+                    .iter()
+                    .map(|&(lo, hi)| match hi {
+                        Some(hi) if hi == lo => lo.to_string(),
+                        Some(hi) => format!("{lo}..={hi}"),
+                        None => format!("{lo}.."),
+                    })
+                    .collect();
+                write!(f, "[{}]", dims.join(", "))
+            }
+            ShapeFlex::Enumerated(s) => {
+                let shapes: Vec<String> = s.iter().map(|s| format!("[{}]", list(s))).collect();
+                f.write_str(&shapes.join(" | "))
+            }
+        }
+    }
 }
 
 /// One feature of the model description (an input, output or state).
@@ -162,7 +256,10 @@ pub enum FeatureKind {
 pub struct Feature {
     pub name: String,
     pub dtype: ArrayDType,
+    /// The default shape (the one shape of a fixed-shape feature).
     pub shape: Vec<usize>,
+    /// The other shapes an input accepts.
+    pub flex: ShapeFlex,
     pub doc: String,
     pub kind: FeatureKind,
 }
@@ -173,6 +270,7 @@ impl Feature {
             name: name.to_string(),
             dtype,
             shape: shape.to_vec(),
+            flex: ShapeFlex::Fixed,
             doc: String::new(),
             kind: FeatureKind::Array,
         }
@@ -184,8 +282,50 @@ impl Feature {
             ..Feature::new(name, ArrayDType::F64, &[])
         }
     }
+    /// The tensor type of the default shape.
     pub fn tensor_type(&self) -> TensorType {
         TensorType::new(self.dtype.to_dtype(), &self.shape)
+    }
+    /// The tensor type every accepted shape has: `?` where the flexibility lets a
+    /// dimension vary (what a program input of a flexible feature declares).
+    pub fn flexible_type(&self) -> TensorType {
+        let mut t = self.tensor_type();
+        for (axis, d) in t.shape.iter_mut().enumerate() {
+            if self.flex.varies(axis, self.shape[axis]) {
+                *d = Dim::Unknown;
+            }
+        }
+        t
+    }
+    /// Whether an input of shape `dims` is one the feature accepts: the default shape, a
+    /// shape inside the ranges, or one of the enumerated shapes; the error names the
+    /// feature, the shape given and what is allowed.
+    pub fn check_shape(&self, dims: &[usize]) -> Result<(), String> {
+        let ok = match &self.flex {
+            ShapeFlex::Fixed => dims == self.shape.as_slice(),
+            ShapeFlex::Ranges(r) => {
+                dims.len() == r.len()
+                    && dims
+                        .iter()
+                        .zip(r)
+                        .all(|(&d, &(lo, hi))| d >= lo && hi.is_none_or(|hi| d <= hi))
+            }
+            ShapeFlex::Enumerated(s) => {
+                dims == self.shape.as_slice() || s.iter().any(|s| s.as_slice() == dims)
+            }
+        };
+        if ok {
+            return Ok(());
+        }
+        let allowed = match &self.flex {
+            ShapeFlex::Fixed => format!("{:?}", self.shape),
+            ShapeFlex::Ranges(_) => format!("a shape in {}", self.flex),
+            ShapeFlex::Enumerated(_) => format!("one of {}", self.flex),
+        };
+        Err(format!(
+            "input `{}`: shape {dims:?} is not one the model accepts ({allowed})",
+            self.name
+        ))
     }
     /// The MIL type of the program value this feature describes: the array's tensor type,
     /// a scalar for a label or double, `dict<key, fp64>` for a dictionary.
@@ -200,6 +340,15 @@ impl Feature {
                 key: Box::new(scalar(k.dtype())),
                 value: Box::new(scalar(DType::F64)),
             },
+            FeatureKind::Image(c) => {
+                let dtype = match c {
+                    ColorSpace::GrayscaleF16 => DType::F16,
+                    _ => DType::F32,
+                };
+                let mut shape = vec![Dim::Fixed(1), Dim::Fixed(c.channels())];
+                shape.extend(self.flexible_type().shape);
+                ValueType::Tensor(TensorType { dtype, shape })
+            }
         }
     }
     /// How `inspect` names the feature's type: the array's dtype, or `int64`, `fp64`,
@@ -211,6 +360,7 @@ impl Feature {
             FeatureKind::Double => "fp64".into(),
             FeatureKind::String => "string".into(),
             FeatureKind::Dict(k) => format!("dict<{}, fp64>", k.dtype().name()),
+            FeatureKind::Image(c) => format!("image<{}>", c.name()),
         }
     }
 }

@@ -8,8 +8,8 @@ use super::blob::{BlobDType, BlobReader};
 use super::convert::{value_from_proto, value_type_from_proto, BlobSource};
 use super::manifest::read_package;
 use crate::ir::{
-    Arg, ArrayDType, Block, Description, DictKey, Feature, FeatureKind, Function, FunctionIo,
-    Model, Operation, Opset, Program, Value, ValueType, Var,
+    Arg, ArrayDType, Block, ColorSpace, Description, DictKey, Dim, Feature, FeatureKind, Function,
+    FunctionIo, Model, Operation, Opset, Program, ShapeFlex, TensorType, Value, ValueType, Var,
 };
 use crate::ops::builder::infer_op;
 use crate::proto::{mil, specification as spec};
@@ -274,6 +274,7 @@ fn feature(f: &spec::FeatureDescription) -> Result<(Feature, bool)> {
             Some(spec::state_feature_type::Type::ArrayType(a)) => (a.clone(), true),
             None => bail!("state `{}` has no array type", f.name),
         },
+        Type::ImageType(im) => return image_feature(f, im),
         Type::Int64Type(_) => return other(FeatureKind::Int64),
         Type::DoubleType(_) => return other(FeatureKind::Double),
         Type::StringType(_) => return other(FeatureKind::String),
@@ -293,16 +294,155 @@ fn feature(f: &spec::FeatureDescription) -> Result<(Feature, bool)> {
             usize::try_from(d).map_err(|_| anyhow!("feature `{}` has a negative dimension", f.name))
         })
         .collect::<Result<Vec<_>>>()?;
+    let flex = shape_flex(&a, &shape).with_context(|| format!("feature `{}`", f.name))?;
     Ok((
         Feature {
             name: f.name.clone(),
             dtype: array_dtype(a.data_type).with_context(|| format!("feature `{}`", f.name))?,
             shape,
+            flex,
             doc: f.short_description.clone(),
             kind: FeatureKind::Array,
         },
         state,
     ))
+}
+
+/// An image feature: `[height, width]`, its size flexibility over those two, its colours.
+fn image_feature(
+    f: &spec::FeatureDescription,
+    im: &spec::ImageFeatureType,
+) -> Result<(Feature, bool)> {
+    use spec::image_feature_type::{ColorSpace as C, SizeFlexibility as S};
+    let size = |d: i64, what: &str| {
+        usize::try_from(d).map_err(|_| anyhow!("image feature `{}` has {what} {d}", f.name))
+    };
+    let color = match C::try_from(im.color_space) {
+        Ok(C::Grayscale) => ColorSpace::Grayscale,
+        Ok(C::Rgb) => ColorSpace::Rgb,
+        Ok(C::Bgr) => ColorSpace::Bgr,
+        Ok(C::GrayscaleFloat16) => ColorSpace::GrayscaleF16,
+        _ => bail!(
+            "image feature `{}` has an unknown colour space {}",
+            f.name,
+            im.color_space
+        ),
+    };
+    let range = |r: Option<spec::SizeRange>| -> Result<(usize, Option<usize>)> {
+        let r = r.unwrap_or_default();
+        let lo = usize::try_from(r.lower_bound)
+            .map_err(|_| anyhow!("image feature `{}`: lower bound too large", f.name))?;
+        let hi = match r.upper_bound {
+            -1 => None,
+            u => Some(size(u, "an upper bound")?),
+        };
+        Ok((lo, hi))
+    };
+    let flex = match &im.size_flexibility {
+        None => ShapeFlex::Fixed,
+        Some(S::ImageSizeRange(r)) => {
+            ShapeFlex::Ranges(vec![range(r.height_range)?, range(r.width_range)?])
+        }
+        Some(S::EnumeratedSizes(e)) => ShapeFlex::Enumerated(
+            e.sizes
+                .iter()
+                .map(|s| vec![s.height as usize, s.width as usize])
+                .collect(),
+        ),
+    };
+    let fe = Feature {
+        flex,
+        doc: f.short_description.clone(),
+        kind: FeatureKind::Image(color),
+        ..Feature::new(
+            &f.name,
+            ArrayDType::F32,
+            &[size(im.height, "height")?, size(im.width, "width")?],
+        )
+    };
+    Ok((fe, false))
+}
+
+/// A multi-array's shape flexibility: per-dimension ranges (upper bound −1: unbounded) or
+/// a list of shapes, each of the default shape's rank.
+fn shape_flex(a: &spec::ArrayFeatureType, default: &[usize]) -> Result<ShapeFlex> {
+    use spec::array_feature_type::ShapeFlexibility as F;
+    let size = |d: i64| usize::try_from(d).map_err(|_| anyhow!("negative size {d}"));
+    Ok(match &a.shape_flexibility {
+        None => ShapeFlex::Fixed,
+        Some(F::ShapeRange(r)) => {
+            ensure!(
+                r.size_ranges.len() == default.len(),
+                "a shape range of {} dimensions for a default shape of {}",
+                r.size_ranges.len(),
+                default.len()
+            );
+            let ranges = r
+                .size_ranges
+                .iter()
+                .map(|s| {
+                    let lo = usize::try_from(s.lower_bound)
+                        .map_err(|_| anyhow!("lower bound {} is too large", s.lower_bound))?;
+                    let hi = match s.upper_bound {
+                        -1 => None,
+                        u => Some(size(u)?),
+                    };
+                    ensure!(
+                        hi.is_none_or(|hi| hi >= lo),
+                        "size range {lo}..={} is empty",
+                        s.upper_bound
+                    );
+                    Ok((lo, hi))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            ShapeFlex::Ranges(ranges)
+        }
+        Some(F::EnumeratedShapes(e)) => {
+            let shapes = e
+                .shapes
+                .iter()
+                .map(|s| {
+                    ensure!(
+                        s.shape.len() == default.len(),
+                        "an enumerated shape of rank {} for a default shape of rank {}",
+                        s.shape.len(),
+                        default.len()
+                    );
+                    s.shape.iter().map(|&d| size(d)).collect()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            ShapeFlex::Enumerated(shapes)
+        }
+    })
+}
+
+/// Whether a program input's declared type is one the described feature fits: the same
+/// dtype and rank, and every dimension the program fixes fixed to the size the feature
+/// always has (a `?` dimension accepts anything; Core ML's converters write `?` wherever the
+/// description lets a size vary, and sometimes where it does not).
+/// An image feature's program input is the `[1, C, H, W]` tensor its pixels become (or
+/// `[C, H, W]`), in any float type.
+fn fits(program: &TensorType, fe: &Feature) -> bool {
+    let dims_fit = |want: &[Dim]| {
+        program.shape.len() == want.len()
+            && program
+                .shape
+                .iter()
+                .zip(want)
+                .all(|(p, w)| matches!(p, Dim::Unknown) || p == w)
+    };
+    match fe.kind {
+        FeatureKind::Image(_) => {
+            let ValueType::Tensor(want) = fe.value_type() else {
+                return false;
+            };
+            program.dtype.is_float() && (dims_fit(&want.shape) || dims_fit(&want.shape[1..]))
+        }
+        _ => {
+            let want = fe.flexible_type();
+            program.dtype == want.dtype && dims_fit(&want.shape)
+        }
+    }
 }
 
 /// Reads and checks a whole `.mlpackage`.
@@ -431,8 +571,8 @@ fn function_io(
     for f in input {
         let fe = feature(f)?.0;
         ensure!(
-            fe.kind == FeatureKind::Array,
-            "input `{}` is a {}; milkit feeds only multi-array inputs",
+            matches!(fe.kind, FeatureKind::Array | FeatureKind::Image(_)),
+            "input `{}` is a {}; milkit feeds only multi-array and image inputs",
             fe.name,
             fe.type_name()
         );
@@ -462,10 +602,17 @@ fn check_abi(
                 anyhow!("description input `{}` is not a function input", fe.name)
             })?;
         ensure!(
-            v.ty == ValueType::Tensor(fe.tensor_type()),
-            "input `{}`: description says {}, program says {}",
+            matches!(&v.ty, ValueType::Tensor(t) if fits(t, fe)),
+            "input `{}`: description says {}{}, program says {}",
             fe.name,
-            fe.tensor_type(),
+            match fe.kind {
+                FeatureKind::Image(_) => fe.value_type().to_string(),
+                _ => fe.tensor_type().to_string(),
+            },
+            match fe.flex {
+                ShapeFlex::Fixed => String::new(),
+                ref f => format!(" (accepting {f})"),
+            },
             v.ty
         );
     }

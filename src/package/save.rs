@@ -7,8 +7,8 @@ use super::convert::{blob_dtype, value_to_proto, value_type_to_proto, BlobSink};
 use super::fsio::write_package_atomically;
 use super::manifest::Manifest;
 use crate::ir::{
-    Arg, ArrayDType, Block, DictKey, Feature, FeatureKind, Model, Operation, Opset, Program,
-    Tensor, Value, Var,
+    Arg, ArrayDType, Block, ColorSpace, DictKey, Feature, FeatureKind, Model, Operation, Opset,
+    Program, ShapeFlex, Tensor, Value, Var,
 };
 use crate::proto::{mil, specification as spec};
 use anyhow::{anyhow, bail, Context, Result};
@@ -195,10 +195,67 @@ pub fn array_dtype_code(d: ArrayDType) -> i32 {
 }
 
 fn array_type(f: &Feature) -> spec::ArrayFeatureType {
+    use spec::array_feature_type as a;
+    let shape = |s: &[usize]| s.iter().map(|&d| d as i64).collect::<Vec<_>>();
+    let shape_flexibility = match &f.flex {
+        ShapeFlex::Fixed => None,
+        ShapeFlex::Ranges(r) => Some(a::ShapeFlexibility::ShapeRange(a::ShapeRange {
+            size_ranges: r
+                .iter()
+                .map(|&(lo, hi)| spec::SizeRange {
+                    lower_bound: lo as u64,
+                    upper_bound: hi.map_or(-1, |h| h as i64),
+                })
+                .collect(),
+        })),
+        ShapeFlex::Enumerated(s) => {
+            Some(a::ShapeFlexibility::EnumeratedShapes(a::EnumeratedShapes {
+                shapes: s.iter().map(|s| a::Shape { shape: shape(s) }).collect(),
+            }))
+        }
+    };
     spec::ArrayFeatureType {
-        shape: f.shape.iter().map(|&d| d as i64).collect(),
+        shape: shape(&f.shape),
         data_type: array_dtype_code(f.dtype),
+        shape_flexibility,
         ..Default::default()
+    }
+}
+
+fn image_type(f: &Feature, c: ColorSpace) -> spec::ImageFeatureType {
+    use spec::image_feature_type as i;
+    let range = |(lo, hi): (usize, Option<usize>)| spec::SizeRange {
+        lower_bound: lo as u64,
+        upper_bound: hi.map_or(-1, |h| h as i64),
+    };
+    let size_flexibility = match &f.flex {
+        ShapeFlex::Fixed => None,
+        ShapeFlex::Ranges(r) => Some(i::SizeFlexibility::ImageSizeRange(i::ImageSizeRange {
+            height_range: r.first().map(|&r| range(r)),
+            width_range: r.get(1).map(|&r| range(r)),
+        })),
+        ShapeFlex::Enumerated(s) => Some(i::SizeFlexibility::EnumeratedSizes(
+            i::EnumeratedImageSizes {
+                sizes: s
+                    .iter()
+                    .map(|s| i::ImageSize {
+                        height: s[0] as u64,
+                        width: s[1] as u64,
+                    })
+                    .collect(),
+            },
+        )),
+    };
+    spec::ImageFeatureType {
+        height: f.shape[0] as i64,
+        width: f.shape[1] as i64,
+        size_flexibility,
+        color_space: match c {
+            ColorSpace::Grayscale => i::ColorSpace::Grayscale,
+            ColorSpace::Rgb => i::ColorSpace::Rgb,
+            ColorSpace::Bgr => i::ColorSpace::Bgr,
+            ColorSpace::GrayscaleF16 => i::ColorSpace::GrayscaleFloat16,
+        } as i32,
     }
 }
 
@@ -210,6 +267,7 @@ fn feature(f: &Feature, state: bool) -> spec::FeatureDescription {
             r#type: Some(spec::state_feature_type::Type::ArrayType(array_type(f))),
         }),
         FeatureKind::Array => Type::MultiArrayType(array_type(f)),
+        FeatureKind::Image(c) => Type::ImageType(image_type(f, c)),
         FeatureKind::Int64 => Type::Int64Type(spec::Int64FeatureType {}),
         FeatureKind::Double => Type::DoubleType(spec::DoubleFeatureType {}),
         FeatureKind::String => Type::StringType(spec::StringFeatureType {}),

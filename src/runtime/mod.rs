@@ -15,7 +15,7 @@ pub mod precision;
 pub mod state_fusion;
 pub mod step;
 
-use crate::ir::{Description, FeatureKind, Model, ValueType};
+use crate::ir::{Description, Feature, FeatureKind, Model, ValueType};
 use crate::kernels;
 use crate::ops::eval::{storage_dtype, ExecEnv, StateCell};
 use crate::ops::RValue;
@@ -467,7 +467,19 @@ impl Session {
                 )
             })?;
             ensure!(given.next().is_none(), "input `{}` given twice", i.name);
-            slots[i.slot] = Some(RValue::T(conform(&i.name, &i.ty, t.clone())?));
+            // The description says which shapes the model accepts (its default shape, or
+            // those its flexibility allows); the program's `?` dimensions accept any.
+            let mut t = t.clone();
+            if let Some(f) = described(&self.description, &fname, false)
+                .iter()
+                .find(|f| f.name == i.name)
+            {
+                match f.kind {
+                    FeatureKind::Image(c) => t = image_input(f, c, &i.ty, t)?,
+                    _ => f.check_shape(t.dims()).map_err(|e| anyhow!(e))?,
+                }
+            }
+            slots[i.slot] = Some(RValue::T(conform(&i.name, &i.ty, t)?));
         }
         let mut profile = self.profile.take();
         let memo = match self.memo.as_mut() {
@@ -505,11 +517,7 @@ impl Session {
             let v = match v {
                 RValue::T(mut t) => {
                     // The model description is the ABI: hand back its dtype if it differs.
-                    if let Some(f) = self
-                        .description
-                        .functions
-                        .get(&fname)
-                        .map_or(&self.description.outputs, |io| &io.outputs)
+                    if let Some(f) = described(&self.description, &fname, true)
                         .iter()
                         .find(|f| f.name == *name && f.kind == FeatureKind::Array)
                     {
@@ -526,6 +534,17 @@ impl Session {
             out.push((name.clone(), v));
         }
         Ok(out)
+    }
+}
+
+/// A function's described inputs (or outputs): a multifunction model's per-function
+/// interface, else the top-level one.
+fn described<'d>(d: &'d Description, function: &str, outputs: bool) -> &'d [Feature] {
+    match (d.functions.get(function), outputs) {
+        (Some(io), false) => &io.inputs,
+        (Some(io), true) => &io.outputs,
+        (None, false) => &d.inputs,
+        (None, true) => &d.outputs,
     }
 }
 
@@ -686,9 +705,58 @@ fn captured(st: &plan::Step, slots: &[Option<RValue>]) -> Result<Vec<RValue>> {
         .collect()
 }
 
+/// An image input's pixels as the tensor its program input takes, as Core ML turns a pixel
+/// buffer into one: `[H, W]` (grayscale) or `[H, W, 3|4]` (red, green, blue, and alpha,
+/// which is dropped) becomes `[1, C, H, W]` (or `[C, H, W]`) in the feature's channel order
+/// (BGR reverses the three), as floats holding the pixel values; the program itself scales
+/// and biases them. A tensor already of the program input's rank passes as it is. The
+/// image size must be one the feature accepts.
+fn image_input(
+    f: &Feature,
+    color: crate::ir::ColorSpace,
+    ty: &ValueType,
+    t: Tensor,
+) -> Result<Tensor> {
+    let rank = ty.as_tensor().map_or(4, |t| t.rank());
+    let dims = t.dims().to_vec();
+    let want_c = color.channels();
+    let bad = || {
+        anyhow!(
+            "input `{}` is a {} image: expected pixels [H, W{}] or a tensor of rank {rank}, got shape {dims:?}",
+            f.name,
+            color.name(),
+            if want_c == 1 { "" } else { ", 3" },
+        )
+    };
+    if dims.len() == rank {
+        f.check_shape(&dims[rank - 2..]).map_err(|e| anyhow!(e))?;
+        return Ok(t);
+    }
+    let (h, w, c) = match dims[..] {
+        [h, w] => (h, w, 1),
+        [h, w, c] => (h, w, c),
+        _ => return Err(bad()),
+    };
+    let c_used = match (want_c, c) {
+        (1, 1) => 1,
+        (3, 3 | 4) => 3,
+        _ => return Err(bad()),
+    };
+    f.check_shape(&[h, w]).map_err(|e| anyhow!(e))?;
+    let t = kernels::cast(&t, DType::F32)?.reshape((h, w, c))?;
+    let mut t = t.narrow(2, 0, c_used)?.permute((2, 0, 1))?.contiguous()?;
+    if color == crate::ir::ColorSpace::Bgr {
+        let order = Tensor::new(&[2u32, 1, 0], t.device())?;
+        t = t.index_select(&order, 0)?;
+    }
+    Ok(if rank == 4 { t.unsqueeze(0)? } else { t })
+}
+
 /// Converts a caller's tensor to an input's type as Core ML does at its boundary: any
 /// float or integer tensor to a float input (fp32 data for fp16 inputs, an int32 mask for
-/// an fp16 mask), integers to integer inputs; the shape must match every fixed dimension.
+/// an fp16 mask), any float or integer tensor to an integer input (floats truncated toward
+/// zero, as coremltools' own harness relies on when it hands every input over as fp32);
+/// the shape must match every fixed dimension.
 fn conform(name: &str, ty: &ValueType, t: Tensor) -> Result<Tensor> {
     let tt = ty
         .as_tensor()
@@ -711,15 +779,6 @@ fn conform(name: &str, ty: &ValueType, t: Tensor) -> Result<Tensor> {
     if t.dtype() == want {
         return Ok(t);
     }
-    let (from_float, to_float) = (
-        kernels::data::is_float(t.dtype()),
-        kernels::data::is_float(want),
-    );
-    ensure!(
-        to_float || !from_float,
-        "input `{name}`: expected {tt}, got {:?} data (floats are not converted to integers)",
-        t.dtype()
-    );
     if tt.dtype == crate::ir::DType::Bool {
         let zero = kernels::index::full(&[], 0.0, t.dtype())?;
         return kernels::compare(&t, &zero, kernels::CmpOp::Ne);

@@ -3,16 +3,29 @@
 
 use super::analysis::{constant_data, histograms};
 use super::digest::file_sizes;
-use crate::ir::{Feature, Model, Opset};
+use crate::ir::{Feature, Model, Opset, ShapeFlex};
 use crate::report::{FunctionOps, InspectReport, TensorInfo, WeightSummary};
 use std::fmt::Write;
 use std::path::Path;
 
 pub fn tensor_info(f: &Feature) -> TensorInfo {
+    let dims = |s: &[usize]| s.iter().map(|&d| d as u64).collect::<Vec<_>>();
     TensorInfo {
         name: f.name.clone(),
         dtype: f.type_name(),
-        shape: f.shape.iter().map(|&d| d as u64).collect(),
+        shape: dims(&f.shape),
+        shape_range: match &f.flex {
+            ShapeFlex::Ranges(r) => Some(
+                r.iter()
+                    .map(|&(lo, hi)| (lo as u64, hi.map_or(-1, |h| h as i64)))
+                    .collect(),
+            ),
+            _ => None,
+        },
+        enumerated_shapes: match &f.flex {
+            ShapeFlex::Enumerated(s) => Some(s.iter().map(|s| dims(s)).collect()),
+            _ => None,
+        },
     }
 }
 
@@ -68,9 +81,36 @@ fn features(out: &mut String, label: &str, list: &[TensorInfo]) {
         return;
     }
     let _ = writeln!(out, "  {label}:");
+    let list_dims = |s: &[u64]| {
+        s.iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     for t in list {
-        let s: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
-        let _ = writeln!(out, "    {:<28} {:<6} [{}]", t.name, t.dtype, s.join(", "));
+        let mut flex = String::new();
+        if let Some(r) = &t.shape_range {
+            let dims: Vec<String> = r
+                .iter()
+                .map(|&(lo, hi)| match hi {
+                    -1 => format!("{lo}.."),
+                    hi if hi == lo as i64 => lo.to_string(),
+                    hi => format!("{lo}..={hi}"),
+                })
+                .collect();
+            flex = format!("  accepts [{}]", dims.join(", "));
+        }
+        if let Some(e) = &t.enumerated_shapes {
+            let shapes: Vec<String> = e.iter().map(|s| format!("[{}]", list_dims(s))).collect();
+            flex = format!("  accepts {}", shapes.join(" | "));
+        }
+        let _ = writeln!(
+            out,
+            "    {:<28} {:<6} [{}]{flex}",
+            t.name,
+            t.dtype,
+            list_dims(&t.shape)
+        );
     }
 }
 
