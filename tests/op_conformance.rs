@@ -2103,6 +2103,17 @@ fn cases() -> Vec<Case> {
         let y = p.op("flatten2d", vec![("x", In::V(x)), ("axis", ci0(2))])?;
         p.want(&y, &[6, 4], xv, Cmp::Exact)
     }));
+    // A negative axis counts as a Python slice does: -1 keeps the last dimension apart.
+    v.push(case("flatten2d", "axis -1", &[I15], FP, |p| {
+        let (x, xv) = p.xs("x", &[2, 3, 4]);
+        let y = p.op("flatten2d", vec![("x", In::V(x)), ("axis", ci0(-1))])?;
+        p.want(&y, &[6, 4], xv, Cmp::Exact)
+    }));
+    v.push(case("flatten2d", "axis -3", &[I15], FP, |p| {
+        let (x, xv) = p.xs("x", &[2, 3, 4]);
+        let y = p.op("flatten2d", vec![("x", In::V(x)), ("axis", ci0(-3))])?;
+        p.want(&y, &[1, 24], xv, Cmp::Exact)
+    }));
     v.push(case(
         "reshape_like",
         "ref[0:2] ++ ref2[1:]",

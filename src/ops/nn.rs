@@ -7,7 +7,7 @@ use super::infer::{axis, broadcast, float_only, tensor, InferCx};
 use super::placement::Flops;
 use super::DefaultValue;
 use super::{opt, opt_c, req, req_c, Axis, OpDef, Weight, WeightLayout};
-use crate::ir::{Dim, ValueType};
+use crate::ir::{DType, Dim, Opset, ValueType};
 use crate::kernels::{self, fastmath};
 use anyhow::{anyhow, bail, ensure, Result};
 
@@ -125,8 +125,22 @@ fn infer_linear(cx: &InferCx) -> Result<Vec<ValueType>> {
     Ok(vec![tensor(x.dtype, s)])
 }
 
+/// matmul's result dtype: that of `x` and `y`; from iOS17 one of them may be a constant
+/// of another dtype, and the result takes the other one's.
+fn matmul_dtype(cx: &InferCx) -> Result<DType> {
+    let (x, y) = (cx.t("x")?.dtype, cx.t("y")?.dtype);
+    if x != y && cx.opset >= Opset::Ios17 {
+        match (cx.opt_val("x").is_some(), cx.opt_val("y").is_some()) {
+            (true, false) => return Ok(y),
+            (false, true) => return Ok(x),
+            _ => {}
+        }
+    }
+    cx.same_dtype(&["x", "y"])
+}
+
 fn infer_matmul(cx: &InferCx) -> Result<Vec<ValueType>> {
-    let d = cx.same_dtype(&["x", "y"])?;
+    let d = matmul_dtype(cx)?;
     let (x, y) = (cx.t("x")?, cx.t("y")?);
     let tx = cx.bool_or_default("transpose_x")?;
     let ty = cx.bool_or_default("transpose_y")?;

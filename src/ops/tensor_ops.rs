@@ -323,9 +323,20 @@ fn eval_reverse_sequence(cx: &EvalCx) -> Result<Vec<RValue>> {
 
 // ---- flatten2d / reshape_like / sliding_windows ----
 
+/// flatten2d's split point: `axis` in [−rank, rank], a negative one counted from the end
+/// as Python slices count (−1 keeps the last dimension apart).
+fn flatten2d_axis(a: i64, rank: usize) -> Result<usize> {
+    let r = rank as i64;
+    ensure!(
+        (-r..=r).contains(&a),
+        "flatten2d: axis {a} is outside [-{r}, {r}]"
+    );
+    Ok(if a < 0 { a + r } else { a } as usize)
+}
+
 fn infer_flatten2d(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    let a = axis(cx.int_or_default("axis")?, x.rank() + 1)?;
+    let a = flatten2d_axis(cx.int_or_default("axis")?, x.rank())?;
     let prod = |d: &[Dim]| -> Dim {
         d.iter()
             .try_fold(1usize, |p, d| match d {
@@ -342,7 +353,7 @@ fn infer_flatten2d(cx: &InferCx) -> Result<Vec<ValueType>> {
 
 fn eval_flatten2d(cx: &EvalCx) -> Result<Vec<RValue>> {
     let x = cx.t("x")?;
-    let a = axis(cx.int_or_default("axis")?, x.rank() + 1)?;
+    let a = flatten2d_axis(cx.int_or_default("axis")?, x.rank())?;
     let (o, i): (usize, usize) = (
         x.dims()[..a].iter().product(),
         x.dims()[a..].iter().product(),
