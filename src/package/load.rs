@@ -445,8 +445,17 @@ fn fits(program: &TensorType, fe: &Feature) -> bool {
     }
 }
 
-/// Reads and checks a whole `.mlpackage`.
+/// Reads and checks a whole `.mlpackage`, or a single-file `.mlmodel` (an ML Program whose
+/// weights are all inline).
 pub fn load_package(path: &Path) -> Result<Model> {
+    if path.is_file() {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let m = spec::Model::decode(bytes.as_slice())
+            .with_context(|| format!("{}: not a Core ML model specification", path.display()))?;
+        let blobs = Blobs(None, path.with_file_name("weights").join("weight.bin"));
+        return model_from_proto(&m, &blobs).with_context(|| format!("{}", path.display()));
+    }
     let layout = read_package(path)?;
     let bytes = std::fs::read(&layout.model)
         .with_context(|| format!("cannot read {}", layout.model.display()))?;
@@ -477,7 +486,10 @@ pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model
     })?;
     let program = match &m.r#type {
         Some(spec::model::Type::MlProgram(p)) => program_from_proto(p, opset, blobs)?,
-        None => bail!("the model is not an ML program"),
+        None => bail!(
+            "the model is not an ML Program (a NeuralNetwork, pipeline or other model type, \
+             which milkit does not run)"
+        ),
     };
     let d = m
         .description
