@@ -47,3 +47,49 @@ fn rewrite_is_byte_identical() {
     }
     common::validate(&a);
 }
+
+#[test]
+fn a_single_file_ml_program_opens_like_its_package_and_other_model_types_are_named() {
+    use milkit::ir::{ArrayDType, DType, Description, Feature, Model, Opset, Value, ValueType};
+    use milkit::ops::{Builder, In};
+    let mut b = Builder::new(Opset::Ios17);
+    let x = b.input("x", ValueType::tensor(DType::F32, &[3]));
+    let y = b
+        .op1(
+            "mul",
+            "y",
+            vec![("x", In::V(x)), ("y", In::C(Value::f32_scalar(3.0)))],
+        )
+        .unwrap();
+    let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
+    let m = Model::single(
+        Opset::Ios17,
+        inputs,
+        block,
+        Description {
+            inputs: vec![Feature::new("x", ArrayDType::F32, &[3])],
+            outputs: vec![Feature::new("y", ArrayDType::F32, &[3])],
+            ..Default::default()
+        },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("p.mlpackage");
+    save_package(&m, &pkg, false, &mut |_| {}).unwrap();
+    // The specification alone: every constant of this program is inline.
+    let file = dir.path().join("p.mlmodel");
+    std::fs::copy(pkg.join("Data/com.apple.CoreML/model.mlmodel"), &file).unwrap();
+    assert_eq!(load_package(&file).unwrap(), load_package(&pkg).unwrap());
+    let mut s = milkit::runtime::Session::load(&file).unwrap();
+    let x = milkit::runtime::Tensor::new(&[1.0f32, -2.0, 0.5], &candle_core::Device::Cpu).unwrap();
+    let out = s.predict(&[("x", x)]).unwrap();
+    assert_eq!(out[0].1.to_vec1::<f32>().unwrap(), vec![3.0, -6.0, 1.5]);
+    // A specification of version 9 without a program (a NeuralNetwork model's fields are
+    // unknown to milkit's schema): named as such.
+    let other = dir.path().join("nn.mlmodel");
+    std::fs::write(&other, [0x08, 0x09]).unwrap();
+    let e = format!("{:#}", load_package(&other).unwrap_err());
+    assert!(
+        e.contains("nn.mlmodel") && e.contains("not an ML Program"),
+        "{e}"
+    );
+}
