@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""coremltools' own MIL op test suite, with milkit standing in for Core ML.
+
+coremltools ships its op tests in its wheel (`coremltools/converters/mil/mil/ops/tests/`,
+one folder per opset). On macOS each test converts a small program and compares Core ML's
+prediction with the test's expected numbers; elsewhere the predictions are skipped. With the
+plugin in tests/coremltools_suite (milkit_coreml.py) they run through `milkit run`.
+
+  coreml_suite.py run   [--sample N] [--jobs J] [--report FILE] [PATH-FILTER ...]
+        runs the suite (mlprogram target, fp16 and fp32) and writes one JSON line per test
+  coreml_suite.py table [--report FILE]
+        rewrites the generated part of docs/conformance.md from a report of the whole suite
+  coreml_suite.py check [--report FILE]
+        exit 1 when a test that reached a prediction failed and docs/conformance.md does not
+        list it with its cause
+
+The sample keeps the tests whose sha256(id) is 0 modulo N (the same tests on every machine).
+"""
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN_DIR = os.path.join(REPO, "tests", "coremltools_suite")
+DOC = os.path.join(REPO, "docs", "conformance.md")
+DEFAULT_REPORT = os.path.join(REPO, "target", "coreml-suite", "report.jsonl")
+BEGIN, END = "<!-- generated: begin -->", "<!-- generated: end -->"
+
+# "test id :: failure message" → a cause; the first pattern that matches names it.
+CAUSES = [
+    (r"test_compression.py::.*precision='fp32'.*(lut|data)_dtype=fp16\].*AssertionError",
+     "fp16 data in an fp32 program: coremltools' expectation is rounded to fp16, the program "
+     "computes in fp32 (checked on constexpr_lut_to_sparse; coremltools' own CI runs fp16 only)"),
+    (r"specification version 4 is not", "a NeuralNetwork model (the test converts to "
+     "neuralnetwork); milkit runs ML Programs"),
+    (r"description says .* program says", "flexible input shape refused at load"),
+    (r"floats are not converted to integers", "float data for an integer input refused"),
+    (r"has no type", "image input (ImageType)"),
+    (r"not supported", "op variant not supported"),
+    (r"Not equal to tolerance|Mismatched elements", "wrong numbers"),
+    (r"expected shape .* != actual shape|output shape", "wrong output shape"),
+    (r"milkit", "not yet diagnosed: milkit refuses the model"),
+    (r"AssertionError", "not yet diagnosed: wrong numbers or shape"),
+]
+
+
+def suite_dir(python):
+    out = subprocess.run(
+        [python, "-c", "import coremltools, os; print(os.path.dirname(coremltools.__file__))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip().splitlines()[-1]
+    return os.path.join(out, "converters", "mil", "mil", "ops", "tests")
+
+
+def run(args):
+    tests = suite_dir(args.python)
+    paths = [os.path.join(tests, p) for p in args.paths] or [tests]
+    os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
+    if os.path.exists(args.report):
+        os.remove(args.report)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PLUGIN_DIR + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYMIL_TEST_TARGETS"] = "mlprogram"
+    env["INCLUDE_MIL_FP32_UNIT_TESTS"] = "1"
+    cmd = [args.python, "-m", "pytest", "-p", "milkit_coreml", "-p", "no:cacheprovider",
+           "-q", "--no-header", "-rN", "-W", "ignore", "--tb=no", "--continue-on-collection-errors",
+           "--milkit-sample", str(args.sample), "--milkit-report", os.path.abspath(args.report)]
+    if args.jobs > 1:
+        cmd += ["-n", str(args.jobs)]
+    cmd += paths
+    print("+", " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, env=env, cwd=REPO)
+    # pytest's exit code 1 means "some tests failed": `check` judges those.
+    if r.returncode not in (0, 1):
+        sys.exit(f"pytest exited {r.returncode}")
+    summary(read_report(args.report))
+
+
+def read_report(path):
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def cause_of(test_id, message):
+    for pattern, cause in CAUSES:
+        if re.search(pattern, f"{test_id} :: {message}"):
+            return cause
+    return "not yet diagnosed"
+
+
+def counts(records):
+    reached = [r for r in records if r["predicted"]]
+    passed = sum(r["outcome"] == "passed" for r in reached)
+    return len(records), len(reached), passed
+
+
+def summary(records):
+    total, reached, passed = counts(records)
+    pct = 100.0 * passed / reached if reached else 0.0
+    print(f"coremltools suite: {total} tests, {reached} reached a prediction, "
+          f"{passed} of them passed ({pct:.1f} %)")
+
+
+def file_of(test_id):
+    return test_id.split("::")[0]
+
+
+def known_failures():
+    """The `| test | cause |` rows of docs/conformance.md's known-failures table."""
+    known = {}
+    if not os.path.exists(DOC):
+        return known
+    section = False
+    with open(DOC) as fh:
+        for line in fh:
+            if line.startswith("## "):
+                section = line.strip() == "## Known failures"
+                continue
+            m = re.match(r"^\| `([^`]+)` \| (.+?) \|\s*$", line)
+            if section and m:
+                known[m.group(1)] = m.group(2)
+    return known
+
+
+def check(args):
+    records = read_report(args.report)
+    summary(records)
+    known = known_failures()
+    new = [r for r in records
+           if r["predicted"] and r["outcome"] != "passed" and r["id"] not in known]
+    for r in new:
+        print(f"NEW FAILURE {r['id']}: {r['message']}")
+    if new:
+        sys.exit(f"{len(new)} failing tests are not listed in docs/conformance.md")
+    fixed = [r["id"] for r in records if r["id"] in known and r["outcome"] == "passed"]
+    for t in fixed:
+        print(f"now passes (remove it from docs/conformance.md): {t}")
+
+
+def table(args):
+    records = read_report(args.report)
+    total, reached, passed = counts(records)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=REPO).stdout.strip()
+    today = datetime.date.today().isoformat()
+    per_file = collections.OrderedDict()
+    for r in sorted(records, key=lambda r: r["id"]):
+        f = per_file.setdefault(file_of(r["id"]), collections.Counter())
+        f["tests"] += 1
+        if r["predicted"]:
+            f["reached"] += 1
+            f["passed" if r["outcome"] == "passed" else "failed"] += 1
+    causes = collections.Counter()
+    failing = []
+    known = known_failures()
+    for r in records:
+        if r["predicted"] and r["outcome"] != "passed":
+            c = known.get(r["id"]) or cause_of(r["id"], r["message"])
+            causes[c] += 1
+            failing.append((r["id"], c))
+    which = "the whole suite" if args.sample == 1 else f"the one-in-{args.sample} sample"
+    flag = "" if args.sample == 1 else f" --sample {args.sample}"
+    lines = [BEGIN, "",
+             f"Measured {today} at commit `{commit}` with coremltools 9.0 on {which} "
+             f"(`python3 tools/coreml_suite.py run{flag} && "
+             f"python3 tools/coreml_suite.py table{flag}`).",
+             "",
+             f"**{passed} of {reached} tests that reach a prediction pass "
+             f"({100.0 * passed / max(reached, 1):.2f} %)**; {total} tests ran in all "
+             f"(the others check conversion or type inference only, or skip as on macOS).",
+             "", "### Per test file", "",
+             "| file | tests | reached a prediction | passed | failed |", "|---|---|---|---|---|"]
+    for f, c in per_file.items():
+        lines.append(f"| `{f}` | {c['tests']} | {c['reached']} | {c['passed']} | {c['failed']} |")
+    lines += ["", "### Failures by cause", "", "| cause | tests |", "|---|---|"]
+    for c, n in causes.most_common():
+        lines.append(f"| {c} | {n} |")
+    lines += ["", "## Known failures", "",
+              "Every test that reaches a prediction and fails, with its cause; "
+              "`tools/coreml_suite.py check` fails on any other.", "",
+              "| test | cause |", "|---|---|"]
+    for t, c in sorted(failing):
+        lines.append(f"| `{t}` | {c} |")
+    lines += ["", END]
+    with open(DOC) as fh:
+        doc = fh.read()
+    head, _, rest = doc.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    with open(DOC, "w") as fh:
+        fh.write(head + "\n".join(lines) + tail)
+    summary(records)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("command", choices=["run", "table", "check"])
+    p.add_argument("paths", nargs="*", help="test files or folders under the suite (run only)")
+    p.add_argument("--sample", type=int, default=1,
+                   help="keep one test in N (run); the sample the report holds (table)")
+    p.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers (run)")
+    p.add_argument("--report", default=DEFAULT_REPORT)
+    p.add_argument("--python", default=os.environ.get("MILKIT_PYTHON", sys.executable))
+    args = p.parse_args()
+    {"run": run, "table": table, "check": check}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
