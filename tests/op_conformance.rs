@@ -1487,6 +1487,58 @@ fn cases() -> Vec<Case> {
         },
     ));
     v.push(case(
+        "conv",
+        "3-D, stride 2 on depth, dilation on width, custom pad, bias",
+        &versions("conv"),
+        FP,
+        |p| {
+            let (cin, d, h, wd, co, k) = (2usize, 5usize, 4usize, 6usize, 3usize, 2usize);
+            let (x, xv) = p.xs("x", &[1, cin, d, h, wd]);
+            let wv = p.rand(co * cin * k * k * k, -1.0, 1.0);
+            let bv = p.rand(co, -1.0, 1.0);
+            let ins = vec![
+                ("x", In::V(x)),
+                ("weight", p.cf(&[co, cin, k, k, k], &wv)),
+                ("bias", p.cf(&[co], &bv)),
+                ("strides", ci(&[2, 1, 1])),
+                ("pad_type", cstr("custom")),
+                ("pad", ci(&[1, 0, 0, 1, 0, 0])),
+                ("dilations", ci(&[1, 1, 2])),
+            ];
+            let y = p.op("conv", ins)?;
+            // Padded depth 6 → 3 positions at stride 2; height 5 → 4; width 6 - 2 = 4.
+            let (od, oh, ow) = ((d + 1 - k) / 2 + 1, h + 1 - k + 1, wd - (k - 1) * 2);
+            let mut w = vec![0.0; co * od * oh * ow];
+            for o in 0..co {
+                for z in 0..od {
+                    for i in 0..oh {
+                        for j in 0..ow {
+                            let mut acc = bv[o];
+                            for c in 0..cin {
+                                for a in 0..k {
+                                    for b in 0..k {
+                                        for e in 0..k {
+                                            let zz = (z * 2 + a) as i64 - 1;
+                                            let (yy, xx) = (i + b, j + e * 2);
+                                            if zz >= 0 && (zz as usize) < d && yy < h && xx < wd {
+                                                acc += wv
+                                                    [(((o * cin + c) * k + a) * k + b) * k + e]
+                                                    * xv[((c * d + zz as usize) * h + yy) * wd
+                                                        + xx];
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            w[((o * od + z) * oh + i) * ow + j] = acc;
+                        }
+                    }
+                }
+            }
+            p.want(&y, &[1, co, od, oh, ow], w, Cmp::Float(18.0))
+        },
+    ));
+    v.push(case(
         "layer_norm",
         "last axis, gamma, beta",
         &versions("layer_norm"),

@@ -101,7 +101,7 @@ fn batched(t: &Tensor, own: usize, nb: usize, batch: &[usize]) -> Result<Tensor>
         .reshape((nb, rows, cols))?)
 }
 
-/// Geometry of a convolution over 1 or 2 spatial axes.
+/// Geometry of a convolution over 1, 2 or 3 spatial axes.
 #[derive(Clone, Debug)]
 pub struct ConvParams {
     pub strides: Vec<usize>,
@@ -111,33 +111,39 @@ pub struct ConvParams {
     pub groups: usize,
 }
 
-/// A convolution's sizes, as 2-D (1-D with a unit height).
+/// A convolution's sizes, as 3-D (2-D with a unit depth, 1-D with unit depth and height).
 struct Geometry {
     nsp: usize,
     n: usize,
     c: usize,
+    d: usize,
     h: usize,
     wi: usize,
     o: usize,
+    kd: usize,
     kh: usize,
     kw: usize,
+    sd: usize,
     sh: usize,
     sw: usize,
+    dd: usize,
     dh: usize,
     dw: usize,
+    pf: usize,
     pt: usize,
     pl: usize,
+    od: usize,
     ho: usize,
     wo: usize,
 }
 
 impl Geometry {
-    /// Checks `x`'s and `w`'s dims against `p` (1 or 2 spatial axes).
+    /// Checks `x`'s and `w`'s dims against `p` (1, 2 or 3 spatial axes).
     fn of(xd: &[usize], wd: &[usize], p: &ConvParams) -> Result<Geometry> {
         let nsp = xd.len().saturating_sub(2);
         ensure!(
-            nsp == 1 || nsp == 2,
-            "convolution over {nsp} spatial axes is not supported (1 or 2)"
+            (1..=3).contains(&nsp),
+            "convolution over {nsp} spatial axes is not supported (1, 2 or 3)"
         );
         ensure!(
             wd.len() == xd.len(),
@@ -147,89 +153,112 @@ impl Geometry {
             p.strides.len() == nsp && p.dilations.len() == nsp && p.pads.len() == nsp,
             "conv geometry needs {nsp} values per parameter"
         );
-        // 1-D as 2-D with a unit height.
-        let (n, c, h, wi) = if nsp == 1 {
-            (xd[0], xd[1], 1, xd[2])
-        } else {
-            (xd[0], xd[1], xd[2], xd[3])
+        // Every per-axis list as three values (depth, height, width), the missing leading
+        // axes of size 1.
+        let lead = 3 - nsp;
+        let three = |v: &[usize], unit: usize| -> [usize; 3] {
+            let mut out = [unit; 3];
+            out[lead..].copy_from_slice(v);
+            out
         };
-        let (o, cg, kh, kw) = if nsp == 1 {
-            (wd[0], wd[1], 1, wd[2])
-        } else {
-            (wd[0], wd[1], wd[2], wd[3])
-        };
-        let (sh, sw) = if nsp == 1 {
-            (1, p.strides[0])
-        } else {
-            (p.strides[0], p.strides[1])
-        };
-        let (dh, dw) = if nsp == 1 {
-            (1, p.dilations[0])
-        } else {
-            (p.dilations[0], p.dilations[1])
-        };
-        let ((pt, pb), (pl, pr)) = if nsp == 1 {
-            ((0, 0), p.pads[0])
-        } else {
-            (p.pads[0], p.pads[1])
-        };
+        let [d, h, wi] = three(&xd[2..], 1);
+        let [kd, kh, kw] = three(&wd[2..], 1);
+        let [sd, sh, sw] = three(&p.strides, 1);
+        let [dd, dh, dw] = three(&p.dilations, 1);
+        let mut pads = [(0, 0); 3];
+        pads[lead..].copy_from_slice(&p.pads);
+        let [(pf, pk), (pt, pb), (pl, pr)] = pads;
+        let (n, c, o, cg) = (xd[0], xd[1], wd[0], wd[1]);
         let g = p.groups;
         ensure!(
             g >= 1 && c == cg * g && o % g == 0,
             "conv: {c} input channels, weight {wd:?}, groups {g}"
         );
         ensure!(
-            sh > 0 && sw > 0 && dh > 0 && dw > 0,
+            [sd, sh, sw, dd, dh, dw].iter().all(|&v| v > 0),
             "conv strides and dilations must be positive"
         );
-        let (eh, ew) = (dh * (kh - 1) + 1, dw * (kw - 1) + 1);
         ensure!(
-            h + pt + pb >= eh && wi + pl + pr >= ew,
+            kd > 0 && kh > 0 && kw > 0,
+            "conv kernel {wd:?} has an empty axis"
+        );
+        let (ed, eh, ew) = (dd * (kd - 1) + 1, dh * (kh - 1) + 1, dw * (kw - 1) + 1);
+        ensure!(
+            d + pf + pk >= ed && h + pt + pb >= eh && wi + pl + pr >= ew,
             "conv kernel {wd:?} larger than padded input {xd:?}"
         );
+        let od = (d + pf + pk - ed) / sd + 1;
         let (ho, wo) = ((h + pt + pb - eh) / sh + 1, (wi + pl + pr - ew) / sw + 1);
         Ok(Geometry {
             nsp,
             n,
             c,
+            d,
             h,
             wi,
             o,
+            kd,
             kh,
             kw,
+            sd,
             sh,
             sw,
+            dd,
             dh,
             dw,
+            pf,
             pt,
             pl,
+            od,
             ho,
             wo,
         })
     }
 
-    /// The columns of one batch entry `xs` (`[C, H, W]` f32): row (ch, ki, kj) of
-    /// `[C·KH·KW][HO·WO]` holds input channel ch at kernel offset (ki, kj) for every output
-    /// position, zero in the padding — the right operand of `W [O, C·KH·KW] · cols`.
+    /// Kernel taps per input channel.
+    fn taps(&self) -> usize {
+        self.kd * self.kh * self.kw
+    }
+
+    /// Output positions.
+    fn positions(&self) -> usize {
+        self.od * self.ho * self.wo
+    }
+
+    /// The columns of one batch entry `xs` (`[C, D, H, W]` f32): row (ch, kz, ki, kj) of
+    /// `[C·KD·KH·KW][OD·HO·WO]` holds input channel ch at kernel offset (kz, ki, kj) for
+    /// every output position, zero in the padding — the right operand of
+    /// `W [O, C·KD·KH·KW] · cols`.
     fn im2col(&self, xs: &[f32]) -> Vec<f32> {
-        let (h, wi, kh, kw, ho, wo) = (self.h, self.wi, self.kh, self.kw, self.ho, self.wo);
-        let mut cols = vec![0f32; self.c * kh * kw * ho * wo];
-        cols.par_chunks_mut(ho * wo)
+        let (d, h, wi, kh, kw, ho, wo) =
+            (self.d, self.h, self.wi, self.kh, self.kw, self.ho, self.wo);
+        let taps = self.taps();
+        let mut cols = vec![0f32; self.c * taps * self.positions()];
+        cols.par_chunks_mut(self.positions())
             .enumerate()
             .for_each(|(row, dst)| {
-                let (ch, ki, kj) = (row / (kh * kw), (row / kw) % kh, row % kw);
-                let plane = &xs[ch * h * wi..(ch + 1) * h * wi];
-                for oy in 0..ho {
-                    let iy = (oy * self.sh + ki * self.dh) as isize - self.pt as isize;
-                    let line = &mut dst[oy * wo..(oy + 1) * wo];
-                    if iy < 0 || iy >= h as isize {
+                let (ch, tap) = (row / taps, row % taps);
+                let (kz, ki, kj) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
+                let volume = &xs[ch * d * h * wi..(ch + 1) * d * h * wi];
+                for oz in 0..self.od {
+                    let iz = (oz * self.sd + kz * self.dd) as isize - self.pf as isize;
+                    if iz < 0 || iz >= d as isize {
                         continue;
                     }
-                    let src = &plane[iy as usize * wi..(iy as usize + 1) * wi];
-                    for (ox, d) in line.iter_mut().enumerate() {
-                        let ix = (ox * self.sw + kj * self.dw) as isize - self.pl as isize;
-                        if ix >= 0 && (ix as usize) < wi {
-                            *d = src[ix as usize];
+                    let plane = &volume[iz as usize * h * wi..(iz as usize + 1) * h * wi];
+                    let out = &mut dst[oz * ho * wo..(oz + 1) * ho * wo];
+                    for oy in 0..ho {
+                        let iy = (oy * self.sh + ki * self.dh) as isize - self.pt as isize;
+                        let line = &mut out[oy * wo..(oy + 1) * wo];
+                        if iy < 0 || iy >= h as isize {
+                            continue;
+                        }
+                        let src = &plane[iy as usize * wi..(iy as usize + 1) * wi];
+                        for (ox, d) in line.iter_mut().enumerate() {
+                            let ix = (ox * self.sw + kj * self.dw) as isize - self.pl as isize;
+                            if ix >= 0 && (ix as usize) < wi {
+                                *d = src[ix as usize];
+                            }
                         }
                     }
                 }
@@ -239,34 +268,35 @@ impl Geometry {
 
     /// The output's dims: `[N, O, *S_out]`.
     fn out_dims(&self) -> Vec<usize> {
-        match self.nsp {
-            1 => vec![self.n, self.o, self.wo],
-            _ => vec![self.n, self.o, self.ho, self.wo],
-        }
+        let all = [self.od, self.ho, self.wo];
+        let mut dims = vec![self.n, self.o];
+        dims.extend(&all[3 - self.nsp..]);
+        dims
     }
 }
 
-/// Cross-correlation of `x` [N, C, *S] with `w` [O, C/groups, *K] (1 or 2 spatial axes),
-/// plus `bias` [O]; returns f32 [N, O, *S_out].
+/// Cross-correlation of `x` [N, C, *S] with `w` [O, C/groups, *K] (1, 2 or 3 spatial
+/// axes), plus `bias` [O]; returns f32 [N, O, *S_out].
 pub fn conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &ConvParams) -> Result<Tensor> {
     let geo = Geometry::of(x.dims(), w.dims(), p)?;
     let (n, c, o, g) = (geo.n, geo.c, geo.o, p.groups);
-    let (h, wi, kh, kw, ho, wo) = (geo.h, geo.wi, geo.kh, geo.kw, geo.ho, geo.wo);
-    let kk = (c / g) * kh * kw;
+    let (space, positions) = (geo.d * geo.h * geo.wi, geo.positions());
+    let kk = (c / g) * geo.taps();
     let wt = to_f32(w)?.contiguous()?.reshape((g, o / g, kk))?;
-    let pointwise =
-        kh == 1 && kw == 1 && geo.sh == 1 && geo.sw == 1 && p.pads.iter().all(|&(a, b)| a + b == 0);
+    let pointwise = geo.taps() == 1
+        && p.strides.iter().all(|&s| s == 1)
+        && p.pads.iter().all(|&(a, b)| a + b == 0);
     let x32 = to_f32(x)?.contiguous()?;
     let mut outs = Vec::with_capacity(n);
     for b in 0..n {
         let xb = x32.get(b)?;
         let cols = if pointwise {
-            xb.reshape((g, c / g, h * wi))?
+            xb.reshape((g, c / g, space))?
         } else {
             let cols = geo.im2col(&to_f32_vec(&xb)?);
-            Tensor::from_vec(cols, (g, kk, ho * wo), x.device())?
+            Tensor::from_vec(cols, (g, kk, positions), x.device())?
         };
-        outs.push(wt.matmul(&cols)?.reshape((o, ho * wo))?);
+        outs.push(wt.matmul(&cols)?.reshape((o, positions))?);
     }
     let mut y = Tensor::stack(&outs, 0)?;
     if let Some(bias) = bias {
@@ -301,9 +331,9 @@ pub fn conv_bf16(
         return Ok(None);
     }
     let geo = Geometry::of(x.dims(), &w.shape, p)?;
-    let (n, o, m) = (geo.n, geo.o, geo.ho * geo.wo);
+    let (n, o, m) = (geo.n, geo.o, geo.positions());
     ensure!(
-        w.n == o && w.k == geo.c * geo.kh * geo.kw,
+        w.n == o && w.k == geo.c * geo.taps(),
         "conv weight [{}, {}] packed for {:?}",
         w.n,
         w.k,
