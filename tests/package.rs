@@ -93,3 +93,72 @@ fn a_single_file_ml_program_opens_like_its_package_and_other_model_types_are_nam
         "{e}"
     );
 }
+
+#[test]
+fn a_declared_output_type_stands_where_it_only_knows_more_or_less_than_milkit_infers() {
+    use milkit::ir::{
+        ArrayDType, DType, Description, Dim, Feature, Model, Opset, TensorType, ValueType,
+    };
+    use milkit::ops::{Builder, In};
+    // y = relu(x) over x [2, 3]; its declared type is then set to `declared`.
+    let package = |declared: &[Dim], dir: &std::path::Path| {
+        let mut b = Builder::new(Opset::Ios17);
+        let x = b.input("x", ValueType::tensor(DType::F32, &[2, 3]));
+        let y = b.op1("relu", "y", vec![("x", In::V(x))]).unwrap();
+        let (inputs, mut block) = b.finish(&[(y, "y")]).unwrap();
+        let op = block
+            .operations
+            .iter_mut()
+            .find(|o| o.op_type == "relu")
+            .unwrap();
+        op.outputs[0].ty = ValueType::Tensor(TensorType {
+            dtype: DType::F32,
+            shape: declared.to_vec(),
+        });
+        let m = Model::single(
+            Opset::Ios17,
+            inputs,
+            block,
+            Description {
+                inputs: vec![Feature::new("x", ArrayDType::F32, &[2, 3])],
+                outputs: vec![Feature::new("y", ArrayDType::F32, &[2, 3])],
+                ..Default::default()
+            },
+        );
+        let p = dir.join("p.mlpackage");
+        save_package(&m, &p, true, &mut |_| {}).unwrap();
+        p
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let relu_type = |m: &Model| {
+        let f = m.program.main().unwrap();
+        f.block
+            .operations
+            .iter()
+            .find(|o| o.op_type == "relu")
+            .unwrap()
+            .outputs[0]
+            .ty
+            .clone()
+    };
+    for declared in [
+        vec![Dim::Unknown, Dim::Fixed(3)],
+        vec![Dim::Fixed(2), Dim::Unknown],
+    ] {
+        let m = load_package(&package(&declared, dir.path())).unwrap();
+        assert_eq!(
+            relu_type(&m),
+            ValueType::Tensor(TensorType {
+                dtype: DType::F32,
+                shape: declared
+            })
+        );
+    }
+    for contradiction in [vec![Dim::Fixed(2), Dim::Fixed(4)], vec![Dim::Fixed(6)]] {
+        let e = format!(
+            "{:#}",
+            load_package(&package(&contradiction, dir.path())).unwrap_err()
+        );
+        assert!(e.contains("is declared") && e.contains("infers to"), "{e}");
+    }
+}

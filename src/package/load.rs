@@ -140,7 +140,7 @@ fn load_op(
     );
     for (o, t) in op.outputs.iter().zip(&inferred) {
         ensure!(
-            o.ty == *t,
+            agrees(&o.ty, t),
             "{}: output `{}` is declared {} but infers to {t}",
             ctx(),
             o.name,
@@ -158,6 +158,25 @@ fn load_op(
         scope.insert(o.name.clone(), (o.ty.clone(), cval.clone()));
     }
     Ok(op)
+}
+
+/// Whether a declared output type and the type milkit infers for it say the same thing:
+/// equal, or tensors of one dtype and rank whose sizes differ only where one side does not
+/// know the size (`?`). Core ML's converters often know more than a re-inference from the
+/// op's inputs alone (`[1, ?, ?]` where milkit infers `[?, ?, ?]`), or less; the declared
+/// type stands, and only a real contradiction refuses the package.
+fn agrees(declared: &ValueType, inferred: &ValueType) -> bool {
+    match (declared, inferred) {
+        (ValueType::Tensor(d), ValueType::Tensor(i)) => {
+            d.dtype == i.dtype
+                && d.shape.len() == i.shape.len()
+                && d.shape
+                    .iter()
+                    .zip(&i.shape)
+                    .all(|(a, b)| a == b || matches!(a, Dim::Unknown) || matches!(b, Dim::Unknown))
+        }
+        _ => declared == inferred,
+    }
 }
 
 fn load_block(
