@@ -694,3 +694,52 @@ fn norms_over_channels_of_bc1s_tensors_match_formulas() {
     assert_close(&f32s(&out[0]), &want_ln, 1e-5, "layer_norm over channels");
     assert_close(&f32s(&out[1]), &want_s, 1e-6, "softmax over channels");
 }
+
+/// scatter of data [2, 3] with `indices` [i0, 0] (axis 0, mode update) at `opset`, with
+/// `validate` as its `validate_indices` (iOS17) when given.
+fn scatter_at(opset: Opset, i0: i32, validate: Option<bool>) -> anyhow::Result<Vec<f32>> {
+    let mut b = Builder::new(opset);
+    let data = b.input("data", tin(DType::F32, &[2, 3]));
+    let updates = b.input("updates", tin(DType::F32, &[2, 3]));
+    let mut ins = vec![
+        ("data", In::V(data)),
+        ("indices", ints(&[i0, 0])),
+        ("updates", In::V(updates)),
+        ("mode", c(Value::str("update"))),
+    ];
+    if let Some(v) = validate {
+        ins.push(("validate_indices", c(Value::bool_scalar(v))));
+    }
+    let y = b.op1("scatter", "y", ins)?;
+    let mut s = Session::from_model(model(b, &[(y, "y")]))?;
+    let out = s.predict(&[
+        ("data", host(&[1., 2., 3., 4., 5., 6.], &[2, 3])),
+        ("updates", host(&[5., 6., 7., 8., 9., 10.], &[2, 3])),
+    ])?;
+    Ok(f32s(&out[0].1))
+}
+
+#[test]
+fn scatter_indices_out_of_range_are_errors_unless_ios17_validation_is_off() {
+    // In range: row 1 ← [5, 6, 7], then row 0 ← [8, 9, 10].
+    assert_eq!(
+        scatter_at(Opset::Ios17, 1, Some(true)).unwrap(),
+        vec![8., 9., 10., 5., 6., 7.]
+    );
+    assert_eq!(
+        scatter_at(Opset::Ios17, -1, Some(true)).unwrap(),
+        vec![8., 9., 10., 5., 6., 7.]
+    );
+    for (opset, validate) in [(Opset::Ios15, None), (Opset::Ios17, Some(true))] {
+        let e = format!("{:#}", scatter_at(opset, 10, validate).unwrap_err());
+        assert!(e.contains("index 10 out of range"), "{e}");
+    }
+    // validate_indices false (iOS17's default): Core ML leaves the result undefined; the
+    // update at the bad index is dropped, the others applied.
+    for validate in [Some(false), None] {
+        assert_eq!(
+            scatter_at(Opset::Ios17, 10, validate).unwrap(),
+            vec![8., 9., 10., 4., 5., 6.]
+        );
+    }
+}

@@ -1,7 +1,9 @@
 //! `gather_nd` and the scatter family (`scatter`, `scatter_along_axis`, `scatter_nd`, with
 //! the modes update / add / sub / mul / div / max / min): type inference and evaluation.
 //! Values move through f64 (exact for every storage dtype milkit runs), one pass over the
-//! indices, so each op is linear in its data; an index out of range is an error naming it.
+//! indices, so each op is linear in its data; an index out of range is an error naming it,
+//! except in an iOS17 scatter whose `validate_indices` is false (its default), where Core ML
+//! leaves the result undefined and milkit drops the updates at such indices.
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
@@ -104,10 +106,22 @@ fn infer_data_same(cx: &InferCx) -> Result<Vec<ValueType>> {
     Ok(vec![tensor(d, cx.t("data")?.shape.clone())])
 }
 
-/// Applies `updates[u]` at data offset `target(u)` for every update element, in order.
+/// An index along a dimension of `n`, negative ones counted from the end; out of range it
+/// is an error naming it, or `None` (the update is dropped) where `drop` says so.
+fn place(i: i64, n: usize, what: &str, drop: bool) -> Result<Option<usize>> {
+    match norm_index(i, n, what) {
+        Ok(j) => Ok(Some(j)),
+        Err(_) if drop => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Applies `updates[u]` at data offset `target(u, indices, drop)` for every update element,
+/// in order; `drop` (iOS17 with `validate_indices` false) lets `target` skip an update at an
+/// index out of range by answering `None`.
 fn scatter_with(
     cx: &EvalCx,
-    target: impl Fn(usize, &[i64]) -> Result<usize>,
+    target: impl Fn(usize, &[i64], bool) -> Result<Option<usize>>,
 ) -> Result<Vec<RValue>> {
     let data = cx.t("data")?;
     let mut v = kernels::to_vec::<f64>(data)?;
@@ -115,8 +129,11 @@ fn scatter_with(
     let idx = cx.ints("indices")?;
     let f = combine(cx.str_or_default("mode")?)?;
     let int = !kernels::data::is_float(data.dtype());
+    let drop = cx.opset >= Opset::Ios17 && cx.opt_bool("validate_indices")? != Some(true);
     for (u, &x) in upd.iter().enumerate() {
-        let o = target(u, &idx)?;
+        let Some(o) = target(u, &idx, drop)? else {
+            continue;
+        };
         let mut r = f(v[o], x);
         if int {
             // Integer division rounds as numpy's `//` would not: MIL truncates.
@@ -141,11 +158,11 @@ fn eval_scatter(cx: &EvalCx) -> Result<Vec<RValue>> {
     );
     let inner: usize = ds[a + 1..].iter().product();
     let dst = strides(&ds);
-    scatter_with(cx, |u, idx| {
+    scatter_with(cx, |u, idx, drop| {
         let (outer, rest) = (u / (ni * inner), u % (ni * inner));
         let (k, i) = (rest / inner, rest % inner);
-        let j = norm_index(idx[k], ds[a], "scatter")?;
-        Ok(outer * dst[a] * ds[a] + j * dst[a] + i)
+        let j = place(idx[k], ds[a], "scatter", drop)?;
+        Ok(j.map(|j| outer * dst[a] * ds[a] + j * dst[a] + i))
     })
 }
 
@@ -159,12 +176,15 @@ fn eval_scatter_along_axis(cx: &EvalCx) -> Result<Vec<RValue>> {
         "scatter_along_axis: indices {is:?} and updates {us:?} for data {ds:?}"
     );
     let (ist, dst) = (strides(&is), strides(&ds));
-    scatter_with(cx, |u, idx| {
+    scatter_with(cx, |u, idx, drop| {
         let mut o = 0;
         for d in 0..is.len() {
             let c = (u / ist[d]) % is[d];
             let c = if d == a {
-                norm_index(idx[u], ds[a], "scatter_along_axis")?
+                match place(idx[u], ds[a], "scatter_along_axis", drop)? {
+                    Some(c) => c,
+                    None => return Ok(None),
+                }
             } else {
                 ensure!(
                     c < ds[d],
@@ -174,7 +194,7 @@ fn eval_scatter_along_axis(cx: &EvalCx) -> Result<Vec<RValue>> {
             };
             o += c * dst[d];
         }
-        Ok(o)
+        Ok(Some(o))
     })
 }
 
@@ -188,13 +208,16 @@ fn eval_scatter_nd(cx: &EvalCx) -> Result<Vec<RValue>> {
     );
     let inner: usize = ds[depth..].iter().product();
     let dst = strides(&ds);
-    scatter_with(cx, |u, idx| {
+    scatter_with(cx, |u, idx, drop| {
         let (r, i) = (u / inner, u % inner);
         let mut o = i;
         for k in 0..depth {
-            o += norm_index(idx[r * depth + k], ds[k], "scatter_nd")? * dst[k];
+            match place(idx[r * depth + k], ds[k], "scatter_nd", drop)? {
+                Some(j) => o += j * dst[k],
+                None => return Ok(None),
+            }
         }
-        Ok(o)
+        Ok(Some(o))
     })
 }
 
