@@ -136,7 +136,8 @@ pub fn run(a: &RunArgs) -> Result<u8> {
         ..Default::default()
     };
     let t_load = std::time::Instant::now();
-    let mut session = Session::load_with(&a.package, &opts)?;
+    let mut session = Session::load_with(&a.package, &opts)
+        .with_context(|| format!("cannot load {}", a.package.display()))?;
     let load = t_load.elapsed();
     session.enable_profiling(a.profile);
     let mut predicted = vec![];

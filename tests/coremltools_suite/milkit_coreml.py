@@ -155,7 +155,13 @@ class _Proxy:
                 cmd += ["--save-states"]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
-                raise MilkitError(r.stderr.strip() or f"milkit exited {r.returncode}")
+                # Worded as Core ML words a failed load or prediction (coremltools' tests
+                # look for those words), with milkit's reason after it.
+                why = r.stderr.strip() or f"milkit exited {r.returncode}"
+                if "cannot load" in why:
+                    raise MilkitError(f"Unable to load the model. milkit: {why}")
+                raise MilkitError(
+                    f"Unable to compute the prediction using ML Program. milkit: {why}")
             out = os.path.join(work, "out")
             outputs = {}
             for o in self._description().output:
@@ -297,7 +303,11 @@ def pytest_runtest_logreport(report):
     # One line per test: its call, or its setup where that skipped or failed.
     if report.when == "teardown" or (report.when == "setup" and report.outcome == "passed"):
         return
-    outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+    # A test coremltools marks as expected to fail (a known Core ML bug) "xfailed" when it
+    # fails and "xpassed" when milkit's prediction passes it.
+    outcome = report.outcome
+    if hasattr(report, "wasxfail"):
+        outcome = "xpassed" if report.outcome == "passed" else "xfailed"
     rec = {
         "id": short_id(report.nodeid),
         "outcome": outcome,
