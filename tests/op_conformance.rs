@@ -1989,6 +1989,32 @@ fn cases() -> Vec<Case> {
             p.want(&y, &[2, 3], w, Cmp::Exact)
         },
     ));
+    // A squeezed axis reads the element at `begin` whatever `end` says (here end = begin,
+    // as coremltools writes for a causal mask's row).
+    v.push(case(
+        "slice_by_index",
+        "squeeze with end = begin",
+        &versions("slice_by_index"),
+        FP,
+        |p| {
+            let s = [3, 4];
+            let (x, xv) = p.xs("x", &s);
+            let y = p.op(
+                "slice_by_index",
+                vec![
+                    ("x", In::V(x)),
+                    ("begin", ci(&[2, 0])),
+                    ("end", ci(&[2, 4])),
+                    (
+                        "squeeze_mask",
+                        In::C(Value::Tensor(ITensor::bools(&[2], &[true, false]))),
+                    ),
+                ],
+            )?;
+            let w = (0..4).map(|c| xv[ravel(&s, &[2, c])]).collect();
+            p.want(&y, &[4], w, Cmp::Exact)
+        },
+    ));
     v.push(case(
         "slice_by_size",
         "size -1",

@@ -45,6 +45,19 @@ fn infer_slice_by_index(cx: &InferCx) -> Result<Vec<ValueType>> {
             continue;
         };
         let n = n as i64;
+        if sq[i] {
+            // A squeezed axis reads the element at `begin` (0 with begin_mask); its end and
+            // stride are not read (coremltools writes end = begin for a causal mask's row of
+            // a variable-length sequence).
+            let b = if bm[i] { 0 } else { begin[i] };
+            let b = if b < 0 { b + n } else { b };
+            ensure!(
+                (0..n).contains(&b),
+                "squeezed slice index {} out of range for an axis of {n}",
+                begin[i]
+            );
+            continue;
+        }
         let st = stride[i];
         ensure!(st != 0, "slice stride 0");
         let clampi = |v: i64, lo: i64, hi: i64| v.max(lo).min(hi);
@@ -78,11 +91,7 @@ fn infer_slice_by_index(cx: &InferCx) -> Result<Vec<ValueType>> {
                 0
             }
         };
-        if sq[i] {
-            ensure!(len == 1, "squeeze_mask on a slice of length {len}");
-        } else {
-            s.push(Dim::Fixed(len as usize));
-        }
+        s.push(Dim::Fixed(len as usize));
     }
     Ok(vec![tensor(x.dtype, s)])
 }
