@@ -8,8 +8,7 @@
 mod common;
 
 use milkit::ir::{
-    ArrayDType, DType, Description, Dim, Feature, Model, Opset, ShapeFlex, TensorType, Value,
-    ValueType,
+    ArrayDType, DType, Dim, Feature, Model, Opset, ShapeFlex, TensorType, Value, ValueType,
 };
 use milkit::ops::{Builder, In};
 use milkit::runtime::{Session, Tensor};
@@ -31,16 +30,11 @@ fn doubler(program: &[Dim], feature: Feature) -> Model {
             vec![("x", In::V(x)), ("y", In::C(Value::f32_scalar(2.0)))],
         )
         .unwrap();
-    let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
-    Model::single(
-        Opset::Ios17,
-        inputs,
-        block,
-        Description {
-            inputs: vec![feature],
-            outputs: vec![Feature::new("y", ArrayDType::F32, &[1, 2, 3])],
-            ..Default::default()
-        },
+    common::programs::described(
+        b,
+        &[(y, "y")],
+        vec![feature],
+        vec![Feature::new("y", ArrayDType::F32, &[1, 2, 3])],
     )
 }
 

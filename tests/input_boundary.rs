@@ -7,8 +7,8 @@
 mod common;
 
 use milkit::ir::{
-    ArrayDType, ColorSpace, DType, Description, Dim, Feature, FeatureKind, Model, Opset, ShapeFlex,
-    TensorType, Value, ValueType,
+    ArrayDType, ColorSpace, DType, Dim, Feature, FeatureKind, Model, Opset, ShapeFlex, TensorType,
+    Value, ValueType,
 };
 use milkit::ops::{Builder, In};
 use milkit::runtime::{Session, Tensor};
@@ -42,16 +42,11 @@ fn float_data_for_an_integer_input_is_truncated_at_the_boundary() {
             vec![("x", In::V(x)), ("y", In::C(Value::i32s(&[10])))],
         )
         .unwrap();
-    let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
-    let m = Model::single(
-        Opset::Ios17,
-        inputs,
-        block,
-        Description {
-            inputs: vec![Feature::new("x", ArrayDType::I32, &[4])],
-            outputs: vec![Feature::new("y", ArrayDType::I32, &[4])],
-            ..Default::default()
-        },
+    let m = common::programs::described(
+        b,
+        &[(y, "y")],
+        vec![Feature::new("x", ArrayDType::I32, &[4])],
+        vec![Feature::new("y", ArrayDType::I32, &[4])],
     );
     let (_, mut s) = reload(&m);
     for x in [
@@ -78,20 +73,15 @@ fn image_model(color: ColorSpace, flex: ShapeFlex) -> Model {
         }),
     );
     let y = b.op1("identity", "y", vec![("x", In::V(x))]).unwrap();
-    let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
-    Model::single(
-        Opset::Ios17,
-        inputs,
-        block,
-        Description {
-            inputs: vec![Feature {
-                kind: FeatureKind::Image(color),
-                flex,
-                ..Feature::new("image", ArrayDType::F32, &[2, 3])
-            }],
-            outputs: vec![Feature::new("y", ArrayDType::F32, &[1, c, 2, 3])],
-            ..Default::default()
-        },
+    common::programs::described(
+        b,
+        &[(y, "y")],
+        vec![Feature {
+            kind: FeatureKind::Image(color),
+            flex,
+            ..Feature::new("image", ArrayDType::F32, &[2, 3])
+        }],
+        vec![Feature::new("y", ArrayDType::F32, &[1, c, 2, 3])],
     )
 }
 

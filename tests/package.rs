@@ -50,7 +50,7 @@ fn rewrite_is_byte_identical() {
 
 #[test]
 fn a_single_file_ml_program_opens_like_its_package_and_other_model_types_are_named() {
-    use milkit::ir::{ArrayDType, DType, Description, Feature, Model, Opset, Value, ValueType};
+    use milkit::ir::{ArrayDType, DType, Feature, Opset, Value, ValueType};
     use milkit::ops::{Builder, In};
     let mut b = Builder::new(Opset::Ios17);
     let x = b.input("x", ValueType::tensor(DType::F32, &[3]));
@@ -61,16 +61,11 @@ fn a_single_file_ml_program_opens_like_its_package_and_other_model_types_are_nam
             vec![("x", In::V(x)), ("y", In::C(Value::f32_scalar(3.0)))],
         )
         .unwrap();
-    let (inputs, block) = b.finish(&[(y, "y")]).unwrap();
-    let m = Model::single(
-        Opset::Ios17,
-        inputs,
-        block,
-        Description {
-            inputs: vec![Feature::new("x", ArrayDType::F32, &[3])],
-            outputs: vec![Feature::new("y", ArrayDType::F32, &[3])],
-            ..Default::default()
-        },
+    let m = common::programs::described(
+        b,
+        &[(y, "y")],
+        vec![Feature::new("x", ArrayDType::F32, &[3])],
+        vec![Feature::new("y", ArrayDType::F32, &[3])],
     );
     let dir = tempfile::tempdir().unwrap();
     let pkg = dir.path().join("p.mlpackage");

@@ -37,6 +37,23 @@ pub fn model(b: Builder, outs: &[(V, &str)]) -> Model {
     Model::single(opset, inputs, block, Description::default())
 }
 
+/// A single-function model of `b` returning `outs`, with a description of its I/O.
+pub fn described(
+    b: Builder,
+    outs: &[(V, &str)],
+    inputs: Vec<milkit::ir::Feature>,
+    outputs: Vec<milkit::ir::Feature>,
+) -> Model {
+    let opset = b.opset();
+    let (ins, block) = b.finish(outs).unwrap();
+    let d = Description {
+        inputs,
+        outputs,
+        ..Default::default()
+    };
+    Model::single(opset, ins, block, d)
+}
+
 /// Builds, runs once, returns the outputs in order.
 pub fn run(b: Builder, outs: &[(V, &str)], inputs: &[(&str, Tensor)]) -> Vec<Tensor> {
     let mut s = Session::from_model(model(b, outs)).unwrap();
