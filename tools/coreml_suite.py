@@ -143,11 +143,40 @@ def known_failures():
     return known
 
 
+def rerun(args, ids):
+    """Runs the tests `ids` once more; returns those that failed again."""
+    tests = suite_dir(args.python)
+    report = args.report + ".rerun"
+    if os.path.exists(report):
+        os.remove(report)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PLUGIN_DIR + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYMIL_TEST_TARGETS"] = "mlprogram"
+    env["INCLUDE_MIL_FP32_UNIT_TESTS"] = "1"
+    script = ("import sys, pytest; sys.exit(pytest.main(['-p', 'milkit_coreml', '-p', "
+              "'no:cacheprovider', '-q', '--tb=no', '-W', 'ignore', '--milkit-report', "
+              "sys.argv[1]] + sys.argv[2:]))")
+    subprocess.run([args.python, "-c", script, report] + [os.path.join(tests, i) for i in ids],
+                   env=env, cwd=REPO, capture_output=True)
+    if not os.path.exists(report):
+        return set(ids)
+    seen = {r["id"]: r for r in read_report(report)}
+    return {i for i in ids if i not in seen or failed(seen[i])}
+
+
 def check(args):
     records = read_report(args.report)
     summary(records)
     known = known_failures()
     new = [r for r in records if failed(r) and r["id"] not in known]
+    if new and args.rerun:
+        # Some tests draw PyTorch weights unseeded, and a few fp32 variants sit one fp16 ulp
+        # from their expectation: a failure counts only when it fails again.
+        again = rerun(args, [r["id"] for r in new])
+        for r in new:
+            if r["id"] not in again:
+                print(f"passed when run again: {r['id']}")
+        new = [r for r in new if r["id"] in again]
     for r in new:
         print(f"NEW FAILURE {r['id']}: {r['message']}")
     if new:
@@ -227,6 +256,8 @@ def main():
     p.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers (run)")
     p.add_argument("--report", default=DEFAULT_REPORT)
     p.add_argument("--python", default=os.environ.get("MILKIT_PYTHON", sys.executable))
+    p.add_argument("--rerun", action="store_true",
+                   help="run an unlisted failure once more; it counts if it fails again (check)")
     args = p.parse_args()
     {"run": run, "table": table, "check": check}[args.command](args)
 
