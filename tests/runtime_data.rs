@@ -7,7 +7,7 @@ mod common;
 use common::programs::*;
 use common::rng::Rng;
 use half::f16;
-use milkit::ir::{DType, Opset, Tensor as ITensor, Value};
+use milkit::ir::{DType, Opset, Tensor as ITensor, Value, ValueType};
 use milkit::ops::{Builder, In};
 
 fn u_tensor(
@@ -548,4 +548,100 @@ fn slicing_gather_pad_and_shape_ops_match_index_loops() {
         .map(|(i, j, k)| at(&xa, i, j, k))
         .collect();
     assert_close(&f32s(&o[10]), &want, 0.0, "tile");
+}
+
+fn scalar(v: f32) -> milkit::runtime::Tensor {
+    milkit::runtime::Tensor::from_vec(vec![v], &[] as &[usize], &candle_core::Device::Cpu).unwrap()
+}
+
+#[test]
+fn concat_of_0d_values_makes_a_vector_and_other_axes_are_errors() {
+    // coremltools' concat counts each 0-d value as one element of a vector (axis 0 or -1).
+    for (axis, interleave) in [(0, false), (-1, false), (0, true)] {
+        let mut b = Builder::new(Opset::Ios17);
+        let a = b.input("a", tin(DType::F32, &[]));
+        let bb = b.input("b", tin(DType::F32, &[]));
+        let cc = b
+            .op1(
+                "concat",
+                "cc",
+                vec![
+                    ("values", In::Vs(vec![a.clone(), bb.clone(), a])),
+                    ("axis", In::C(Value::i32_scalar(axis))),
+                    ("interleave", c(Value::bool_scalar(interleave))),
+                ],
+            )
+            .unwrap();
+        assert_eq!(b.ty(&cc).unwrap(), &tin(DType::F32, &[3]));
+        let o = run(b, &[(cc, "cc")], &[("a", scalar(1.5)), ("b", scalar(-2.0))]);
+        assert_eq!(o[0].dims(), &[3]);
+        assert_close(&f32s(&o[0]), &[1.5, -2.0, 1.5], 0.0, "concat of 0-d values");
+    }
+    let mut b = Builder::new(Opset::Ios17);
+    let a = b.input("a", tin(DType::F32, &[]));
+    let bad = b.op1(
+        "concat",
+        "cc",
+        vec![
+            ("values", In::Vs(vec![a.clone(), a])),
+            ("axis", In::C(Value::i32_scalar(1))),
+        ],
+    );
+    let e = format!("{:#}", bad.unwrap_err());
+    assert!(e.contains("0-d values on axis 1"), "{e}");
+    let mut b = Builder::new(Opset::Ios17);
+    let a = b.input("a", tin(DType::F32, &[]));
+    let v = b.input("v", tin(DType::F32, &[2]));
+    let bad = b.op1(
+        "concat",
+        "cc",
+        vec![
+            ("values", In::Vs(vec![a, v])),
+            ("axis", In::C(Value::i32_scalar(0))),
+        ],
+    );
+    assert!(bad.is_err(), "a 0-d value with a vector must be refused");
+}
+
+#[test]
+fn tile_with_a_run_time_reps_has_its_shape_resolved_when_it_runs() {
+    let mut b = Builder::new(Opset::Ios15);
+    let x = b.input("x", tin(DType::F32, &[2, 3]));
+    let reps = b.input("reps", tin(DType::I32, &[2]));
+    let t = b
+        .op1(
+            "tile",
+            "t",
+            vec![("x", In::from(&x)), ("reps", In::from(&reps))],
+        )
+        .unwrap();
+    assert_eq!(
+        b.ty(&t).unwrap(),
+        &ValueType::Tensor(milkit::ir::TensorType {
+            dtype: DType::F32,
+            shape: vec![milkit::ir::Dim::Unknown; 2],
+        })
+    );
+    let xa: Vec<f32> = (1..=6).map(|v| v as f32).collect();
+    let mut s = milkit::runtime::Session::from_model(model(b, &[(t, "t")])).unwrap();
+    for (r, dims) in [([1, 1], [2, 3]), ([2, 1], [4, 3]), ([2, 3], [4, 9])] {
+        let reps =
+            milkit::runtime::Tensor::from_vec(r.to_vec(), &[2], &candle_core::Device::Cpu).unwrap();
+        let o = s
+            .predict(&[("x", host(&xa, &[2, 3])), ("reps", reps)])
+            .unwrap();
+        let o = &o[0].1;
+        assert_eq!(o.dims(), &dims);
+        let xr = &xa;
+        let want: Vec<f64> = (0..dims[0])
+            .flat_map(|i| (0..dims[1]).map(move |j| xr[(i % 2) * 3 + j % 3] as f64))
+            .collect();
+        assert_close(&f32s(o), &want, 0.0, &format!("tile by {r:?}"));
+    }
+    let reps =
+        milkit::runtime::Tensor::from_vec(vec![2i32, -1], &[2], &candle_core::Device::Cpu).unwrap();
+    let e = s
+        .predict(&[("x", host(&xa, &[2, 3])), ("reps", reps)])
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("negative tile count"), "{e:#}");
 }

@@ -133,6 +133,20 @@ fn infer_concat(cx: &InferCx) -> Result<Vec<ValueType>> {
         .ty
         .as_tensor()
         .ok_or_else(|| anyhow!("concat of a non-tensor"))?;
+    if first.rank() == 0 {
+        // coremltools' concat: 0-d values count one element each and make a vector.
+        scalar_concat_axis(cx.int("axis")?)?;
+        for v in vals {
+            let t =
+                v.ty.as_tensor()
+                    .ok_or_else(|| anyhow!("concat of a non-tensor"))?;
+            ensure!(
+                t.dtype == first.dtype && t.rank() == 0,
+                "concat of {first} and {t}"
+            );
+        }
+        return Ok(vec![tensor(first.dtype, vec![Dim::Fixed(vals.len())])]);
+    }
     let a = axis(cx.int("axis")?, first.rank())?;
     let mut s = first.shape.clone();
     let mut total = Some(0usize);
@@ -157,6 +171,15 @@ fn infer_concat(cx: &InferCx) -> Result<Vec<ValueType>> {
     }
     s[a] = total.map(Dim::Fixed).unwrap_or(Dim::Unknown);
     Ok(vec![tensor(first.dtype, s)])
+}
+
+/// The axis of a concat of 0-d values: its result is a vector, so 0 or -1.
+fn scalar_concat_axis(a: i64) -> Result<()> {
+    ensure!(
+        a == 0 || a == -1,
+        "concat of 0-d values on axis {a}: their result is a vector (axis 0 or -1)"
+    );
+    Ok(())
 }
 
 fn infer_stack(cx: &InferCx) -> Result<Vec<ValueType>> {
@@ -238,8 +261,23 @@ fn infer_range(cx: &InferCx) -> Result<Vec<ValueType>> {
 
 fn infer_tile(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
-    let reps = cx.ints("reps")?;
+    let Some(reps) = cx.opt_ints("reps")? else {
+        // A run-time `reps`: one count per axis of `x`, the sizes known only when it runs.
+        let r = cx.t("reps")?;
+        ensure!(
+            r.dtype.is_int()
+                && r.rank() == 1
+                && matches!(r.shape[0], Dim::Fixed(n) if n == x.rank()),
+            "tile of {x} with reps {r}: reps must be an integer vector of {} counts",
+            x.rank()
+        );
+        return Ok(vec![tensor(x.dtype, vec![Dim::Unknown; x.rank()])]);
+    };
     ensure!(reps.len() == x.rank(), "tile reps {reps:?} for {x}");
+    ensure!(
+        reps.iter().all(|&r| r >= 0),
+        "tile reps {reps:?}: a negative count"
+    );
     let s = x
         .shape
         .iter()
@@ -350,6 +388,19 @@ fn eval_squeeze(cx: &EvalCx) -> Result<Vec<RValue>> {
 fn eval_concat(cx: &EvalCx) -> Result<Vec<RValue>> {
     let vals = cx.ts("values")?;
     let first = vals.first().ok_or_else(|| anyhow!("concat of nothing"))?;
+    if vals.iter().any(|v| v.rank() == 0) {
+        ensure!(
+            vals.iter().all(|v| v.rank() == 0),
+            "concat of 0-d values with values of rank > 0"
+        );
+        scalar_concat_axis(cx.int("axis")?)?;
+        // Interleaving single elements is plain concatenation.
+        let vs = vals
+            .iter()
+            .map(|v| v.reshape(1))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        return one(candle_core::Tensor::cat(&vs, 0)?);
+    }
     let a = axis(cx.int("axis")?, first.rank())?;
     if cx.bool_or_default("interleave")? {
         // Interleaving equal parts: stack on a new axis after `a`, then merge the two.
@@ -514,6 +565,6 @@ pub static DEFS: &[OpDef] = &[
         infer_range,
         eval_range_1d,
     ),
-    def("tile", &[req("x"), req_c("reps")], infer_tile, eval_tile).with_flops(Flops::None),
+    def("tile", &[req("x"), req("reps")], infer_tile, eval_tile).with_flops(Flops::None),
     def("shape", &[req("x")], infer_shape, eval_shape).with_flops(Flops::None),
 ];
