@@ -5132,7 +5132,10 @@ fn resize_cases() -> Vec<Case> {
                 ("interpolation_mode", cstr("NEAREST_NEIGHBOR")),
             ];
             let y = p.op("resize", ins)?;
-            let w = nearest_ref(&xv, &s, 4, 5, &|i, h, o| (i * h / o).min(h - 1));
+            // The DEFAULT grid point i·h/o rounded half up: floor((2·i·h + o) / 2o).
+            let w = nearest_ref(&xv, &s, 4, 5, &|i, h, o| {
+                ((2 * i * h + o) / (2 * o)).min(h - 1)
+            });
             p.want(&y, &[1, 4, 5], w, Cmp::Exact)
         },
     ));

@@ -7,9 +7,10 @@
 //! (`resize_bilinear`'s sampling modes: STRICT_ALIGN_CORNERS `i·(in−1)/(out−1)`,
 //! ALIGN_CORNERS the same but `(in−1)/2` for one output, DEFAULT `i·in/out`, OFFSET_CORNERS
 //! `δ/2 + i·δ` with `δ = max(1, in−1)/out`, UNALIGN_CORNERS `(i+½)·in/out − ½`), clamped to
-//! `[0, in−1]`; linear interpolation mixes the two neighbours, nearest neighbour takes
-//! `floor` of the DEFAULT grid point (TF's ResizeNearestNeighbor) and the rounded grid point
-//! otherwise. Axes are resampled one after the other (separable), in f64, rounded once.
+//! `[0, in−1]`; linear interpolation mixes the two neighbours; `resize_nearest_neighbor`
+//! takes `floor` of the DEFAULT grid point (TF's ResizeNearestNeighbor), iOS17 `resize`'s
+//! NEAREST_NEIGHBOR the grid point rounded half up in every mode (coremltools' test resizes
+//! 2 rows to 3 with DEFAULT: grid 0, ⅔, 1⅓ reads rows 0, 1, 1). Axes are resampled one after the other (separable), in f64, rounded once.
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{float_only, tensor, InferCx};
@@ -53,7 +54,10 @@ fn grid(mode: &str, i: usize, input: usize, out: usize) -> f64 {
 #[derive(Clone, Copy)]
 enum Interp<'a> {
     Linear(&'a str),
+    /// The grid point of the mode, rounded half up.
     Nearest(&'a str),
+    /// `resize_nearest_neighbor`: the DEFAULT grid point, floored.
+    NearestFloor,
     /// `upsample_nearest_neighbor`: input index `floor(i / scale)`.
     NearestScale(f64),
 }
@@ -69,9 +73,11 @@ fn taps(interp: Interp, input: usize, out: usize) -> Vec<(usize, usize, f64)> {
                 (lo, hi, g - lo as f64)
             }
             Interp::Nearest(m) => {
-                let g = grid(m, i, input, out);
-                let k = if m == "DEFAULT" { g.floor() } else { g.round() };
-                let k = (k as usize).min(input - 1);
+                let k = ((grid(m, i, input, out) + 0.5).floor() as usize).min(input - 1);
+                (k, k, 0.0)
+            }
+            Interp::NearestFloor => {
+                let k = (grid("DEFAULT", i, input, out).floor() as usize).min(input - 1);
                 (k, k, 0.0)
             }
             Interp::NearestScale(s) => {
@@ -277,7 +283,7 @@ fn eval_resize_hw(cx: &EvalCx) -> Result<Vec<RValue>> {
         let m = sampling(cx.op_type, cx.opt_str("sampling_mode")?)?;
         resize_axes(x, &[(r - 2, h), (r - 1, w)], Interp::Linear(&m))
     } else {
-        resize_axes(x, &[(r - 2, h), (r - 1, w)], Interp::Nearest("DEFAULT"))
+        resize_axes(x, &[(r - 2, h), (r - 1, w)], Interp::NearestFloor)
     }
 }
 
