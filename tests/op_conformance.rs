@@ -2573,7 +2573,7 @@ fn cases() -> Vec<Case> {
         |p| {
             let (d, dv) = p.xs("data", &[3, 2]);
             let (u, uv) = p.xs("updates", &[2, 2]);
-            let idx = In::C(Value::Tensor(ITensor::i32(&[2, 2], &[2, 0, 2, -1])));
+            let idx = In::C(Value::Tensor(ITensor::i32(&[2, 2], &[2, 0, 2, 2])));
             let y = p.op(
                 "scatter_along_axis",
                 vec![

@@ -726,19 +726,25 @@ fn scatter_indices_out_of_range_are_errors_unless_ios17_validation_is_off() {
         scatter_at(Opset::Ios17, 1, Some(true)).unwrap(),
         vec![8., 9., 10., 5., 6., 7.]
     );
+    // Before iOS17 a negative index counts from the end; from iOS17 on it is out of range.
     assert_eq!(
-        scatter_at(Opset::Ios17, -1, Some(true)).unwrap(),
+        scatter_at(Opset::Ios15, -1, None).unwrap(),
         vec![8., 9., 10., 5., 6., 7.]
     );
+    let e = format!(
+        "{:#}",
+        scatter_at(Opset::Ios17, -1, Some(true)).unwrap_err()
+    );
+    assert!(e.contains("index -1 is out of range"), "{e}");
     for (opset, validate) in [(Opset::Ios15, None), (Opset::Ios17, Some(true))] {
         let e = format!("{:#}", scatter_at(opset, 10, validate).unwrap_err());
         assert!(e.contains("index 10 out of range"), "{e}");
     }
     // validate_indices false (iOS17's default): Core ML leaves the result undefined; the
     // update at the bad index is dropped, the others applied.
-    for validate in [Some(false), None] {
+    for (i0, validate) in [(10, Some(false)), (10, None), (-1, Some(false)), (-1, None)] {
         assert_eq!(
-            scatter_at(Opset::Ios17, 10, validate).unwrap(),
+            scatter_at(Opset::Ios17, i0, validate).unwrap(),
             vec![8., 9., 10., 4., 5., 6.]
         );
     }

@@ -3,7 +3,9 @@
 //! Values move through f64 (exact for every storage dtype milkit runs), one pass over the
 //! indices, so each op is linear in its data; an index out of range is an error naming it,
 //! except in an iOS17 scatter whose `validate_indices` is false (its default), where Core ML
-//! leaves the result undefined and milkit drops the updates at such indices.
+//! leaves the result undefined and milkit drops the updates at such indices. From iOS17 on a
+//! scatter's negative index is out of range (coremltools: "negative values are considered
+//! out-of-bound"), not counted from the end as in iOS15/16.
 
 use super::eval::{one, EvalCx, RValue};
 use super::infer::{axis, tensor, InferCx};
@@ -106,10 +108,19 @@ fn infer_data_same(cx: &InferCx) -> Result<Vec<ValueType>> {
     Ok(vec![tensor(d, cx.t("data")?.shape.clone())])
 }
 
-/// An index along a dimension of `n`, negative ones counted from the end; out of range it
-/// is an error naming it, or `None` (the update is dropped) where `drop` says so.
-fn place(i: i64, n: usize, what: &str, drop: bool) -> Result<Option<usize>> {
-    match norm_index(i, n, what) {
+/// An index along a dimension of `n`, negative ones counted from the end (before iOS17) or
+/// out of range (`ios17`); out of range it is an error naming it, or `None` (the update is
+/// dropped) where `drop` says so.
+fn place(i: i64, n: usize, what: &str, drop: bool, ios17: bool) -> Result<Option<usize>> {
+    let r = if ios17 && i < 0 {
+        Err(anyhow::anyhow!(
+            "{what}: index {i} is out of range for a dimension of {n} (from iOS17 a scatter's \
+             indices are not negative)"
+        ))
+    } else {
+        norm_index(i, n, what)
+    };
+    match r {
         Ok(j) => Ok(Some(j)),
         Err(_) if drop => Ok(None),
         Err(e) => Err(e),
@@ -145,6 +156,7 @@ fn scatter_with(
 }
 
 fn eval_scatter(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let ios17 = cx.opset >= Opset::Ios17;
     let ds = cx.t("data")?.dims().to_vec();
     let a = axis(cx.int_or_default("axis")?, ds.len())?;
     let us = cx.t("updates")?.dims().to_vec();
@@ -161,12 +173,13 @@ fn eval_scatter(cx: &EvalCx) -> Result<Vec<RValue>> {
     scatter_with(cx, |u, idx, drop| {
         let (outer, rest) = (u / (ni * inner), u % (ni * inner));
         let (k, i) = (rest / inner, rest % inner);
-        let j = place(idx[k], ds[a], "scatter", drop)?;
+        let j = place(idx[k], ds[a], "scatter", drop, ios17)?;
         Ok(j.map(|j| outer * dst[a] * ds[a] + j * dst[a] + i))
     })
 }
 
 fn eval_scatter_along_axis(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let ios17 = cx.opset >= Opset::Ios17;
     let ds = cx.t("data")?.dims().to_vec();
     let a = axis(cx.int_or_default("axis")?, ds.len())?;
     let is = cx.t("indices")?.dims().to_vec();
@@ -181,7 +194,7 @@ fn eval_scatter_along_axis(cx: &EvalCx) -> Result<Vec<RValue>> {
         for d in 0..is.len() {
             let c = (u / ist[d]) % is[d];
             let c = if d == a {
-                match place(idx[u], ds[a], "scatter_along_axis", drop)? {
+                match place(idx[u], ds[a], "scatter_along_axis", drop, ios17)? {
                     Some(c) => c,
                     None => return Ok(None),
                 }
@@ -199,6 +212,7 @@ fn eval_scatter_along_axis(cx: &EvalCx) -> Result<Vec<RValue>> {
 }
 
 fn eval_scatter_nd(cx: &EvalCx) -> Result<Vec<RValue>> {
+    let ios17 = cx.opset >= Opset::Ios17;
     let ds = cx.t("data")?.dims().to_vec();
     let is = cx.t("indices")?.dims().to_vec();
     let depth = *is.last().unwrap_or(&0);
@@ -212,7 +226,7 @@ fn eval_scatter_nd(cx: &EvalCx) -> Result<Vec<RValue>> {
         let (r, i) = (u / inner, u % inner);
         let mut o = i;
         for k in 0..depth {
-            match place(idx[r * depth + k], ds[k], "scatter_nd", drop)? {
+            match place(idx[r * depth + k], ds[k], "scatter_nd", drop, ios17)? {
                 Some(j) => o += j * dst[k],
                 None => return Ok(None),
             }
