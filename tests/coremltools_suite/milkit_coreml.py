@@ -18,6 +18,7 @@ The binary is ``$MILKIT_BIN`` (default ``target/release/milkit`` beside this fol
 import hashlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -272,8 +273,15 @@ def pytest_runtest_logstart(nodeid, location):
     _REACHED["predict"] = False
     # coremltools seeds NumPy once per process, so a test's random inputs depend on the
     # tests that ran before it in that process (and, under pytest-xdist, on which worker
-    # got it). Seeded from the test's id, every test sees the same inputs on every run.
-    np.random.seed(int.from_bytes(hashlib.sha256(short_id(nodeid).encode()).digest()[:4], "big"))
+    # got it). Seeded from the test's id, every test sees the same inputs on every run. Tests
+    # that draw PyTorch weights or references (torch.rand, nn.Module initialisation) do so
+    # unseeded: torch gets the same seed, where the test files imported it.
+    seed = int.from_bytes(hashlib.sha256(short_id(nodeid).encode()).digest()[:4], "big")
+    np.random.seed(seed)
+    random.seed(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "manual_seed"):
+        torch.manual_seed(seed)
 
 
 def _first_line(report):
