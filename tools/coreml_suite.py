@@ -37,7 +37,25 @@ CAUSES = [
     (r"test_compression.py::.*precision='fp32'.*(lut|data)_dtype=fp16\].*AssertionError",
      "fp16 data in an fp32 program: coremltools' expectation is rounded to fp16, the program "
      "computes in fp32 (checked on constexpr_lut_to_sparse; coremltools' own CI runs fp16 only)"),
-    (r"specification version 4 is not", "a NeuralNetwork model (the test converts to "
+    (r"precision='fp32'.*(dtype=<class 'numpy\.float16'>|_dtype=\([^)]*numpy\.float16).*"
+     r":: AssertionError", "FP32_FP16_DATA"),
+    (r"sampling_mode `UNALIGN_CORNERS` is not supported",
+     "crop_resize with UNALIGN_CORNERS: coremltools 9 does not define its in-box grid, and the "
+     "one test's expectation (an inverted normalized box [2, 2, 1, 1] giving the whole image's "
+     "resize) does not determine it; refused by name"),
+    (r"fill with a shape of unknown rank", "fill with a run-time shape of unknown length: the "
+     "output's rank is unknown at load, and milkit's tensor types have a fixed rank"),
+    (r"TestCropResize::test_builder_to_backend_ios1[67]\[.*precision='fp32'.*AssertionError",
+     "coremltools' expectation is written to 3 decimals (7.899 where the exact bilinear value "
+     "is 7.9, 1e-3 off): within fp16 tolerances, outside fp32 ones"),
+    (r"TestResample::test_builder_to_backend_smoke\[.*precision='fp32'.*assert 0 == 2",
+     "the test counts the fp16 casts coremltools inserts at fp16 precision (none at fp32): "
+     "an assertion on the converted program, not on milkit's prediction"),
+    (r"TestNormalizationLocalResponseNorm::test_builder_to_backend_smoke\[.*precision='fp32'",
+     "local_response_norm of even size: the test's hard-coded numbers sum channel c alone for "
+     "size 2, milkit sums channels c-1..c as PyTorch (which the stress tests compare with); "
+     "2e-4 apart, within fp16 tolerances"),
+    (r"specification version( [1-5] is not|\s*$)", "a NeuralNetwork model (the test converts to "
      "neuralnetwork); milkit runs ML Programs"),
     (r"description says .* program says", "flexible input shape refused at load"),
     (r"floats are not converted to integers", "float data for an integer input refused"),
@@ -87,16 +105,25 @@ def read_report(path):
         return [json.loads(line) for line in fh if line.strip()]
 
 
-# A failing fp32 variant whose fp16 variant (the same test and parameters) passes.
-FP32_TWIN = ("fp32 variant of a test whose fp16 variant passes: fp16 data or outputs "
-             "held to fp32 tolerances (atol 1e-4, rtol 1e-5); coremltools' own CI runs "
-             "the fp16 variants only")
+# The fp32 variant of a test that puts fp16 data in its program (a float16 dtype parameter).
+FP32_FP16_DATA = (
+    "fp32 variant of a test whose program holds fp16 data (a float16 dtype parameter): the op "
+    "computes in fp16, or from fp16 weights, and is held to fp32 tolerances (atol 1e-4, rtol "
+    "1e-5) against an expectation computed in fp32 from the unrounded weights. "
+    "`tools/fp32_evidence.py` recomputes such tests in float64 from the program's own values: "
+    "milkit is within 0.5 ulp of that result in the op's dtype, the exact result rounded to "
+    "fp16 already fails the tolerance (rnn, conv_transpose), and the expectation is off by up "
+    "to 12 times it (docs/conformance.md, fp32 variants); coremltools' own CI runs fp16 "
+    "variants only")
+# A failing fp32 variant whose fp16 variant (the same test and parameters) passes, and that
+# no cause above explains.
+FP32_TWIN = ("not yet diagnosed: fp32 variant of a test whose fp16 variant passes")
 
 
 def cause_of(test_id, message):
     for pattern, cause in CAUSES:
         if re.search(pattern, f"{test_id} :: {message}"):
-            return cause
+            return FP32_FP16_DATA if cause == "FP32_FP16_DATA" else cause
     return "not yet diagnosed"
 
 
