@@ -2,7 +2,7 @@
 
 mod cli;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Convert Hugging Face Whisper checkpoints into small, verified Core ML packages, and run
@@ -45,8 +45,12 @@ enum Command {
     /// Transcribe WAV files with a models folder (AudioEncoder/TextDecoder packages + json):
     /// one line of text per file.
     Transcribe(cli::transcribe::TranscribeArgs),
-    /// Timing tables: `bench audio|export|compress|decode|gemm` (docs/speed.md).
+    /// Timing tables: `bench audio|export|compress|decode|gemm|whole` (docs/speed.md).
     Bench(cli::bench::BenchArgs),
+    /// Print the command-line reference (docs/cli.md) as Markdown, generated from this
+    /// definition.
+    #[command(hide = true)]
+    HelpMarkdown,
 }
 
 fn code(c: i32) -> u8 {
@@ -87,6 +91,10 @@ fn main() -> ExitCode {
         Command::Calibrate(a) => cli::calibrate::run(&a),
         Command::Eval(a) => cli::eval::run(&a),
         Command::Gate(a) => cli::gate::run(&a),
+        Command::HelpMarkdown => {
+            print!("{}", cli::reference::markdown(Cli::command()));
+            Ok(0)
+        }
     };
     match r {
         Ok(code) => ExitCode::from(code),

@@ -2,7 +2,8 @@
 //! mel|all`, `--recipe`, `milkit compress --head-only`): exact I/O ABIs (WhisperKit's), the
 //! conformance validator's verdict, head-only compression touching nothing but the head, the
 //! MelSpectrogram package run by milkit's interpreter against Hugging Face's features, the
-//! WhisperKit folder, and the refusals.
+//! WhisperKit folder (its decoder with the per-head alignment output unless told otherwise),
+//! and the refusals.
 
 mod common;
 
@@ -53,6 +54,17 @@ fn abi(fs: &[milkit::ir::Feature]) -> Abi {
 
 fn f(n: &str, d: ArrayDType, s: &[usize]) -> (String, ArrayDType, Vec<usize>) {
     (n.to_string(), d, s.to_vec())
+}
+
+/// milkit's per-head alignment output.
+const PER_HEAD: &str = milkit::whisper::decoder_spec::PER_HEAD_ALIGNMENT_OUTPUT;
+
+fn outputs(m: &Model) -> Vec<String> {
+    m.description
+        .outputs
+        .iter()
+        .map(|f| f.name.clone())
+        .collect()
 }
 
 /// Runs the validator; a stateful package may fail only its state-count comparison (the
@@ -479,6 +491,71 @@ fn whisperkit_folder_and_recipe() {
     assert_eq!(enc.description.outputs[0].name, "encoder_output_embeds");
     let mel = load_package(&out.join("MelSpectrogram.mlpackage")).unwrap();
     assert_eq!(mel.description.outputs[0].name, "melspectrogram_features");
+    // The folder's decoder carries each alignment head's row by default (word timestamps
+    // use it; WhisperKit reads outputs by name); --no-per-head-alignment leaves it out.
+    let dl = 384 * 4;
+    let dec = load_package(&out.join("TextDecoder.mlpackage")).unwrap();
+    assert_eq!(
+        abi(&dec.description.outputs),
+        vec![
+            f("logits", ArrayDType::F16, &[1, 1, 51864]),
+            f("key_cache_updates", ArrayDType::F16, &[1, dl, 1, 1]),
+            f("value_cache_updates", ArrayDType::F16, &[1, dl, 1, 1]),
+            f("alignment_heads_weights", ArrayDType::F16, &[1, 1500]),
+            f(
+                "alignment_heads_weights_per_head",
+                ArrayDType::F16,
+                &[1, 8, 1500]
+            ),
+        ]
+    );
+    // Beside, not in, the folder's directory (its leftovers are counted below).
+    let other = tempfile::tempdir().unwrap();
+    let plain = other.path().join("plain");
+    ok(&export(
+        &model,
+        &plain,
+        &["--component", "all", "--no-per-head-alignment"],
+    ));
+    let dec = load_package(&plain.join("TextDecoder.mlpackage")).unwrap();
+    assert_eq!(
+        outputs(&dec),
+        [
+            "logits",
+            "key_cache_updates",
+            "value_cache_updates",
+            "alignment_heads_weights"
+        ]
+    );
+    // A lone decoder keeps WhisperKit's outputs unless asked.
+    let lone = other.path().join("decoder.mlpackage");
+    ok(&export(&model, &lone, &["--component", "decoder"]));
+    assert!(!outputs(&load_package(&lone).unwrap()).contains(&PER_HEAD.to_string()));
+    // Contradictory or misplaced choices are refused before anything is written.
+    let nowhere = other.path().join("nowhere");
+    let o = export(
+        &model,
+        &nowhere,
+        &[
+            "--component",
+            "all",
+            "--per-head-alignment",
+            "--no-per-head-alignment",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("cannot be used with"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = export(
+        &model,
+        &nowhere,
+        &["--component", "encoder", "--no-per-head-alignment"],
+    );
+    refused(&o, "use them with --component decoder or all");
+    assert!(!nowhere.exists());
 
     // An existing folder is refused without --force and left as it was; --force replaces it.
     let o = export(&model, &out, &["--component", "all"]);
@@ -510,10 +587,40 @@ fn whisperkit_folder_and_recipe() {
     assert_eq!(common::count_ops(&enc, "constexpr_lut_to_dense"), 26);
     let dec = load_package(&out.join("TextDecoder.mlpackage")).unwrap();
     assert_eq!(common::count_ops(&dec, "constexpr_lut_to_dense"), 1);
+    // Recipes follow the folder's default: the per-head output unless they say otherwise.
+    assert!(outputs(&dec).contains(&PER_HEAD.to_string()));
     let mel = load_package(&out.join("MelSpectrogram.mlpackage")).unwrap();
     assert_eq!(common::count_ops(&mel, "constexpr_lut_to_dense"), 0);
     assert!(out.join("tokenizer.json").exists());
     common::validate(&out.join("TextDecoder.mlpackage"));
+    // `per_head_alignment = false` in the decoder's component leaves it out; the flags are
+    // the recipe's to set, not the command line's.
+    let text = std::fs::read_to_string(&recipe).unwrap().replace(
+        "head_chunks = 1",
+        "head_chunks = 1\nper_head_alignment = false",
+    );
+    let plain_recipe = dir.path().join("plain.toml");
+    std::fs::write(&plain_recipe, text).unwrap();
+    let out = dir.path().join("recipe-plain");
+    ok(&run(
+        &["export"],
+        &[
+            ("--recipe", &plain_recipe),
+            ("--model", &model),
+            ("--out", &out),
+        ],
+    ));
+    let dec = load_package(&out.join("TextDecoder.mlpackage")).unwrap();
+    assert!(!outputs(&dec).contains(&PER_HEAD.to_string()));
+    let o = run(
+        &["export", "--no-per-head-alignment"],
+        &[
+            ("--recipe", &recipe),
+            ("--model", &model),
+            ("--out", &dir.path().join("refused")),
+        ],
+    );
+    refused(&o, "per_head_alignment = false");
 }
 
 /// A synthetic multilingual tiny checkpoint: the prefill package, and a full folder with

@@ -1,6 +1,7 @@
 //! `verify`, `inspect` and `compile` through the library functions the CLI calls (exit codes
 //! 0 / 1 / 2): expectations, unreadable packages, opset findings, receipts against the
-//! checked-in schemas, and the packages coremltools wrote. Placement: `verify_placement.rs`.
+//! checked-in schemas, the packages coremltools wrote, and the text output (a summary by
+//! default, every op with `--verbose`). Placement rules: `verify_placement.rs`.
 
 mod common;
 
@@ -446,6 +447,146 @@ fn compile_and_measured_say_xcrun_is_unavailable_off_macos() {
     assert!(
         err.contains("xcrun is unavailable") && out.is_empty(),
         "{err}"
+    );
+}
+
+/// The names of the run-time ops (load-time constants left out) of `--placement --json`.
+fn runtime_op_names(out: &str) -> Vec<String> {
+    let r: VerifyReport = serde_json::from_str(out).unwrap();
+    r.placement
+        .unwrap()
+        .ops
+        .into_iter()
+        .filter(|o| o.unit != ComputeUnit::LoadTime)
+        .map(|o| o.name)
+        .collect()
+}
+
+/// The per-op lines of `--verbose` output (`predicted UNIT TYPE NAME ...`), by op name.
+fn listed_ops(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.trim_start().strip_prefix("predicted "))
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn placement_prints_a_summary_by_default_and_every_op_with_verbose() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = save(
+        &tiny_encoder(EncoderAbi::WhisperKit),
+        dir.path(),
+        "enc.mlpackage",
+    );
+    let ps = p.to_str().unwrap();
+    let (code, out, err) = verify(&args(&[ps, "--placement"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    for unit in ["ANE", "GPU", "CPU", "load-time"] {
+        assert!(
+            out.lines().any(|l| l.trim_start().starts_with(unit)),
+            "no {unit} total: {out}"
+        );
+    }
+    assert!(out.contains("off the ANE: nothing"), "{out}");
+    assert!(out.contains("--verbose lists every op"), "{out}");
+    assert!(listed_ops(&out).is_empty(), "per-op rows by default: {out}");
+    assert!(
+        !out.contains("(source:"),
+        "the rule table by default: {out}"
+    );
+
+    let (code, verbose, _) = verify(&args(&[ps, "--placement", "--verbose"]));
+    assert_eq!(code, 0);
+    let names =
+        runtime_op_names(&json_of(verify(&args(&[ps, "--placement", "--json"]))).to_string());
+    assert!(names.len() > 10, "{names:?}");
+    assert_eq!(listed_ops(&verbose), names, "{verbose}");
+    assert!(verbose.contains("fp16_static") && verbose.contains("(source:"));
+    assert!(verbose.lines().count() > out.lines().count() + names.len());
+}
+
+#[test]
+fn placement_names_every_material_op_off_the_ane_with_its_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    // An unsplit 51,866-row vocabulary head: one conv, over the ANE's output-channel budget.
+    let p = save(
+        &conv_net(8, 51_866, ArrayDType::F16),
+        dir.path(),
+        "head.mlpackage",
+    );
+    let (code, out, err) = verify(&args(&[p.to_str().unwrap(), "--placement"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let head = out
+        .lines()
+        .find(|l| l.contains(" head ") && l.trim_start().starts_with("GPU"))
+        .unwrap_or_else(|| panic!("the head is not named off the ANE: {out}"));
+    assert!(
+        head.contains("(100.0%)") && head.contains("ane_output_channels"),
+        "{head}"
+    );
+    assert!(
+        out.contains(
+            "rule ane_output_channels: a conv/conv_transpose/linear/matmul with more than 32,768"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("off the ANE: 1 op(s)"), "{out}");
+}
+
+/// The README's main job verifies the tiny.en encoder of `models/whisperkit-tiny-lut4.toml`
+/// (LUT4 k-means per 16 output channels) with `--placement`: a screenful, not a listing.
+#[test]
+fn the_main_jobs_verify_of_the_tiny_en_encoder_fits_in_35_lines() {
+    let Some(fx) = fixtures() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let folder = common::export_encoder_recipe(
+        dir.path(),
+        "whisperkit",
+        "",
+        &fx.join("models/whisper-tiny.en"),
+    );
+    let pkg = folder.join("encoder.mlpackage");
+    let run = |extra: &[&str]| {
+        let o = common::milkit()
+            .args([
+                "verify",
+                "--expect-lut-ops",
+                "26",
+                "--expect-abi",
+                "whisperkit",
+                "--placement",
+            ])
+            .args(extra)
+            .arg(&pkg)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let out = run(&[]);
+    assert!(
+        out.lines().count() <= 35,
+        "{} lines:\n{out}",
+        out.lines().count()
+    );
+    assert!(out.ends_with("OK: every check holds\n"), "{out}");
+    assert!(out.contains("off the ANE: nothing"), "{out}");
+    assert!(
+        out.contains("compressed weights: constexpr_lut_to_dense 26 (lut4 26) feeding conv 26"),
+        "{out}"
+    );
+    let verbose = run(&["--verbose"]);
+    let names = runtime_op_names(&run(&["--json"]));
+    assert_eq!(names.len(), 78);
+    assert_eq!(listed_ops(&verbose), names);
+    // Every compressed weight is listed with the op it feeds.
+    assert_eq!(
+        verbose
+            .lines()
+            .filter(|l| l.trim_start().starts_with("lut4 ") && l.contains("→ conv `"))
+            .count(),
+        26
     );
 }
 

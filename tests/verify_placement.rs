@@ -1,6 +1,6 @@
 //! Predicted placement: the rule table applied to the BC1S encoder graph, an unsplit vocab
-//! head, fp32, dynamic shapes, states, int32 arithmetic and compressed weights; plus the byte
-//! accounting of compressed weights.
+//! head, fp32, dynamic shapes, states, int32 arithmetic and compressed weights; the byte
+//! accounting of compressed weights; and which ops off the Neural Engine the summary names.
 
 mod common;
 
@@ -10,7 +10,7 @@ use milkit::ir::{
     ArrayDType, Bytes, DType, Dim, Feature, Opset, Tensor, TensorType, Value, ValueType,
 };
 use milkit::ops::{Builder, In};
-use milkit::report::ComputeUnit;
+use milkit::report::{ComputeUnit, PlacementReport, PlacementRow};
 use milkit::verify::placement;
 use milkit::whisper::encoder::EncoderAbi;
 
@@ -191,4 +191,89 @@ fn per_block_int4_risks_the_cpu_and_lut4_keeps_the_ane() {
     assert!((c.weights.compression_ratio.unwrap() - dense as f64 / stored).abs() < 1e-12);
     assert_eq!(c.constexpr.ops[0].feeds[0].name, "q4");
     assert_eq!(c.constexpr.counts["constexpr_lut_to_dense"], 1);
+}
+
+/// A placement row of function `f` with the given unit, rules and costs.
+fn row(
+    f: &str,
+    name: &str,
+    unit: ComputeUnit,
+    rules: &[&str],
+    flops: u64,
+    bytes: u64,
+) -> PlacementRow {
+    PlacementRow {
+        function: f.into(),
+        op_type: "op".into(),
+        name: name.into(),
+        output: name.into(),
+        unit,
+        basis: "predicted".into(),
+        rules: rules.iter().map(|r| r.to_string()).collect(),
+        flops,
+        bytes,
+        measured: None,
+    }
+}
+
+#[test]
+fn ops_off_the_ane_are_material_from_a_thousandth_of_their_functions_cost() {
+    use ComputeUnit::*;
+    let ops = vec![
+        // Function `a`: 1,000,000 FLOP and 1,000,000 bytes at run time.
+        row("a", "big", Ane, &["fp16_static"], 997_000, 996_000),
+        row("a", "at_the_line", Gpu, &["fp32_compute"], 1_000, 0),
+        row("a", "bytes_only", Cpu, &["int32_arithmetic"], 0, 2_000),
+        row("a", "below", Gpu, &["fp32_compute"], 999, 999),
+        row(
+            "a",
+            "unknown_shape",
+            Gpu,
+            &["dynamic_shape", "fp32_compute"],
+            0,
+            0,
+        ),
+        // Load-time constants count in neither the totals nor the list.
+        row("a", "weights", LoadTime, &["load_time_constant"], 0, 0),
+        row("a", "rest", Ane, &["fp16_static"], 1_001, 1_001),
+        // Function `b` is weighed on its own: a tiny op is all of it.
+        row("b", "alone", Cpu, &["state_machinery"], 10, 10),
+    ];
+    assert_eq!(
+        ops.iter()
+            .filter(|r| r.function == "a")
+            .map(|r| (r.flops, r.bytes))
+            .fold((0, 0), |s, c| (s.0 + c.0, s.1 + c.1)),
+        (1_000_000, 1_000_000)
+    );
+    let p = PlacementReport {
+        basis: "predicted".into(),
+        rules: placement::rule_table(),
+        totals: placement::totals(&ops),
+        ops,
+        measured: None,
+    };
+    let (material, minor) = placement::off_ane(&p);
+    let named: Vec<(&str, Vec<&str>)> = material
+        .iter()
+        .map(|o| {
+            (
+                o.row.name.as_str(),
+                o.deciding.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("at_the_line", vec!["fp32_compute"]),
+            ("bytes_only", vec!["int32_arithmetic"]),
+            ("unknown_shape", vec!["dynamic_shape", "fp32_compute"]),
+            ("alone", vec!["state_machinery"]),
+        ]
+    );
+    assert_eq!(minor, 1, "`below` is counted, not named");
+    assert_eq!(material[0].flops_share, placement::MATERIAL_SHARE);
+    assert_eq!(material[1].bytes_share, 0.002);
+    assert_eq!(material[3].flops_share, 1.0);
 }

@@ -1,12 +1,12 @@
 //! Word timestamps against Hugging Face's ASR pipeline (`return_timestamps="word"`): milkit's
 //! fp16 encoder and text decoder (built in memory from the real checkpoints) are
 //! teacher-forced with the reference's timestamped token sequence; the decoder's per-head
-//! `alignment_heads_weights_per_head` rows (milkit's `--per-head-alignment`) go through
-//! `whisper::timing` and every word's start and end must be within 0.1 s of the reference for
-//! ≥ 90 % of the words of each clip, with a median |difference| ≤ 0.05 s (issue 15), on every
-//! reference clip of ≤ 30 s: tiny.en (four English clips) and whisper-base (jfk and the twelve
-//! multilingual clips). WhisperKit's mean row (all argmax's packages have) is held to a lower
-//! floor.
+//! `alignment_heads_weights_per_head` rows (milkit's, by default in `export --component
+//! all`) go through `whisper::timing` and every word's start and end must be within 0.1 s of
+//! the reference for ≥ 90 % of the words of each clip, with a median |difference| ≤ 0.05 s
+//! (issue 15), on every reference clip of ≤ 30 s: tiny.en (four English clips) and
+//! whisper-base (jfk and the twelve multilingual clips). WhisperKit's mean row (all argmax's
+//! packages have) is held to a lower floor.
 
 mod common;
 
@@ -375,7 +375,7 @@ fn tiny_en_word_times_from_the_mean_head_row_are_near_the_hugging_face_pipeline(
     check_clips(&mut model, &fx, "tiny.en", &tiny_clips(&fx), MEAN_FLOOR);
 }
 
-/// milkit's decoder with `--per-head-alignment`: each of tiny.en's eight heads normalised
+/// milkit's decoder with the per-head output: each of tiny.en's eight heads normalised
 /// before averaging, as HF does, meets issue 15's target on every clip.
 #[test]
 fn tiny_en_word_times_from_the_per_head_output_meet_the_target() {

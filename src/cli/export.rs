@@ -24,6 +24,9 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
         );
     }
     if let Some(r) = &a.recipe {
+        if a.per_head_alignment || a.no_per_head_alignment {
+            bail!("with --recipe the recipe chooses the decoder's outputs: write `per_head_alignment = false` (or true) in its decoder component instead of --per-head-alignment/--no-per-head-alignment");
+        }
         let model = milkit::hub::resolve_model(&a.model, !a.quiet)?;
         return super::export_recipe::run(a, &model, r);
     }
@@ -89,7 +92,16 @@ fn decoder_export(a: &ExportArgs) -> DecoderExport {
         stateful: a.stateful,
         cross_kv: a.cross_kv,
         head_chunks: a.head_chunks,
-        per_head_alignment: a.per_head_alignment,
+        per_head_alignment: per_head_alignment(a),
+    }
+}
+
+/// The per-head alignment output: on for --component all unless --no-per-head-alignment,
+/// for --component decoder only with --per-head-alignment.
+fn per_head_alignment(a: &ExportArgs) -> bool {
+    match a.component {
+        ComponentArg::All => !a.no_per_head_alignment,
+        _ => a.per_head_alignment,
     }
 }
 
@@ -98,6 +110,9 @@ fn check_decoder_flags(a: &ExportArgs, opset: Opset) -> Result<()> {
     let decoder = matches!(a.component, ComponentArg::Decoder | ComponentArg::All);
     if !decoder && (a.stateful || a.head_chunks != 1 || a.cross_kv != CrossKv::InGraph) {
         bail!("--stateful, --cross-kv and --head-chunks shape the text decoder; use them with --component decoder or all");
+    }
+    if !decoder && (a.per_head_alignment || a.no_per_head_alignment) {
+        bail!("--per-head-alignment and --no-per-head-alignment choose the text decoder's outputs; use them with --component decoder or all");
     }
     if a.head_chunks == 0 {
         bail!("--head-chunks must be at least 1");

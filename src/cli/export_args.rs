@@ -72,9 +72,15 @@ pub struct ExportArgs {
     /// WhisperKit's mean `alignment_heads_weights`. `milkit transcribe --word-timestamps`
     /// uses it when present: each head normalised before averaging, as openai-whisper and
     /// Hugging Face do, puts more words within 0.1 s of their times (docs/transcription.md).
-    /// WhisperKit ignores the extra output.
-    #[arg(long)]
+    /// WhisperKit reads outputs by name and ignores the extra one. On by default with
+    /// --component all (and in recipes); this flag turns it on for --component decoder.
+    #[arg(long, conflicts_with = "no_per_head_alignment")]
     pub per_head_alignment: bool,
+    /// Leave the per-head alignment output out of the decoder of --component all: the
+    /// TextDecoder then has exactly WhisperKit's outputs, and word timestamps use the mean
+    /// row. (In a recipe: `per_head_alignment = false` in the decoder's component.)
+    #[arg(long)]
+    pub no_per_head_alignment: bool,
     /// Output .mlpackage path (a directory for --component all or --recipe).
     #[arg(long)]
     pub out: PathBuf,

@@ -13,6 +13,7 @@ pub mod export_args;
 pub mod export_recipe;
 pub mod gate;
 pub mod progress;
+pub mod reference;
 pub mod run;
 pub mod stats;
 pub mod synth;

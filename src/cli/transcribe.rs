@@ -39,9 +39,10 @@ pub struct TranscribeArgs {
     #[arg(long)]
     pub detect_language: bool,
     /// Word start/end times and probabilities, in the json output and as subtitle cue times.
-    /// From the decoder's per-head `alignment_heads_weights_per_head` when the folder was
-    /// exported with `--per-head-alignment` (each head normalised, as openai-whisper), else
-    /// from WhisperKit's mean `alignment_heads_weights` (a few more words off by > 0.1 s).
+    /// From the decoder's per-head `alignment_heads_weights_per_head` when the folder has it
+    /// (each head normalised, as openai-whisper; `milkit export --component all` and recipes
+    /// add it by default), else from WhisperKit's mean `alignment_heads_weights` (a few more
+    /// words off by > 0.1 s).
     #[arg(long)]
     pub word_timestamps: bool,
     /// Write transcript files (openai-whisper's formats) as DIR/<audio file stem>.<format>;
@@ -155,8 +156,8 @@ pub fn run(a: &TranscribeArgs) -> Result<u8> {
     if a.word_timestamps && tr.alignment_heads() == 1 && a.verbose {
         eprintln!(
             "word timings from the mean over the alignment heads (WhisperKit's output); \
-             `milkit export --per-head-alignment` gives per-head rows, which match openai-whisper \
-             more closely"
+             `milkit export --component all` (without --no-per-head-alignment) gives per-head \
+             rows, which match openai-whisper more closely"
         );
     }
     if a.verbose {

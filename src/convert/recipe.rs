@@ -51,9 +51,9 @@ pub struct RecipeComponent {
     pub cross_kv: Option<String>,
     /// Decoder: row chunks of the vocabulary head (default 1).
     pub head_chunks: Option<usize>,
-    /// Decoder: also output each alignment head's cross-attention row (for word timings).
-    #[serde(default)]
-    pub per_head_alignment: bool,
+    /// Decoder: also output each alignment head's cross-attention row (for word timings), as
+    /// `export --component all` does; default true, `false` leaves the output out.
+    pub per_head_alignment: Option<bool>,
     /// Compression of this component, as the CLI flags say it (the same type, names and
     /// defaults); absent = fp16.
     pub compress: Option<CompressFlags>,
@@ -147,7 +147,7 @@ pub fn recipe_components(
                     .transpose()?
                     .unwrap_or(CrossKv::InGraph),
                 head_chunks: c.head_chunks.unwrap_or(1),
-                per_head_alignment: c.per_head_alignment,
+                per_head_alignment: c.per_head_alignment.unwrap_or(true),
             },
             compression,
         };

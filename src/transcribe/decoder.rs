@@ -106,7 +106,7 @@ pub struct TextDecoder {
     /// The alignment row(s) of the last step, when captured.
     alignment: Option<Vec<f32>>,
     /// The output alignment rows come from: the per-head output when the package has it
-    /// (milkit's `--per-head-alignment`), else WhisperKit's mean; with how many heads per
+    /// (milkit's by default with `export --component all`), else WhisperKit's mean; with how many heads per
     /// row (1 for the mean). None when the package has neither.
     alignment_source: Option<(&'static str, usize)>,
 }

@@ -224,8 +224,9 @@ pub fn check_abi(d: &Description, kind: AbiKind) -> AbiReport {
                     w("value_cache_updates", F16, &upd),
                     w("alignment_heads_weights", F16, &[Is(1), Is(AUDIO_CTX)]),
                 ],
-                // milkit's `--per-head-alignment`: WhisperKit reads outputs by name, so an
-                // extra output does not disturb it.
+                // milkit's per-head alignment output (on by default with `export --component
+                // all`): WhisperKit reads outputs by name, so an extra output does not
+                // disturb it.
                 &[w(
                     "alignment_heads_weights_per_head",
                     F16,

@@ -52,7 +52,7 @@ pub fn parse_op_count(s: &str) -> Result<OpCount, String> {
 }
 
 /// `milkit verify PKG [--expect-lut-ops N] [--expect-ops type=N,...] [--expect-abi ABI]
-/// [--placement [--measured]] [--json]`
+/// [--placement [--measured]] [--json] [--verbose]`
 #[derive(clap::Args, Clone, Debug)]
 pub struct VerifyArgs {
     /// The .mlpackage to verify.
@@ -66,7 +66,11 @@ pub struct VerifyArgs {
     /// The I/O interface the package must present.
     #[arg(long, value_enum, value_name = "ABI")]
     pub expect_abi: Option<AbiKind>,
-    /// Predict the compute unit of every op.
+    /// Predict the compute unit of every op. Prints a summary: per unit (ANE, GPU, CPU) its
+    /// ops and shares of the run-time FLOPs and bytes, then every material op predicted off the
+    /// Neural Engine by name with the rule that sent it there. Material: at least 0.1 % of its
+    /// function's run-time FLOPs or bytes, or of unknown shape (no cost estimate); smaller
+    /// ones are counted, not named. --verbose lists every op; --json has every op's row.
     #[arg(long)]
     pub placement: bool,
     /// Also ask Core ML's MLComputePlan (macOS 14.4+, needs xcrun); implies --placement.
@@ -75,6 +79,10 @@ pub struct VerifyArgs {
     /// Print the JSON receipt (schemas/verify.schema.json) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// List every compressed weight with the ops it feeds and, with --placement, every op's
+    /// predicted unit and the rule table with sources (the default prints summaries).
+    #[arg(long, short)]
+    pub verbose: bool,
 }
 
 impl VerifyArgs {
@@ -88,6 +96,7 @@ impl VerifyArgs {
             placement: false,
             measured: false,
             json: false,
+            verbose: false,
         }
     }
     pub fn options(&self) -> VerifyOptions {
@@ -260,7 +269,7 @@ pub fn run_verify_to(
             }
         }
     } else {
-        format_verify(&report)
+        format_verify(&report, args.verbose)
     };
     if let Err(e) = out.write_all(text.as_bytes()) {
         print_error(err, "cannot print the report", &e.into());

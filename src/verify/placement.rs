@@ -435,6 +435,72 @@ pub fn totals(rows: &[PlacementRow]) -> Vec<UnitTotal> {
     .collect()
 }
 
+/// The share of its function's run-time FLOPs, or of its run-time bytes moved, from which an
+/// op predicted off the Neural Engine is *material*: the summary names it (0.1 %). Below both,
+/// moving the op back would change little, so the summary only counts it. An op whose shapes
+/// are unknown (the `dynamic_shape` rule fired) has no cost estimate and is always material.
+pub const MATERIAL_SHARE: f64 = 0.001;
+
+/// One op predicted off the Neural Engine, with its shares of its function's run-time costs.
+#[derive(Clone, Debug)]
+pub struct OffAne<'a> {
+    pub row: &'a PlacementRow,
+    pub flops_share: f64,
+    pub bytes_share: f64,
+    /// The fired rules that send it to its unit (those whose effect is that unit).
+    pub deciding: Vec<String>,
+}
+
+/// The ops predicted off the Neural Engine: the material ones (see [`MATERIAL_SHARE`]), in
+/// program order, and how many others there are.
+pub fn off_ane(p: &PlacementReport) -> (Vec<OffAne<'_>>, usize) {
+    let run = |r: &&PlacementRow| r.unit != ComputeUnit::LoadTime;
+    let mut per_fn: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for r in p.ops.iter().filter(run) {
+        let t = per_fn.entry(r.function.as_str()).or_default();
+        t.0 += r.flops;
+        t.1 += r.bytes;
+    }
+    let share = |x: u64, all: u64| if all == 0 { 0.0 } else { x as f64 / all as f64 };
+    let effect_of = |id: &str| {
+        p.rules
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| r.effect.as_str())
+    };
+    let (mut material, mut minor) = (Vec::new(), 0);
+    for r in p
+        .ops
+        .iter()
+        .filter(run)
+        .filter(|r| r.unit != ComputeUnit::Ane)
+    {
+        let (flops, bytes) = per_fn[r.function.as_str()];
+        let (fs, bs) = (share(r.flops, flops), share(r.bytes, bytes));
+        let unknown_cost = r.rules.iter().any(|id| id == "dynamic_shape") || flops + bytes == 0;
+        if fs < MATERIAL_SHARE && bs < MATERIAL_SHARE && !unknown_cost {
+            minor += 1;
+            continue;
+        }
+        let mut deciding: Vec<String> = r
+            .rules
+            .iter()
+            .filter(|id| effect_of(id) == Some(r.unit.label()))
+            .cloned()
+            .collect();
+        if deciding.is_empty() {
+            deciding = r.rules.clone();
+        }
+        material.push(OffAne {
+            row: r,
+            flops_share: fs,
+            bytes_share: bs,
+            deciding,
+        });
+    }
+    (material, minor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,8 @@
 //! Human-readable `verify` output: checks, op histograms, compressed weights and what they
 //! feed, the positional embedding, the ABI, predicted (and measured) placement, the receipt's
-//! digests, and the verdict.
+//! digests, and the verdict. By default a summary that fits a screen (compressed weights and
+//! placement counted per kind and unit, only material ops off the Neural Engine named);
+//! `--verbose` lists every compressed weight and every op's predicted unit.
 
 use super::inspect::{grouped, histogram_text, weights_text};
 use crate::report::{ComputeUnit, PlacementReport, PositionalStatus, VerifyReport};
@@ -29,32 +31,24 @@ pub fn si(x: u64) -> String {
     }
 }
 
-pub fn placement_text(out: &mut String, p: &PlacementReport) {
-    let _ = writeln!(out, "  placement (predicted from documented rules, not measured unless a measured column is shown):");
-    // Load-time rows (constants) are counted in the totals; the JSON report lists them.
-    for r in p
-        .ops
-        .iter()
-        .filter(|r| r.unit != ComputeUnit::LoadTime || r.measured.is_some())
-    {
-        let measured = match &r.measured {
-            Some(m) => format!("  measured {:<4}", m.preferred),
-            None => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            "    predicted {:<9}{measured} {:<24} {:<40} {:>10}FLOP {:>10}B  [{}]",
-            r.unit.label(),
-            r.op_type,
-            r.name,
-            si(r.flops),
-            si(r.bytes),
-            r.rules.join(", ")
-        );
-    }
+/// Predicted placement. The summary: per unit its ops and shares of the run-time FLOPs and
+/// bytes, then every material op predicted off the Neural Engine
+/// ([`super::placement::MATERIAL_SHARE`]) with the rules that sent it there. `verbose` adds
+/// every op's row and the whole rule table with sources.
+pub fn placement_text(out: &mut String, p: &PlacementReport, verbose: bool) {
+    let measured_note = if p.measured.is_some() {
+        "measured units below"
+    } else {
+        "not measured"
+    };
+    let what = if verbose {
+        "every op below"
+    } else {
+        "--verbose lists every op"
+    };
     let _ = writeln!(
         out,
-        "  predicted totals (shares of run-time FLOPs / bytes):"
+        "  placement, predicted from documented rules ({measured_note}; {what}); shares of run-time FLOPs / bytes:"
     );
     for t in &p.totals {
         if t.unit == ComputeUnit::LoadTime {
@@ -84,6 +78,77 @@ pub fn placement_text(out: &mut String, p: &PlacementReport) {
             m.source, m.matched_ops, m.agree, m.disagree, m.unmatched
         );
     }
+    let (material, minor) = super::placement::off_ane(p);
+    let pct = 100.0 * super::placement::MATERIAL_SHARE;
+    if material.is_empty() && minor == 0 {
+        let _ = writeln!(out, "  off the ANE: nothing");
+    } else {
+        let _ = writeln!(
+            out,
+            "  off the ANE: {} op(s) at ≥ {pct} % of their function's FLOPs or bytes (or of unknown shape){}",
+            material.len(),
+            if minor > 0 {
+                format!(", {minor} smaller one(s) not named")
+            } else {
+                String::new()
+            }
+        );
+        for o in &material {
+            let _ = writeln!(
+                out,
+                "    {:<4} {:<20} {:<36} {:>10}FLOP ({:5.1}%) {:>10}B ({:5.1}%)  [{}]",
+                o.row.unit.label(),
+                o.row.op_type,
+                o.row.name,
+                si(o.row.flops),
+                100.0 * o.flops_share,
+                si(o.row.bytes),
+                100.0 * o.bytes_share,
+                o.deciding.join(", ")
+            );
+        }
+        // What each named rule says, once.
+        let mut named: Vec<&str> = Vec::new();
+        for o in &material {
+            for id in &o.deciding {
+                if !named.contains(&id.as_str()) {
+                    named.push(id);
+                }
+            }
+        }
+        for id in named {
+            if let Some(r) = p.rules.iter().find(|r| r.id == id) {
+                let _ = writeln!(out, "    rule {}: {}", r.id, r.statement);
+            }
+        }
+    }
+    if !verbose {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  every op (load-time constants counted above, listed in --json):"
+    );
+    for r in p
+        .ops
+        .iter()
+        .filter(|r| r.unit != ComputeUnit::LoadTime || r.measured.is_some())
+    {
+        let measured = match &r.measured {
+            Some(m) => format!("  measured {:<4}", m.preferred),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "    predicted {:<9}{measured} {:<24} {:<40} {:>10}FLOP {:>10}B  [{}]",
+            r.unit.label(),
+            r.op_type,
+            r.name,
+            si(r.flops),
+            si(r.bytes),
+            r.rules.join(", ")
+        );
+    }
     let _ = writeln!(out, "  rules:");
     for r in &p.rules {
         let _ = writeln!(
@@ -94,8 +159,9 @@ pub fn placement_text(out: &mut String, p: &PlacementReport) {
     }
 }
 
-/// Human-readable verify output.
-pub fn format_verify(r: &VerifyReport) -> String {
+/// Human-readable verify output: a summary; `verbose` also lists every compressed weight and
+/// every op's predicted placement.
+pub fn format_verify(r: &VerifyReport, verbose: bool) -> String {
     let mut out = String::new();
     let m = &r.model;
     let _ = writeln!(out, "verify {}", m.package);
@@ -118,47 +184,32 @@ pub fn format_verify(r: &VerifyReport) -> String {
     }
     histogram_text(&mut out, &m.functions);
     if !r.constexpr.ops.is_empty() {
-        let counts: Vec<String> = r
-            .constexpr
-            .counts
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        let _ = writeln!(out, "  compressed weights: {}", counts.join(", "));
-        for c in &r.constexpr.ops {
-            let feeds: Vec<String> = c
-                .feeds
-                .iter()
-                .map(|f| format!("{} `{}`", f.op_type, f.name))
-                .collect();
-            let shape: Vec<String> = c.output_shape.iter().map(|d| d.to_string()).collect();
-            let _ = writeln!(
-                out,
-                "    {:<8} {} [{}] → {}",
-                c.storage,
-                c.name,
-                shape.join(", "),
-                if feeds.is_empty() {
-                    "(unused)".to_string()
-                } else {
-                    feeds.join(", ")
-                }
-            );
-        }
+        constexpr_text(&mut out, r, verbose);
     }
     weights_text(&mut out, &m.weights);
     let pe = &r.positional_embedding;
-    let _ = writeln!(
-        out,
-        "  positional embedding: {}",
-        positional_status(pe.status)
-    );
-    for e in &pe.entries {
-        let _ = writeln!(
-            out,
-            "    {} `{}` {} {:?}",
-            e.op_type, e.name, e.dtype, e.shape
-        );
+    let entry = |e: &crate::report::PositionalEntry| {
+        format!("{} `{}` {} {:?}", e.op_type, e.name, e.dtype, e.shape)
+    };
+    match pe.entries.as_slice() {
+        [one] => {
+            let _ = writeln!(
+                out,
+                "  positional embedding: {} ({})",
+                positional_status(pe.status),
+                entry(one)
+            );
+        }
+        entries => {
+            let _ = writeln!(
+                out,
+                "  positional embedding: {}",
+                positional_status(pe.status)
+            );
+            for e in entries {
+                let _ = writeln!(out, "    {}", entry(e));
+            }
+        }
     }
     if let Some(a) = &r.abi {
         let dims: Vec<String> = a.dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -175,7 +226,7 @@ pub fn format_verify(r: &VerifyReport) -> String {
         }
     }
     if let Some(p) = &r.placement {
-        placement_text(&mut out, p);
+        placement_text(&mut out, p, verbose);
     }
     let d = &r.receipt.digests;
     let _ = writeln!(out, "  sha256 model.mlmodel {}", d.model_mlmodel);
@@ -201,4 +252,67 @@ pub fn format_verify(r: &VerifyReport) -> String {
         }
     }
     out
+}
+
+/// The compressed weights: counts by op type, storage and consumer, every unused one by name;
+/// `verbose`: every one with its shape and the ops it feeds.
+fn constexpr_text(out: &mut String, r: &VerifyReport, verbose: bool) {
+    let counts: Vec<String> = r
+        .constexpr
+        .counts
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    if !verbose {
+        let mut storage: std::collections::BTreeMap<&str, usize> = Default::default();
+        let mut feeds: std::collections::BTreeMap<&str, usize> = Default::default();
+        for c in &r.constexpr.ops {
+            *storage.entry(c.storage.as_str()).or_default() += 1;
+            for f in &c.feeds {
+                *feeds.entry(f.op_type.as_str()).or_default() += 1;
+            }
+        }
+        let list = |m: &std::collections::BTreeMap<&str, usize>| {
+            m.iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "  compressed weights: {} ({}) feeding {}",
+            counts.join(", "),
+            list(&storage),
+            if feeds.is_empty() {
+                "nothing".to_string()
+            } else {
+                list(&feeds)
+            }
+        );
+        for c in r.constexpr.ops.iter().filter(|c| c.feeds.is_empty()) {
+            let _ = writeln!(out, "    {:<8} {} (unused)", c.storage, c.name);
+        }
+        return;
+    }
+    let _ = writeln!(out, "  compressed weights: {}", counts.join(", "));
+    for c in &r.constexpr.ops {
+        let feeds: Vec<String> = c
+            .feeds
+            .iter()
+            .map(|f| format!("{} `{}`", f.op_type, f.name))
+            .collect();
+        let shape: Vec<String> = c.output_shape.iter().map(|d| d.to_string()).collect();
+        let _ = writeln!(
+            out,
+            "    {:<8} {} [{}] → {}",
+            c.storage,
+            c.name,
+            shape.join(", "),
+            if feeds.is_empty() {
+                "(unused)".to_string()
+            } else {
+                feeds.join(", ")
+            }
+        );
+    }
 }

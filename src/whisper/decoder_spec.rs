@@ -44,7 +44,7 @@ pub enum CrossKv {
     /// Projected from `encoder_output_embeds` inside the decoder, every step.
     InGraph,
     /// Inputs `encoder_attn_key_cache`/`encoder_attn_value_cache` [1, d·layers, 1, 1500],
-    /// made once per window by the CrossKV model ([`super::decoder_parts::build_cross_kv`]).
+    /// made once per window by the CrossKV model (`milkit export --component crosskv`).
     Precomputed,
 }
 
