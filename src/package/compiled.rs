@@ -445,13 +445,24 @@ fn function_io(
             .find(|j| str_of(j, "name") == o)
             .map(|j| schema_feature(j));
         let fe = match ty {
+            // A classifier's label: an int64 or string scalar.
+            ValueType::Tensor(t) if t.shape.is_empty() && t.dtype == crate::ir::DType::I64 => {
+                Feature::of_kind(o, FeatureKind::Int64)
+            }
+            ValueType::Tensor(t) if t.shape.is_empty() && t.dtype == crate::ir::DType::Str => {
+                Feature::of_kind(o, FeatureKind::String)
+            }
             ValueType::Tensor(t) => {
-                let dtype = ArrayDType::from_dtype(t.dtype).ok_or_else(|| {
-                    anyhow!("output `{o}` is {t}, not a type a Core ML output can have")
-                })?;
+                // Other element types (bool, 8- and 16-bit integers) are converted at the
+                // boundary into the type the description gives (int32 unless it says).
+                let dtype = match (ArrayDType::from_dtype(t.dtype), &meta_fe) {
+                    (Some(d), _) => d,
+                    (None, Some(Ok(m))) => m.dtype,
+                    (None, _) => ArrayDType::I32,
+                };
                 let shape = match (t.fixed_shape(), &meta_fe) {
                     (Some(s), _) => s,
-                    (None, Some(Ok(m))) if fits(t, m) => m.shape.clone(),
+                    (None, Some(Ok(m))) if m.shape.len() == t.rank() => m.shape.clone(),
                     _ => vec![],
                 };
                 let mut fe = Feature::new(o, dtype, &shape);
@@ -459,7 +470,15 @@ fn function_io(
                     Some(Ok(m)) => {
                         fe.doc = m.doc.clone();
                         // An empty shape in metadata.json means "not known", not a scalar.
-                        if m.dtype != dtype || (!m.shape.is_empty() && !fits(t, m)) {
+                        let same_type = m.dtype.to_dtype() == t.dtype
+                            || ArrayDType::from_dtype(t.dtype).is_none();
+                        let same_shape = m.shape.is_empty()
+                            || (m.shape.len() == t.rank()
+                                && m.shape.iter().zip(&t.shape).all(|(a, d)| match d {
+                                    Dim::Fixed(n) => n == a,
+                                    Dim::Unknown => true,
+                                }));
+                        if !same_type || !same_shape {
                             notes.push(format!(
                                 "{fname}: output `{o}`: metadata.json says {}, the program says \
                                  {t}; the program's is used",

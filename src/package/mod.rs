@@ -9,6 +9,7 @@ pub mod fsio;
 pub mod load;
 pub mod manifest;
 pub mod mil_text;
+pub mod mil_write;
 pub mod save;
 
 /// Reads and checks an `.mlpackage`, a single-file `.mlmodel`, or a compiled `.mlmodelc`
