@@ -314,6 +314,7 @@ fn a_git_lfs_pointer_for_weights_is_inspected_but_not_run() {
         package: m.clone(),
         json: false,
         mil: false,
+        model_mil: false,
     };
     assert_eq!(
         milkit::verify::cli::run_inspect_to(&args, &mut out, &mut err),
@@ -351,6 +352,7 @@ fn where_metadata_disagrees_with_the_program_the_program_wins_and_inspect_says_s
         package: m.clone(),
         json: false,
         mil: false,
+        model_mil: false,
     };
     assert_eq!(
         milkit::verify::cli::run_inspect_to(&args, &mut out, &mut err),
@@ -567,4 +569,110 @@ fn hex_floats_and_special_values_parse_exactly() {
     assert!(parse_float("nan").unwrap().is_nan());
     assert_eq!(parse_float("1025").unwrap(), 1025.0);
     assert!(parse_float("0x").is_none() && parse_float("12abc").is_none());
+}
+
+#[test]
+fn apple_s_text_is_printed_back_byte_for_byte() {
+    use milkit::package::mil_write::{write_program, Dialect, OffsetCounter};
+    let Some(dir) = compiled_dir() else { return };
+    let mut all = vec![];
+    mlmodelc_folders(&dir, &mut all);
+    let mut same = 0;
+    for p in &all {
+        let c = open_compiled(p).unwrap();
+        let dialect = if c.dialect == "1.3" {
+            Dialect::V1_3
+        } else {
+            Dialect::V1_0
+        };
+        let theirs = std::fs::read_to_string(p.join("model.mil")).unwrap();
+        // Apple's compiler keeps every constant inline in a model without a weight file.
+        let mut offsets = OffsetCounter::default();
+        let sink: Option<&mut dyn milkit::package::convert::BlobSink> =
+            if theirs.contains("BLOBFILE") {
+                Some(&mut offsets)
+            } else {
+                None
+            };
+        let ours = write_program(&c.model.program, dialect, sink).unwrap();
+        if p.to_string_lossy().contains("TransposeEncoder") {
+            // The function attribute FlexibleShapeInformation is read into the
+            // description, not kept in the program: that line differs, nothing else.
+            let func = |s: &str| {
+                s.lines()
+                    .find(|l| l.contains("func main"))
+                    .unwrap()
+                    .to_string()
+            };
+            assert!(func(&theirs).starts_with(func(&ours).trim_end_matches(" {")));
+            let rest = |s: &str| {
+                s.lines()
+                    .filter(|l| !l.contains("func main"))
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(rest(&ours), rest(&theirs));
+        } else {
+            assert!(ours == theirs, "{}: the printed text differs", p.display());
+        }
+        same += 1;
+    }
+    assert_eq!(same, 8);
+}
+
+#[test]
+fn convert_writes_a_valid_package_and_a_compiled_folder_that_run_alike() {
+    let Some(dir) = compiled_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, pair) in [
+        ("vad", "FluidInference-mobius__silero-vad-unified-v6.0.0"),
+        ("mnist", "jafreck-ironmill__test-q_base_mnist"),
+    ] {
+        let src = dir.join("pairs").join(pair).join("model.mlmodelc");
+        let pkg = tmp.path().join(format!("{name}.mlpackage"));
+        let back = tmp.path().join(format!("{name}.mlmodelc"));
+        let run = |args: &[&std::ffi::OsStr]| {
+            let o = common::milkit().arg("convert").args(args).output().unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        };
+        let (code, e) = run(&[src.as_os_str(), "--out".as_ref(), pkg.as_os_str()]);
+        assert_eq!(code, Some(0), "{e}");
+        common::validate(&pkg);
+        let (code, e) = run(&[pkg.as_os_str(), "--out".as_ref(), back.as_os_str()]);
+        assert_eq!(code, Some(0), "{e}");
+        // Never over an existing output without --force.
+        let (code, e) = run(&[pkg.as_os_str(), "--out".as_ref(), back.as_os_str()]);
+        assert_eq!(code, Some(2));
+        assert!(e.contains("already exists") && e.contains("--force"), "{e}");
+        if src.join("weights/weight.bin").exists() {
+            assert_eq!(
+                std::fs::read(src.join("weights/weight.bin")).unwrap(),
+                std::fs::read(back.join("weights/weight.bin")).unwrap(),
+                "{name}: the weight file written differs from Apple's"
+            );
+        }
+        let mut sessions: Vec<Session> = [&src, &pkg, &back]
+            .iter()
+            .map(|p| Session::load(p).unwrap())
+            .collect();
+        let mut rng = Rng(3);
+        let feeds = random_inputs(&sessions[0], &mut rng);
+        let refs: Vec<(&str, Tensor)> =
+            feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let outs: Vec<Vec<_>> = sessions
+            .iter_mut()
+            .map(|s| {
+                s.predict(&refs)
+                    .unwrap()
+                    .iter()
+                    .map(|(n, t)| (n.clone(), bits(t)))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(outs[0], outs[1], "{name}: package");
+        assert_eq!(outs[0], outs[2], "{name}: compiled folder written back");
+    }
 }

@@ -14,6 +14,7 @@ use super::{
 };
 use crate::ir::Opset;
 use crate::ops;
+use crate::package::mil_write::{write_program, Dialect, OffsetCounter};
 use crate::package::{compiled, load_package, manifest::read_package};
 use crate::proto::specification as spec;
 use crate::report::{InspectReport, VerifyReport};
@@ -128,6 +129,11 @@ pub struct InspectArgs {
     /// Print the program as MIL text.
     #[arg(long)]
     pub mil: bool,
+    /// Print the program as Apple's model.mil text (what a compiled model holds):
+    /// program(1.3) for iOS17 and later, program(1.0) before; large constants as BLOBFILE
+    /// references at the offsets `milkit convert --out X.mlmodelc` gives them.
+    #[arg(long)]
+    pub model_mil: bool,
 }
 
 /// A package, or a compiled `.mlmodelc` folder, opened for inspection or verification: a
@@ -412,6 +418,20 @@ pub fn run_inspect_to(args: &InspectArgs, out: &mut dyn Write, err: &mut dyn Wri
     let mut ok = write!(out, "{text}").is_ok();
     if args.mil {
         ok &= write!(out, "{}", print_mil(&model)).is_ok();
+    }
+    if args.model_mil {
+        let mut offsets = OffsetCounter::default();
+        match write_program(
+            &model.program,
+            Dialect::for_program(&model.program),
+            Some(&mut offsets),
+        ) {
+            Ok(text) => ok &= writeln!(out, "{text}").is_ok(),
+            Err(e) => {
+                print_error(err, "cannot print the program as model.mil", &e);
+                return EXIT_UNREADABLE;
+            }
+        }
     }
     if ok {
         EXIT_OK
