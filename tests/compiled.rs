@@ -676,3 +676,30 @@ fn convert_writes_a_valid_package_and_a_compiled_folder_that_run_alike() {
         assert_eq!(outs[0], outs[2], "{name}: compiled folder written back");
     }
 }
+
+#[test]
+fn every_truncation_and_byte_flip_of_a_program_is_an_error_or_a_program_never_a_panic() {
+    let none = Weights::Absent("none".into());
+    let mut rng = Rng(11);
+    for text in [STATEFUL, LOOP] {
+        for cut in 0..text.len() {
+            if !text.is_char_boundary(cut) {
+                continue;
+            }
+            let r = parse_program(&text[..cut], "cut.mil", &none, None);
+            assert!(r.is_err(), "a truncation at {cut} parsed");
+        }
+        let bytes = text.as_bytes();
+        for _ in 0..3000 {
+            let mut b = bytes.to_vec();
+            let i = rng.below(b.len());
+            let alphabet = b"()[]{}<>,;=?-+.0123456789aepx\" _";
+            b[i] = alphabet[rng.below(alphabet.len())];
+            if let Ok(t) = std::str::from_utf8(&b) {
+                if let Err(e) = parse_program(t, "flip.mil", &none, None) {
+                    assert!(format!("{e}").starts_with("flip.mil:"), "{e}");
+                }
+            }
+        }
+    }
+}
