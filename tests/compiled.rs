@@ -703,3 +703,50 @@ fn every_truncation_and_byte_flip_of_a_program_is_an_error_or_a_program_never_a_
         }
     }
 }
+
+#[test]
+fn a_compiled_folder_written_from_milkit_s_whisper_packages_transcribes_the_same_text() {
+    let Some(fx) = common::fixtures() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (pkgs, compiled) = (tmp.path().join("pkgs"), tmp.path().join("compiled"));
+    let ok = |c: &mut std::process::Command| {
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    ok(common::milkit()
+        .args(["export", "--component", "all", "--model"])
+        .arg(fx.join("models/whisper-tiny.en"))
+        .arg("--out")
+        .arg(&pkgs));
+    std::fs::create_dir(&compiled).unwrap();
+    let mut n = 0;
+    for e in std::fs::read_dir(&pkgs).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if let Some(stem) = name.strip_suffix(".mlpackage") {
+            ok(common::milkit()
+                .arg("convert")
+                .arg(&p)
+                .arg("--out")
+                .arg(compiled.join(format!("{stem}.mlmodelc"))));
+            n += 1;
+        } else if p.is_file() {
+            std::fs::copy(&p, compiled.join(&name)).unwrap();
+        }
+    }
+    assert!(n >= 2, "{n} packages exported");
+    let clip = fx.join("audio/jfk.wav");
+    let a = ok(common::milkit()
+        .arg("transcribe")
+        .arg("--models")
+        .arg(&pkgs)
+        .arg(&clip));
+    let b = ok(common::milkit()
+        .arg("transcribe")
+        .arg("--models")
+        .arg(&compiled)
+        .arg(&clip));
+    assert!(a.to_lowercase().contains("ask not"), "{a}");
+    assert_eq!(a, b);
+}
