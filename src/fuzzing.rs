@@ -1,7 +1,7 @@
 //! Fuzz harnesses: one function per hostile-input class (safetensors header, shard index,
-//! config.json, generation_config.json, Manifest.json, model.mlmodel, weight.bin, WAV,
-//! tokenizer.json, recipe, pytorch_model.bin), each feeding arbitrary bytes to milkit's real
-//! parsing entry point. The `fuzz/` crate's libFuzzer targets and the corpus replay test
+//! config.json, generation_config.json, Manifest.json, model.mlmodel, model.mil, weight.bin,
+//! WAV, tokenizer.json, recipe, pytorch_model.bin), each feeding arbitrary bytes to milkit's
+//! real parsing entry point. The `fuzz/` crate's libFuzzer targets and the corpus replay test
 //! (`tests/fuzz_corpus.rs`) call the same functions, so a crash the fuzzer finds is a test
 //! failure once its reproducer is committed.
 //!
@@ -32,6 +32,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("generation_config", generation_config),
     ("manifest", manifest),
     ("mlmodel", mlmodel),
+    ("model_mil", model_mil),
     ("weight_bin", weight_bin),
     ("wav", wav),
     ("tokenizer", tokenizer),
@@ -180,6 +181,38 @@ pub fn mlmodel(data: &[u8]) -> Result<()> {
     }
     std::fs::write(pkg.join("Data/com.apple.CoreML/model.mlmodel"), data)?;
     crate::package::load_package(&pkg)?;
+    Ok(())
+}
+
+/// A compiled model's `model.mil` (program text) in an `.mlmodelc` folder whose
+/// `weights/weight.bin` is the mlmodel target's: parsed, every op's types re-inferred, the
+/// description built; then printed back as text, which must read back as the same program.
+pub fn model_mil(data: &[u8]) -> Result<()> {
+    use crate::package::mil_text::{parse_program, Weights};
+    use crate::package::mil_write::{write_program, Dialect, OffsetCounter};
+    let dir = scratch().join("model_mil.mlmodelc");
+    let weights = dir.join("weights");
+    if !weights.join("weight.bin").exists() {
+        std::fs::create_dir_all(&weights)?;
+        let blob = MLMODEL_WEIGHTS.get().map(Vec::as_slice).unwrap_or(&[]);
+        std::fs::write(weights.join("weight.bin"), blob)?;
+    }
+    std::fs::write(dir.join("model.mil"), data)?;
+    let c = crate::package::compiled::open_compiled(&dir)?;
+    // Printed back with every constant inline, the text must be read as the same program.
+    let text = write_program(
+        &c.model.program,
+        Dialect::for_program(&c.model.program),
+        None,
+    )?;
+    let none = Weights::Absent("inline".into());
+    let back = parse_program(&text, "printed", &none, None)?;
+    anyhow::ensure!(
+        back.program == c.model.program,
+        "the printed program reads back differently"
+    );
+    let mut offsets = OffsetCounter::default();
+    let _ = write_program(&c.model.program, Dialect::V1_0, Some(&mut offsets))?;
     Ok(())
 }
 

@@ -23,6 +23,9 @@ enum Command {
     Export(cli::export::ExportArgs),
     /// Compress the weights of a package (LUT palettization or linear quantization).
     Compress(cli::compress::CompressArgs),
+    /// Convert between containers: .mlpackage, .mlmodel or compiled .mlmodelc in;
+    /// .mlpackage or .mlmodelc (model.mil text) out.
+    Convert(cli::convert::ConvertArgs),
     /// Show what a package holds: spec version, opset, I/O, op histogram, weight bytes.
     Inspect(milkit::verify::cli::InspectArgs),
     /// Check a package's claims: op counts, LUT ops, ABI, opset, bytes, predicted placement;
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Command::Export(a) => cli::export::run(&a),
         Command::Compress(a) => cli::compress::run(&a),
+        Command::Convert(a) => cli::convert::run(&a),
         Command::Inspect(a) => Ok(code(milkit::verify::cli::run_inspect(&a))),
         Command::Verify(a) => Ok(code(milkit::verify::cli::run_verify(&a))),
         Command::Compile(a) => Ok(code(milkit::verify::cli::run_compile(&a))),

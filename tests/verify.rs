@@ -175,7 +175,8 @@ fn unreadable_packages_exit_2_with_the_error_chain() {
             &InspectArgs {
                 package: p,
                 json: false,
-                mil: false
+                mil: false,
+                model_mil: false,
             },
             &mut o,
             &mut e
@@ -376,6 +377,7 @@ fn inspect_reports_validate_and_print_mil() {
                 package: p.clone(),
                 json,
                 mil,
+                model_mil: false,
             },
             &mut o,
             &mut e,

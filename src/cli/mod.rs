@@ -7,6 +7,7 @@ pub mod bench_gemm;
 pub mod bench_whole;
 pub mod calibrate;
 pub mod compress;
+pub mod convert;
 pub mod eval;
 pub mod export;
 pub mod export_args;

@@ -165,7 +165,7 @@ fn load_op(
 /// know the size (`?`). Core ML's converters often know more than a re-inference from the
 /// op's inputs alone (`[1, ?, ?]` where milkit infers `[?, ?, ?]`), or less; the declared
 /// type stands, and only a real contradiction refuses the package.
-fn agrees(declared: &ValueType, inferred: &ValueType) -> bool {
+pub(crate) fn agrees(declared: &ValueType, inferred: &ValueType) -> bool {
     match (declared, inferred) {
         (ValueType::Tensor(d), ValueType::Tensor(i)) => {
             d.dtype == i.dtype
@@ -441,7 +441,7 @@ fn shape_flex(a: &spec::ArrayFeatureType, default: &[usize]) -> Result<ShapeFlex
 /// description lets a size vary, and sometimes where it does not).
 /// An image feature's program input is the `[1, C, H, W]` tensor its pixels become (or
 /// `[C, H, W]`), in any float type.
-fn fits(program: &TensorType, fe: &Feature) -> bool {
+pub(crate) fn fits(program: &TensorType, fe: &Feature) -> bool {
     let dims_fit = |want: &[Dim]| {
         program.shape.len() == want.len()
             && program
@@ -621,7 +621,7 @@ fn function_io(
 }
 
 /// A function's described inputs/outputs must be the function's, with equal types.
-fn check_abi(
+pub(crate) fn check_abi(
     inputs: &[Feature],
     outputs: &[Feature],
     states: &[Feature],

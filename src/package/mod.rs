@@ -1,12 +1,24 @@
 //! `.mlpackage` reading and writing: the manifest, the weight blob file, conversion between
 //! the IR and the protobuf specification, atomic output. Uses `ir`, `ops` (type inference on
-//! load) and `proto`.
+//! load) and `proto`. Compiled models (`.mlmodelc`: `model.mil` text) open wherever a package
+//! does.
 pub mod blob;
+pub mod compiled;
 pub mod convert;
 pub mod fsio;
 pub mod load;
 pub mod manifest;
+pub mod mil_text;
+pub mod mil_write;
 pub mod save;
 
-pub use load::load_package;
+/// Reads and checks an `.mlpackage`, a single-file `.mlmodel`, or a compiled `.mlmodelc`
+/// folder (refused when its weights are absent).
+pub fn load_package(path: &std::path::Path) -> anyhow::Result<crate::ir::Model> {
+    if compiled::is_compiled(path) {
+        compiled::load_compiled(path)
+    } else {
+        load::load_package(path)
+    }
+}
 pub use save::save_package;

@@ -1,7 +1,8 @@
 //! End-to-end transcription with the bundled runtime, over a folder laid out as WhisperKit
 //! (and `milkit export --component all`) lays it out: `AudioEncoder.mlpackage`,
 //! `TextDecoder.mlpackage` (cache I/O or stateful), optional `CrossKV.mlpackage`, optional
-//! `MelSpectrogram.mlpackage`, and the model's `generation_config.json`, `tokenizer.json`,
+//! `MelSpectrogram.mlpackage` (each may be the compiled `.mlmodelc` instead, as WhisperKit's
+//! Hub repositories ship them), and the model's `generation_config.json`, `tokenizer.json`,
 //! optional `config.json` and `preprocessor_config.json`. Decodes as openai-whisper's
 //! `transcribe()` does — language detection, timestamps and segments, temperature fallback,
 //! no-speech skipping, sequential long-form seeking, an optional previous-text prompt — using
@@ -248,12 +249,28 @@ fn single_fixed_input(s: &Session, what: &str) -> Result<(String, Vec<usize>)> {
     Ok((name, shape))
 }
 
+/// The path of a component of a models folder: `NAME.mlpackage`, or where only the
+/// compiled model is there (as WhisperKit's Hub repositories ship them), `NAME.mlmodelc`.
+pub fn component(dir: &Path, file: &str) -> PathBuf {
+    let p = dir.join(file);
+    if p.exists() {
+        return p;
+    }
+    let c = p.with_extension("mlmodelc");
+    if c.exists() {
+        c
+    } else {
+        p
+    }
+}
+
 fn load(dir: &Path, file: &str, compute: Compute) -> Result<Session> {
     let opts = crate::runtime::Options {
         compute,
         ..Default::default()
     };
-    Session::load_with(&dir.join(file), &opts).with_context(|| format!("loading {file}"))
+    let path = component(dir, file);
+    Session::load_with(&path, &opts).with_context(|| format!("loading {}", path.display()))
 }
 
 /// A package run once per window: memoization (which pays off for the decoder's
@@ -300,7 +317,16 @@ impl Transcriber {
             "generation_config.json",
             "tokenizer.json",
         ] {
-            ensure!(dir.join(need).exists(), "{} lacks {need}", dir.display());
+            ensure!(
+                component(dir, need).exists(),
+                "{} lacks {need}{}",
+                dir.display(),
+                if need.ends_with(".mlpackage") {
+                    " (or its compiled .mlmodelc)"
+                } else {
+                    ""
+                }
+            );
         }
         let gen = GenerationConfig::from_file(&dir.join("generation_config.json"))?;
         let config_path = dir.join("config.json");
@@ -315,7 +341,7 @@ impl Transcriber {
 
         let encoder = load_once_per_window(dir, ENCODER_FILE, compute)?;
         let encoder_input = single_fixed_input(&encoder, "audio encoder")
-            .with_context(|| format!("{}", dir.join(ENCODER_FILE).display()))?;
+            .with_context(|| format!("{}", component(dir, ENCODER_FILE).display()))?;
         let n_mels = *encoder_input.1.get(1).ok_or_else(|| {
             anyhow!(
                 "{}: encoder input shape {:?} has no mel axis",
@@ -330,10 +356,10 @@ impl Transcriber {
             encoder_input.1,
             audio::N_FRAMES
         );
-        let decoder = TextDecoder::load_with(&dir.join(DECODER_FILE), compute)?;
+        let decoder = TextDecoder::load_with(&component(dir, DECODER_FILE), compute)?;
         let cross_kv = if decoder.wants_precomputed_cross() {
             ensure!(
-                dir.join(CROSS_KV_FILE).exists(),
+                component(dir, CROSS_KV_FILE).exists(),
                 "{}: the text decoder takes encoder_attn_key_cache, but {CROSS_KV_FILE} is missing",
                 dir.display()
             );
@@ -341,7 +367,7 @@ impl Transcriber {
         } else {
             None
         };
-        let mel = if mel_package && dir.join(MEL_FILE).exists() {
+        let mel = if mel_package && component(dir, MEL_FILE).exists() {
             Some(load_once_per_window(dir, MEL_FILE, compute)?)
         } else {
             None

@@ -14,7 +14,8 @@ use super::{
 };
 use crate::ir::Opset;
 use crate::ops;
-use crate::package::{load_package, manifest::read_package};
+use crate::package::mil_write::{write_program, Dialect, OffsetCounter};
+use crate::package::{compiled, load_package, manifest::read_package};
 use crate::proto::specification as spec;
 use crate::report::{InspectReport, VerifyReport};
 use anyhow::Result;
@@ -137,6 +138,54 @@ pub struct InspectArgs {
     /// Print the program as MIL text.
     #[arg(long)]
     pub mil: bool,
+    /// Print the program as Apple's model.mil text (what a compiled model holds):
+    /// program(1.3) for iOS17 and later, program(1.0) before; large constants as BLOBFILE
+    /// references at the offsets `milkit convert --out X.mlmodelc` gives them.
+    #[arg(long)]
+    pub model_mil: bool,
+}
+
+/// A package, or a compiled `.mlmodelc` folder, opened for inspection or verification: a
+/// compiled model whose weights are absent still opens (its notes say so).
+pub struct Opened {
+    pub model: crate::ir::Model,
+    /// What the reader had to say: a compiled model's absent weights, and where its
+    /// `metadata.json` and program disagree.
+    pub notes: Vec<String>,
+    model_file: PathBuf,
+    weights_file: Option<PathBuf>,
+}
+
+/// Opens a package or a compiled model for reading (absent weights allowed).
+pub fn open_model(path: &Path) -> Result<Opened> {
+    if compiled::is_compiled(path) {
+        let c = compiled::open_compiled(path)?;
+        let mut notes = vec![format!(
+            "compiled model: program read from model.mil (printer dialect program({}))",
+            c.dialect
+        )];
+        if let Some(why) = &c.weights_absent {
+            notes.push(format!(
+                "the weights are absent ({why}): op counts, types and the interface are \
+                 checked, weight values are not; `run` refuses this model"
+            ));
+        }
+        notes.extend(c.notes.iter().map(|n| format!("{n} (the program wins)")));
+        return Ok(Opened {
+            model: c.model,
+            notes,
+            model_file: c.program_file,
+            weights_file: Some(c.weights_file),
+        });
+    }
+    let model = load_package(path)?;
+    let layout = read_package(path)?;
+    Ok(Opened {
+        model,
+        notes: vec![],
+        model_file: layout.model,
+        weights_file: layout.weights_dir.as_ref().map(|d| d.join("weight.bin")),
+    })
 }
 
 /// Loads and verifies a package; errors only when it cannot be read.
@@ -145,18 +194,36 @@ pub fn verify_package(
     opts: &VerifyOptions,
     command_line: &[String],
 ) -> Result<VerifyReport> {
-    let model = load_package(path)?;
-    let layout = read_package(path)?;
-    let weights = layout.weights_dir.as_ref().map(|d| d.join("weight.bin"));
-    let receipt = digest::receipt(path, &layout.model, weights.as_deref(), command_line)?;
-    Ok(verify_model(&model, path, opts, receipt))
+    Ok(verify_opened(path, opts, command_line)?.0)
+}
+
+fn verify_opened(
+    path: &Path,
+    opts: &VerifyOptions,
+    command_line: &[String],
+) -> Result<(VerifyReport, Vec<String>)> {
+    let o = open_model(path)?;
+    let receipt = digest::receipt(path, &o.model_file, o.weights_file.as_deref(), command_line)?;
+    Ok((verify_model(&o.model, path, opts, receipt), o.notes))
 }
 
 /// Loads a package and inspects it.
 pub fn inspect_package(path: &Path) -> Result<(crate::ir::Model, InspectReport)> {
-    let model = load_package(path)?;
-    let report = inspect(&model, path);
-    Ok((model, report))
+    let o = open_model(path)?;
+    let report = inspect(&o.model, path);
+    Ok((o.model, report))
+}
+
+/// The notes of an opened model as text lines, empty when there are none.
+fn notes_text(notes: &[String]) -> String {
+    if notes.is_empty() {
+        return String::new();
+    }
+    let mut s = "  notes:\n".to_string();
+    for n in notes {
+        s += &format!("    - {n}\n");
+    }
+    s
 }
 
 /// Prints an error with its context chain, one cause per line.
@@ -247,7 +314,7 @@ pub fn run_verify_to(
     } else {
         None
     };
-    let mut report = match verify_package(&args.package, &args.options(), command_line) {
+    let (mut report, notes) = match verify_opened(&args.package, &args.options(), command_line) {
         Ok(r) => r,
         Err(e) => return unreadable(err, &args.package, &e),
     };
@@ -269,8 +336,13 @@ pub fn run_verify_to(
             }
         }
     } else {
-        format_verify(&report, args.verbose)
+        format_verify(&report, args.verbose) + &notes_text(&notes)
     };
+    if args.json {
+        for n in &notes {
+            let _ = writeln!(err, "note: {n}");
+        }
+    }
     if let Err(e) = out.write_all(text.as_bytes()) {
         print_error(err, "cannot print the report", &e.into());
         return EXIT_UNREADABLE;
@@ -331,10 +403,11 @@ pub fn run_compile(args: &CompileArgs) -> i32 {
 
 /// `inspect` writing to the given streams.
 pub fn run_inspect_to(args: &InspectArgs, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
-    let (model, report) = match inspect_package(&args.package) {
+    let Opened { model, notes, .. } = match open_model(&args.package) {
         Ok(x) => x,
         Err(e) => return unreadable(err, &args.package, &e),
     };
+    let report = inspect(&model, &args.package);
     let text = if args.json {
         match serde_json::to_string_pretty(&report) {
             Ok(s) => s + "\n",
@@ -344,11 +417,30 @@ pub fn run_inspect_to(args: &InspectArgs, out: &mut dyn Write, err: &mut dyn Wri
             }
         }
     } else {
-        format_inspect(&report)
+        format_inspect(&report) + &notes_text(&notes)
     };
+    if args.json {
+        for n in &notes {
+            let _ = writeln!(err, "note: {n}");
+        }
+    }
     let mut ok = write!(out, "{text}").is_ok();
     if args.mil {
         ok &= write!(out, "{}", print_mil(&model)).is_ok();
+    }
+    if args.model_mil {
+        let mut offsets = OffsetCounter::default();
+        match write_program(
+            &model.program,
+            Dialect::for_program(&model.program),
+            Some(&mut offsets),
+        ) {
+            Ok(text) => ok &= writeln!(out, "{text}").is_ok(),
+            Err(e) => {
+                print_error(err, "cannot print the program as model.mil", &e);
+                return EXIT_UNREADABLE;
+            }
+        }
     }
     if ok {
         EXIT_OK

@@ -1,0 +1,582 @@
+//! Compiled models (`.mlmodelc` folders, what `coremlc` and Xcode write and apps ship):
+//! `model.mil` (the program as text, read by [`super::mil_text`]), `weights/weight.bin`
+//! (the package blob format), `metadata.json` (I/O schemas, op histogram, metadata) and
+//! `coremldata.bin` (not read). The I/O description comes from `metadata.json`, with shape
+//! ranges from it or from the function attribute `FlexibleShapeInformation`; where the two
+//! disagree with the program, the program wins and [`Compiled::notes`] says so.
+//!
+//! A model whose `weight.bin` is missing or a Git LFS pointer still opens (its blob
+//! constants read as zeros) for inspection and verification; [`load_compiled`] refuses it.
+
+use super::blob::BlobReader;
+use super::load::{check_abi, fits};
+use super::mil_text::{parse_program, ParsedProgram, Weights};
+use crate::ir::{
+    ArrayDType, Description, Dim, Feature, FeatureKind, Function, FunctionIo, Model, Opset,
+    ShapeFlex, TensorType, Value, ValueType,
+};
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value as Json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// An opened compiled model.
+pub struct Compiled {
+    pub model: Model,
+    /// Why the weights the program references cannot be read (their constants are then
+    /// zeros); `None` when they were read or the program references none.
+    pub weights_absent: Option<String>,
+    /// Where `metadata.json` and the program disagree, and what was used.
+    pub notes: Vec<String>,
+    /// The printer dialect of `model.mil`: `1.0` or `1.3`.
+    pub dialect: String,
+    /// `model.mil` and `weights/weight.bin` of the folder.
+    pub program_file: PathBuf,
+    pub weights_file: PathBuf,
+}
+
+/// Whether `path` is a compiled model folder (it holds a `model.mil`).
+pub fn is_compiled(path: &Path) -> bool {
+    path.is_dir() && path.join("model.mil").is_file() && !path.join("Manifest.json").exists()
+}
+
+/// Opens a compiled model for running: like [`open_compiled`], but refuses a model whose
+/// weights are absent.
+pub fn load_compiled(path: &Path) -> Result<Model> {
+    let c = open_compiled(path)?;
+    if let Some(why) = c.weights_absent {
+        bail!(
+            "{}: cannot run or convert this model: its weights are absent ({why})",
+            path.display()
+        );
+    }
+    Ok(c.model)
+}
+
+const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/";
+
+/// The weight file of a compiled folder, or why it cannot be read.
+fn weights(path: &Path) -> Result<Weights> {
+    let file = path.join("weights").join("weight.bin");
+    if !file.exists() {
+        return Ok(Weights::Absent(format!(
+            "{} does not exist",
+            file.display()
+        )));
+    }
+    let mut head = vec![0u8; LFS_POINTER.len()];
+    let n = {
+        use std::io::Read;
+        let mut f = std::fs::File::open(&file)
+            .with_context(|| format!("cannot open {}", file.display()))?;
+        f.read(&mut head)
+            .with_context(|| format!("cannot read {}", file.display()))?
+    };
+    if n == LFS_POINTER.len() && head == LFS_POINTER {
+        return Ok(Weights::Absent(format!(
+            "{} is a Git LFS pointer, not the weights (fetch them with `git lfs pull`)",
+            file.display()
+        )));
+    }
+    Ok(Weights::File(BlobReader::open(&file)?))
+}
+
+/// Opens and checks a compiled model folder.
+pub fn open_compiled(path: &Path) -> Result<Compiled> {
+    let program_file = path.join("model.mil");
+    let text = std::fs::read_to_string(&program_file)
+        .with_context(|| format!("cannot read {}", program_file.display()))?;
+    let meta_file = path.join("metadata.json");
+    let meta = match std::fs::read_to_string(&meta_file) {
+        Ok(s) => {
+            let j: Json = serde_json::from_str(&s)
+                .with_context(|| format!("{}: not JSON", meta_file.display()))?;
+            Some(match j {
+                Json::Array(mut a) if !a.is_empty() => a.swap_remove(0),
+                o @ Json::Object(_) => o,
+                _ => bail!("{}: expected an array of one object", meta_file.display()),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", meta_file.display())),
+    };
+    let spec_version = meta
+        .as_ref()
+        .and_then(|m| m.get("specificationVersion"))
+        .and_then(|v| v.as_i64())
+        .map(|v| v as i32);
+    let max_opset = spec_version
+        .map(|v| {
+            // A later specification version than milkit knows still allows every opset.
+            Opset::ALL
+                .into_iter()
+                .rev()
+                .find(|o| o.spec_version() <= v)
+                .ok_or_else(|| {
+                    anyhow!(
+                        "{}: specification version {v} is below 6 (iOS15), not an ML program",
+                        meta_file.display()
+                    )
+                })
+        })
+        .transpose()?;
+    let weights_file = path.join("weights").join("weight.bin");
+    let w = weights(path)?;
+    let parsed = parse_program(&text, &program_file.display().to_string(), &w, max_opset)?;
+    let weights_absent = match (&w, parsed.references_blobs) {
+        (Weights::Absent(why), true) => Some(why.clone()),
+        _ => None,
+    };
+    let mut notes = vec![];
+    if meta.is_none() {
+        notes.push(format!(
+            "{} does not exist: the I/O description comes from the program",
+            meta_file.display()
+        ));
+    }
+    let description = describe(&parsed, meta.as_ref(), &mut notes)
+        .with_context(|| format!("{}", path.display()))?;
+    let top = parsed
+        .program
+        .functions
+        .values()
+        .map(|f| f.opset)
+        .max()
+        .unwrap_or(Opset::Ios15);
+    let spec_version = spec_version.unwrap_or(top.spec_version());
+    Ok(Compiled {
+        model: Model {
+            spec_version,
+            description,
+            program: parsed.program,
+        },
+        weights_absent,
+        notes,
+        dialect: parsed.version,
+        program_file,
+        weights_file,
+    })
+}
+
+fn str_of<'a>(j: &'a Json, k: &str) -> &'a str {
+    j.get(k).and_then(|v| v.as_str()).unwrap_or("")
+}
+
+/// A schema entry of `metadata.json` as a feature, or why it is not one milkit reads.
+fn schema_feature(j: &Json) -> Result<Feature, String> {
+    let name = str_of(j, "name");
+    let kind = str_of(j, "type");
+    if !kind.is_empty() && kind != "MultiArray" && kind != "State" {
+        return Err(format!("a {kind} feature"));
+    }
+    let dtype = match str_of(j, "dataType") {
+        "Float16" => ArrayDType::F16,
+        "Float32" => ArrayDType::F32,
+        "Double" | "Float64" => ArrayDType::F64,
+        "Int32" => ArrayDType::I32,
+        d => return Err(format!("data type `{d}`")),
+    };
+    let shape: Vec<usize> = serde_json::from_str(str_of(j, "shape"))
+        .map_err(|_| format!("shape `{}`", str_of(j, "shape")))?;
+    let mut fe = Feature::new(name, dtype, &shape);
+    fe.doc = str_of(j, "shortDescription").to_string();
+    if str_of(j, "hasShapeFlexibility") == "1" {
+        if let Ok(r) = serde_json::from_str::<Vec<Vec<i64>>>(str_of(j, "shapeRange")) {
+            fe.flex = ShapeFlex::Ranges(
+                r.iter()
+                    .map(|d| {
+                        let lo = d.first().copied().unwrap_or(0).max(0) as usize;
+                        let hi = d.get(1).copied().filter(|&h| h >= 0).map(|h| h as usize);
+                        (lo, hi)
+                    })
+                    .collect(),
+            );
+        } else if let Ok(e) = serde_json::from_str::<Vec<Vec<usize>>>(str_of(j, "enumeratedShapes"))
+        {
+            fe.flex = ShapeFlex::Enumerated(e);
+        }
+        if let ShapeFlex::Ranges(r) = &fe.flex {
+            if r.len() != shape.len() {
+                return Err(format!(
+                    "a shape range of rank {} for shape {shape:?}",
+                    r.len()
+                ));
+            }
+        }
+    }
+    Ok(fe)
+}
+
+/// Shapes from a `FlexibleShapeInformation` attribute: per input, its default shape, its
+/// ranges or its enumerated shapes.
+#[derive(Default)]
+struct FlexInfo {
+    defaults: BTreeMap<String, Vec<usize>>,
+    flex: BTreeMap<String, ShapeFlex>,
+}
+
+fn ints(v: &Value) -> Option<Vec<i64>> {
+    v.as_tensor()?.to_i64_vec().ok()
+}
+
+fn flex_info(attrs: Option<&BTreeMap<String, Value>>) -> FlexInfo {
+    let mut out = FlexInfo::default();
+    let Some(Value::Tuple(items)) = attrs.and_then(|a| a.get("FlexibleShapeInformation")) else {
+        return out;
+    };
+    for item in items {
+        let Value::Tuple(kv) = item else { continue };
+        let (Some(k), Some(Value::Dict { entries, .. })) =
+            (kv.first().and_then(|k| k.as_str()), kv.get(1))
+        else {
+            continue;
+        };
+        for (name, v) in entries {
+            let Some(name) = name.as_str() else { continue };
+            match (k, v) {
+                ("DefaultShapes", v) => {
+                    if let Some(s) = ints(v) {
+                        out.defaults
+                            .insert(name.into(), s.iter().map(|&d| d.max(0) as usize).collect());
+                    }
+                }
+                ("RangeDims", Value::List { values, .. }) => {
+                    let r: Option<Vec<(usize, Option<usize>)>> = values
+                        .iter()
+                        .map(|d| {
+                            let d = ints(d)?;
+                            Some((
+                                (*d.first()?).max(0) as usize,
+                                d.get(1).copied().filter(|&h| h >= 0).map(|h| h as usize),
+                            ))
+                        })
+                        .collect();
+                    if let Some(r) = r {
+                        out.flex.insert(name.into(), ShapeFlex::Ranges(r));
+                    }
+                }
+                ("EnumeratedShapes", Value::List { values, .. }) => {
+                    let e: Option<Vec<Vec<usize>>> = values
+                        .iter()
+                        .map(|s| Some(ints(s)?.iter().map(|&d| d.max(0) as usize).collect()))
+                        .collect();
+                    if let Some(e) = e {
+                        out.flex.insert(name.into(), ShapeFlex::Enumerated(e));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// A feature for a program input of type `t` when `metadata.json` has none that fits:
+/// the fixed sizes, and for each `?` the function attribute's default and range (else 1
+/// and unbounded).
+fn feature_from_program(name: &str, t: &TensorType, info: &FlexInfo) -> Result<Feature> {
+    let dtype = ArrayDType::from_dtype(t.dtype)
+        .ok_or_else(|| anyhow!("input `{name}` is {t}, not a type a Core ML input can have"))?;
+    let default = info.defaults.get(name).filter(|d| d.len() == t.rank());
+    let shape: Vec<usize> = t
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match d {
+            Dim::Fixed(n) => *n,
+            Dim::Unknown => default.map_or(1, |d| d[i]),
+        })
+        .collect();
+    let mut fe = Feature::new(name, dtype, &shape);
+    fe.flex = match info.flex.get(name) {
+        Some(f) => f.clone(),
+        None if t.fixed_shape().is_none() => ShapeFlex::Ranges(
+            t.shape
+                .iter()
+                .zip(&shape)
+                .map(|(d, &n)| match d {
+                    Dim::Fixed(_) => (n, Some(n)),
+                    Dim::Unknown => (1, None),
+                })
+                .collect(),
+        ),
+        None => ShapeFlex::Fixed,
+    };
+    Ok(fe)
+}
+
+fn schema<'a>(meta: Option<&'a Json>, key: &str) -> Vec<&'a Json> {
+    meta.and_then(|m| m.get(key))
+        .and_then(|v| v.as_array())
+        .map(|a| a.iter().collect())
+        .unwrap_or_default()
+}
+
+/// One function's inputs, outputs and states: `metadata.json`'s where they fit the
+/// program, the program's otherwise (with a note).
+fn function_io(
+    fname: &str,
+    f: &Function,
+    meta: Option<&Json>,
+    info: &FlexInfo,
+    notes: &mut Vec<String>,
+) -> Result<FunctionIo> {
+    let m_inputs = schema(meta, "inputSchema");
+    let m_outputs = schema(meta, "outputSchema");
+    let m_states = schema(meta, "stateSchema");
+    let mut io = FunctionIo::default();
+    let mut by_meta: Vec<(usize, Feature)> = vec![];
+    for v in &f.inputs {
+        match &v.ty {
+            ValueType::State(t) => {
+                let dtype = ArrayDType::from_dtype(t.dtype).ok_or_else(|| {
+                    anyhow!(
+                        "state `{}` is {t}, not a type a Core ML state can have",
+                        v.name
+                    )
+                })?;
+                let shape = t.fixed_shape().ok_or_else(|| {
+                    anyhow!("state `{}` is {t}: a state's shape must be known", v.name)
+                })?;
+                let fe = Feature::new(&v.name, dtype, &shape);
+                if let Some(j) = m_states.iter().find(|j| str_of(j, "name") == v.name) {
+                    match schema_feature(j) {
+                        Ok(m) if m.dtype == fe.dtype && m.shape == fe.shape => {}
+                        Ok(m) => notes.push(format!(
+                            "{fname}: state `{}`: metadata.json says {}, the program says {t}; \
+                             the program's is used",
+                            v.name,
+                            m.tensor_type()
+                        )),
+                        Err(e) => notes.push(format!(
+                            "{fname}: state `{}`: metadata.json describes {e}; the program's {t} is used",
+                            v.name
+                        )),
+                    }
+                } else if meta.is_some() {
+                    notes.push(format!(
+                        "{fname}: state `{}` is not in metadata.json's stateSchema",
+                        v.name
+                    ));
+                }
+                io.states.push(fe);
+            }
+            ValueType::Tensor(t) => {
+                let pos = m_inputs.iter().position(|j| str_of(j, "name") == v.name);
+                let from_meta = pos.map(|p| (p, schema_feature(m_inputs[p])));
+                let fe = match from_meta {
+                    Some((p, Ok(mut fe))) if fits(t, &fe) => {
+                        // metadata.json may leave out ranges the function attribute gives.
+                        if fe.flex == ShapeFlex::Fixed && t.fixed_shape().is_none() {
+                            if let Some(f) = info.flex.get(&v.name) {
+                                fe.flex = f.clone();
+                            }
+                        }
+                        by_meta.push((p, fe));
+                        continue;
+                    }
+                    Some((_, Ok(m))) => {
+                        notes.push(format!(
+                            "{fname}: input `{}`: metadata.json says {}{}, the program says {t}; \
+                             the program's is used",
+                            v.name,
+                            m.tensor_type(),
+                            match &m.flex {
+                                ShapeFlex::Fixed => String::new(),
+                                f => format!(" (accepting {f})"),
+                            }
+                        ));
+                        feature_from_program(&v.name, t, info)?
+                    }
+                    Some((_, Err(e))) => {
+                        notes.push(format!(
+                            "{fname}: input `{}`: metadata.json describes {e}; the program's {t} \
+                             is used",
+                            v.name
+                        ));
+                        feature_from_program(&v.name, t, info)?
+                    }
+                    None => {
+                        if meta.is_some() {
+                            notes.push(format!(
+                                "{fname}: input `{}` is not in metadata.json's inputSchema; the \
+                                 program's {t} is used",
+                                v.name
+                            ));
+                        }
+                        feature_from_program(&v.name, t, info)?
+                    }
+                };
+                io.inputs.push(fe);
+            }
+            other => bail!(
+                "function `{fname}` takes `{}` of type {other}, which Core ML inputs cannot be",
+                v.name
+            ),
+        }
+    }
+    // metadata.json's order first (the order the model's users see), then the rest.
+    by_meta.sort_by_key(|(p, _)| *p);
+    let rest = std::mem::take(&mut io.inputs);
+    io.inputs = by_meta.into_iter().map(|(_, f)| f).chain(rest).collect();
+    for j in &m_inputs {
+        let n = str_of(j, "name");
+        if !f.inputs.iter().any(|v| v.name == n) {
+            notes.push(format!(
+                "{fname}: metadata.json lists input `{n}`, which the program does not take"
+            ));
+        }
+    }
+    // Outputs: the block's, typed by the program.
+    let types: BTreeMap<&str, &ValueType> = f
+        .block
+        .walk()
+        .into_iter()
+        .flat_map(|op| op.outputs.iter())
+        .chain(f.inputs.iter())
+        .map(|v| (v.name.as_str(), &v.ty))
+        .collect();
+    for o in &f.block.outputs {
+        let ty = types
+            .get(o.as_str())
+            .ok_or_else(|| anyhow!("output `{o}` is never defined"))?;
+        let meta_fe = m_outputs
+            .iter()
+            .find(|j| str_of(j, "name") == o)
+            .map(|j| schema_feature(j));
+        let fe = match ty {
+            // A classifier's label: an int64 or string scalar.
+            ValueType::Tensor(t) if t.shape.is_empty() && t.dtype == crate::ir::DType::I64 => {
+                Feature::of_kind(o, FeatureKind::Int64)
+            }
+            ValueType::Tensor(t) if t.shape.is_empty() && t.dtype == crate::ir::DType::Str => {
+                Feature::of_kind(o, FeatureKind::String)
+            }
+            ValueType::Tensor(t) => {
+                // Other element types (bool, 8- and 16-bit integers) are converted at the
+                // boundary into the type the description gives (int32 unless it says).
+                let dtype = match (ArrayDType::from_dtype(t.dtype), &meta_fe) {
+                    (Some(d), _) => d,
+                    (None, Some(Ok(m))) => m.dtype,
+                    (None, _) => ArrayDType::I32,
+                };
+                let shape = match (t.fixed_shape(), &meta_fe) {
+                    (Some(s), _) => s,
+                    (None, Some(Ok(m))) if m.shape.len() == t.rank() => m.shape.clone(),
+                    _ => vec![],
+                };
+                let mut fe = Feature::new(o, dtype, &shape);
+                match &meta_fe {
+                    Some(Ok(m)) => {
+                        fe.doc = m.doc.clone();
+                        // An empty shape in metadata.json means "not known", not a scalar.
+                        let same_type = m.dtype.to_dtype() == t.dtype
+                            || ArrayDType::from_dtype(t.dtype).is_none();
+                        let same_shape = m.shape.is_empty()
+                            || (m.shape.len() == t.rank()
+                                && m.shape.iter().zip(&t.shape).all(|(a, d)| match d {
+                                    Dim::Fixed(n) => n == a,
+                                    Dim::Unknown => true,
+                                }));
+                        if !same_type || !same_shape {
+                            notes.push(format!(
+                                "{fname}: output `{o}`: metadata.json says {}, the program says \
+                                 {t}; the program's is used",
+                                m.tensor_type()
+                            ));
+                        }
+                    }
+                    Some(Err(e)) => notes.push(format!(
+                        "{fname}: output `{o}`: metadata.json describes {e}; the program's {t} is used"
+                    )),
+                    None if meta.is_some() => notes.push(format!(
+                        "{fname}: output `{o}` is not in metadata.json's outputSchema"
+                    )),
+                    None => {}
+                }
+                fe
+            }
+            other => {
+                let kind = match other {
+                    ValueType::Dict { key, .. } => match key.as_tensor().map(|k| k.dtype) {
+                        Some(crate::ir::DType::I64) => FeatureKind::Dict(crate::ir::DictKey::Int64),
+                        Some(crate::ir::DType::Str) => {
+                            FeatureKind::Dict(crate::ir::DictKey::String)
+                        }
+                        _ => bail!("output `{o}` is {other}, which Core ML outputs cannot be"),
+                    },
+                    _ => bail!("output `{o}` is {other}, which Core ML outputs cannot be"),
+                };
+                Feature::of_kind(o, kind)
+            }
+        };
+        io.outputs.push(fe);
+    }
+    for j in &m_outputs {
+        let n = str_of(j, "name");
+        if !f.block.outputs.iter().any(|o| o == n) {
+            notes.push(format!(
+                "{fname}: metadata.json lists output `{n}`, which the program does not return"
+            ));
+        }
+    }
+    check_abi(&io.inputs, &io.outputs, &io.states, f)
+        .with_context(|| format!("function `{fname}`"))?;
+    Ok(io)
+}
+
+fn describe(
+    parsed: &ParsedProgram,
+    meta: Option<&Json>,
+    notes: &mut Vec<String>,
+) -> Result<Description> {
+    let p = &parsed.program;
+    let mut d = Description::default();
+    if let Some(m) = meta {
+        d.short_description = str_of(m, "shortDescription").to_string();
+        d.author = str_of(m, "author").to_string();
+        d.version = str_of(m, "version").to_string();
+        if let Some(u) = m.get("userDefinedMetadata").and_then(|u| u.as_object()) {
+            for (k, v) in u {
+                if let Some(s) = v.as_str() {
+                    d.user_defined.insert(k.clone(), s.to_string());
+                }
+            }
+        }
+    }
+    let single = p.functions.len() == 1;
+    // metadata.json describes the default function (`main`, else the only one).
+    let default = if p.functions.contains_key("main") || single {
+        p.main().map(|_| {
+            if p.functions.contains_key("main") {
+                "main".to_string()
+            } else {
+                p.functions.keys().next().cloned().unwrap_or_default()
+            }
+        })
+    } else {
+        None
+    };
+    for (name, f) in &p.functions {
+        let info = flex_info(parsed.function_attributes.get(name));
+        let m = if Some(name) == default.as_ref() {
+            meta
+        } else {
+            None
+        };
+        let io = function_io(name, f, m, &info, notes)?;
+        if single {
+            (d.inputs, d.outputs, d.states) = (io.inputs, io.outputs, io.states);
+        } else {
+            d.functions.insert(name.clone(), io);
+        }
+    }
+    if !single {
+        let def = default.unwrap_or_else(|| p.functions.keys().next().cloned().unwrap_or_default());
+        let io = &d.functions[&def];
+        (d.inputs, d.outputs, d.states) =
+            (io.inputs.clone(), io.outputs.clone(), io.states.clone());
+        d.default_function = def;
+    }
+    Ok(d)
+}

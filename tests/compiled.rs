@@ -1,0 +1,752 @@
+//! Compiled models (`.mlmodelc`): every real one in `../shared/compiled` opens; each
+//! compiled model and the package it was compiled from give bit-identical outputs on the
+//! same random inputs (fp16 and fp32 compute); the text-only WhisperKit tiny.en programs
+//! type-check and count their ops as their metadata.json does; hand-written programs with
+//! states and nested blocks run to hand-computed values; malformed text fails naming the
+//! file, line and column; absent weights are inspected but not run.
+
+mod common;
+
+use common::programs::f32s;
+use common::rng::Rng;
+use milkit::package::compiled::{is_compiled, open_compiled};
+use milkit::package::load_package;
+use milkit::package::mil_text::{parse_float, parse_program, Weights};
+use milkit::runtime::precision::Compute;
+use milkit::runtime::{Options, Session, Tensor};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn cpu() -> candle_core::Device {
+    candle_core::Device::Cpu
+}
+
+/// `../shared/compiled`, or None (after printing why) when the fixtures are absent.
+fn compiled_dir() -> Option<PathBuf> {
+    let d = common::fixtures()?.join("compiled");
+    if d.is_dir() {
+        return Some(d);
+    }
+    if common::require() {
+        panic!("{} is missing and MILKIT_REQUIRE_FIXTURES=1", d.display());
+    }
+    eprintln!("SKIP: {} is missing", d.display());
+    None
+}
+
+fn mlmodelc_folders(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.extension().is_some_and(|e| e == "mlmodelc") {
+            out.push(p);
+        } else if p.is_dir() && p.extension().is_none_or(|e| e != "mlpackage") {
+            mlmodelc_folders(&p, out);
+        }
+    }
+}
+
+#[test]
+fn every_compiled_model_in_the_fixtures_opens_and_type_checks() {
+    let Some(dir) = compiled_dir() else { return };
+    let mut all = vec![];
+    mlmodelc_folders(&dir, &mut all);
+    assert_eq!(all.len(), 8, "the fixtures hold 8 compiled models: {all:?}");
+    for p in &all {
+        assert!(is_compiled(p), "{} is not recognised", p.display());
+        let c = open_compiled(p).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+        let f = c.model.program.main().unwrap();
+        assert!(!f.block.operations.is_empty(), "{}", p.display());
+        assert_eq!(
+            c.model.description.inputs.len() + c.model.description.states.len(),
+            f.inputs.len(),
+            "{}",
+            p.display()
+        );
+        let text_only = p.to_string_lossy().contains("text-only");
+        assert_eq!(c.weights_absent.is_some(), text_only, "{}", p.display());
+        match load_package(p) {
+            Ok(_) => assert!(!text_only),
+            Err(e) => {
+                let e = format!("{e:#}");
+                assert!(text_only, "{}: {e}", p.display());
+                assert!(
+                    e.contains("weights are absent") && e.contains("does not exist"),
+                    "{e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn both_printer_dialects_and_a_flexible_input_are_read() {
+    let Some(dir) = compiled_dir() else { return };
+    let mnist =
+        open_compiled(&dir.join("pairs/jafreck-ironmill__test-q_base_mnist/model.mlmodelc"))
+            .unwrap();
+    assert_eq!(mnist.dialect, "1.3");
+    let vad = open_compiled(
+        &dir.join("pairs/FluidInference-mobius__silero-vad-unified-v6.0.0/model.mlmodelc"),
+    )
+    .unwrap();
+    assert_eq!(vad.dialect, "1.0");
+    // metadata.json's input order, not the program's (sorted by name).
+    let names: Vec<_> = vad
+        .model
+        .description
+        .inputs
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(names, ["audio_input", "hidden_state", "cell_state"]);
+    let t =
+        open_compiled(&dir.join("FluidInference-FluidAudio__TransposeEncoder.mlmodelc")).unwrap();
+    let x = &t.model.description.inputs[0];
+    assert_eq!(x.shape, [1, 1, 1]);
+    assert_eq!(x.flex.to_string(), "[1, 1..=2048, 1..=2048]");
+    assert!(x.check_shape(&[1, 7, 300]).is_ok());
+    assert!(x.check_shape(&[1, 7, 3000]).is_err());
+    assert!(t.notes.is_empty(), "{:?}", t.notes);
+}
+
+/// Random inputs of every described input's default shape (ints in 0..8).
+fn random_inputs(s: &Session, rng: &mut Rng) -> Vec<(String, Tensor)> {
+    s.description()
+        .inputs
+        .iter()
+        .map(|f| {
+            let n: usize = f.shape.iter().product();
+            let t = match f.dtype {
+                milkit::ir::ArrayDType::I32 => {
+                    let v: Vec<i32> = (0..n).map(|_| rng.below(8) as i32).collect();
+                    Tensor::from_vec(v, f.shape.as_slice(), &cpu()).unwrap()
+                }
+                d => {
+                    let v: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
+                    let t = Tensor::from_vec(v, f.shape.as_slice(), &cpu()).unwrap();
+                    match d {
+                        milkit::ir::ArrayDType::F16 => t.to_dtype(candle_core::DType::F16),
+                        milkit::ir::ArrayDType::F64 => t.to_dtype(candle_core::DType::F64),
+                        _ => Ok(t),
+                    }
+                    .unwrap()
+                }
+            };
+            (f.name.clone(), t)
+        })
+        .collect()
+}
+
+fn bits(t: &Tensor) -> (candle_core::DType, Vec<usize>, Vec<u32>) {
+    (
+        t.dtype(),
+        t.dims().to_vec(),
+        f32s(t).iter().map(|x| x.to_bits()).collect(),
+    )
+}
+
+#[test]
+fn each_compiled_model_and_its_package_give_bit_identical_outputs() {
+    let Some(dir) = compiled_dir() else { return };
+    let mut pairs: Vec<_> = std::fs::read_dir(dir.join("pairs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    pairs.sort();
+    assert_eq!(pairs.len(), 2);
+    for pair in &pairs {
+        for compute in [Compute::Package, Compute::Fp32] {
+            let opts = Options {
+                compute,
+                ..Default::default()
+            };
+            let mut c = Session::load_with(&pair.join("model.mlmodelc"), &opts).unwrap();
+            let mut p = Session::load_with(&pair.join("model.mlpackage"), &opts).unwrap();
+            assert_eq!(c.description().inputs, p.description().inputs);
+            let mut rng = Rng(7);
+            for _ in 0..3 {
+                let feeds = random_inputs(&p, &mut rng);
+                let refs: Vec<(&str, Tensor)> =
+                    feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                let a = c.predict(&refs).unwrap();
+                let b = p.predict(&refs).unwrap();
+                assert_eq!(a.len(), b.len());
+                for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+                    assert_eq!(na, nb);
+                    assert_eq!(
+                        bits(ta),
+                        bits(tb),
+                        "{}: output `{na}` differs ({compute:?})",
+                        pair.display()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `Ios16.layerNorm` → `layer_norm`, `SliceByIndex` → `slice_by_index`.
+fn op_name(histogram_key: &str) -> String {
+    let k = histogram_key.rsplit('.').next().unwrap();
+    let mut s = String::new();
+    for (i, c) in k.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                s.push('_');
+            }
+            s.push(c.to_ascii_lowercase());
+        } else {
+            s.push(c);
+        }
+    }
+    s
+}
+
+#[test]
+fn whisperkit_text_only_programs_count_their_ops_as_their_metadata_does() {
+    let Some(dir) = compiled_dir() else { return };
+    let base = dir.join("text-only/whisperkit-tiny.en");
+    for (name, total) in [
+        ("AudioEncoder", 1683),
+        ("TextDecoder", 676),
+        ("MelSpectrogram", 60),
+    ] {
+        let p = base.join(format!("{name}.mlmodelc"));
+        let c = open_compiled(&p).unwrap();
+        assert!(c
+            .weights_absent
+            .as_ref()
+            .unwrap()
+            .contains("does not exist"));
+        let ops = c.model.program.main().unwrap().block.walk();
+        assert_eq!(ops.len(), total, "{name}");
+        let mut ours: BTreeMap<String, u64> = BTreeMap::new();
+        for op in ops.iter().filter(|o| o.op_type != "const") {
+            *ours.entry(op.op_type.clone()).or_default() += 1;
+        }
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p.join("metadata.json")).unwrap())
+                .unwrap();
+        let theirs: BTreeMap<String, u64> = meta[0]["mlProgramOperationTypeHistogram"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (op_name(k), v.as_u64().unwrap()))
+            .collect();
+        assert_eq!(ours, theirs, "{name}");
+        // `verify` counts them too, with the weights absent, and says so.
+        let expect: Vec<String> = theirs
+            .iter()
+            .filter(|(k, _)| {
+                name != "AudioEncoder" || ["conv", "einsum", "layer_norm"].contains(&k.as_str())
+            })
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let mut args = milkit::verify::cli::VerifyArgs::new(&p);
+        args.expect_ops = expect
+            .iter()
+            .map(|s| milkit::verify::cli::parse_op_count(s).unwrap())
+            .collect();
+        if name != "MelSpectrogram" {
+            args.expect_abi = Some(milkit::verify::abi::AbiKind::WhisperKit);
+        }
+        args.placement = true;
+        let (mut out, mut err) = (vec![], vec![]);
+        let code = milkit::verify::cli::run_verify_to(&args, &[], &mut out, &mut err);
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(code, 0, "{name}: {out}\n{}", String::from_utf8_lossy(&err));
+        assert!(out.contains("the weights are absent"), "{out}");
+    }
+    // The encoder's numbers from the issue, spelled out.
+    let c = open_compiled(&base.join("AudioEncoder.mlmodelc")).unwrap();
+    let count = |t: &str| {
+        c.model
+            .program
+            .main()
+            .unwrap()
+            .block
+            .walk()
+            .iter()
+            .filter(|o| o.op_type == t)
+            .count()
+    };
+    assert_eq!(
+        (count("conv"), count("einsum"), count("layer_norm")),
+        (26, 192, 9)
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let t = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &t);
+        } else {
+            std::fs::copy(&p, &t).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_git_lfs_pointer_for_weights_is_inspected_but_not_run() {
+    let Some(dir) = compiled_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("vad.mlmodelc");
+    copy_dir(
+        &dir.join("pairs/FluidInference-mobius__silero-vad-unified-v6.0.0/model.mlmodelc"),
+        &m,
+    );
+    std::fs::write(
+        m.join("weights/weight.bin"),
+        "version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 881984\n",
+    )
+    .unwrap();
+    let c = open_compiled(&m).unwrap();
+    assert!(c.weights_absent.unwrap().contains("Git LFS pointer"));
+    let (mut out, mut err) = (vec![], vec![]);
+    let args = milkit::verify::cli::InspectArgs {
+        package: m.clone(),
+        json: false,
+        mil: false,
+        model_mil: false,
+    };
+    assert_eq!(
+        milkit::verify::cli::run_inspect_to(&args, &mut out, &mut err),
+        0
+    );
+    assert!(String::from_utf8(out).unwrap().contains("Git LFS pointer"));
+    let e = format!("{:#}", Session::load(&m).err().unwrap());
+    assert!(
+        e.contains("weights are absent") && e.contains("Git LFS pointer"),
+        "{e}"
+    );
+}
+
+#[test]
+fn where_metadata_disagrees_with_the_program_the_program_wins_and_inspect_says_so() {
+    let Some(dir) = compiled_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("argmax.mlmodelc");
+    copy_dir(&dir.join("FluidInference-FluidAudio__Argmax.mlmodelc"), &m);
+    let meta = std::fs::read_to_string(m.join("metadata.json"))
+        .unwrap()
+        .replace("\"shape\" : \"[1025]\"", "\"shape\" : \"[1024]\"");
+    std::fs::write(m.join("metadata.json"), meta).unwrap();
+    let c = open_compiled(&m).unwrap();
+    assert_eq!(c.model.description.inputs[0].shape, [1025]);
+    assert!(
+        c.notes
+            .iter()
+            .any(|n| n.contains("input `input`") && n.contains("[1024]") && n.contains("[1025]")),
+        "{:?}",
+        c.notes
+    );
+    let (mut out, mut err) = (vec![], vec![]);
+    let args = milkit::verify::cli::InspectArgs {
+        package: m.clone(),
+        json: false,
+        mil: false,
+        model_mil: false,
+    };
+    assert_eq!(
+        milkit::verify::cli::run_inspect_to(&args, &mut out, &mut err),
+        0
+    );
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.contains("the program wins"), "{out}");
+    // And it runs with the program's shape.
+    let mut s = Session::load(&m).unwrap();
+    let mut v = vec![0f32; 1025];
+    v[700] = 3.0;
+    let x = Tensor::from_vec(v, 1025, &cpu())
+        .unwrap()
+        .to_dtype(candle_core::DType::F16)
+        .unwrap();
+    let out = s.predict(&[("input", x)]).unwrap();
+    assert_eq!(
+        out[0]
+            .1
+            .to_dtype(candle_core::DType::I64)
+            .unwrap()
+            .to_vec1::<i64>()
+            .unwrap(),
+        [700]
+    );
+}
+
+const STATEFUL: &str = r#"program(1.3)
+[buildInfo = dict<string, string>({{"coremlc-version", "hand-written"}})]
+{
+    func main<ios18>(state<tensor<fp16, [1, 4]>> acc, tensor<fp16, [1, 4]> x) {
+            tensor<fp16, [1, 4]> old = read_state(input = acc)[name = string("old")];
+            tensor<fp16, [1, 4]> sum = add(x = old, y = x)[name = string("sum")];
+            tensor<fp16, [1, 4]> upd = coreml_update_state(state = acc, value = sum)[name = string("upd")];
+            tensor<fp16, [1, 4]> y = mul(x = upd, y = fp16(0x1p+1))[name = string("y")];
+        } -> (y);
+}"#;
+
+#[test]
+fn a_program_with_a_state_reads_and_runs_accumulating_across_predictions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("acc.mlmodelc");
+    std::fs::create_dir(&m).unwrap();
+    std::fs::write(m.join("model.mil"), STATEFUL).unwrap();
+    let c = open_compiled(&m).unwrap();
+    assert_eq!(c.model.description.states.len(), 1);
+    assert_eq!(c.model.description.states[0].shape, [1, 4]);
+    assert!(c
+        .notes
+        .iter()
+        .any(|n| n.contains("metadata.json does not exist")));
+    let mut s = Session::load(&m).unwrap();
+    let x = Tensor::from_vec(vec![1f32, 2.0, -3.0, 0.5], (1, 4), &cpu())
+        .unwrap()
+        .to_dtype(candle_core::DType::F16)
+        .unwrap();
+    let y1 = f32s(&s.predict(&[("x", x.clone())]).unwrap()[0].1);
+    let y2 = f32s(&s.predict(&[("x", x)]).unwrap()[0].1);
+    assert_eq!(y1, [2.0, 4.0, -6.0, 1.0]);
+    assert_eq!(y2, [4.0, 8.0, -12.0, 2.0]);
+}
+
+const LOOP: &str = r#"program(1.0)
+{
+    func main<ios15>(tensor<int32, [1]> n, tensor<fp32, [3]> x) {
+            tensor<int32, [1]> k0 = const()[name = tensor<string, []>("k0"), val = tensor<int32, [1]>([0])];
+            tensor<int32, [1]> k, tensor<fp32, [3]> acc = while_loop(loop_vars = (k0, x))[name = tensor<string, []>("loop")]
+                (tensor<int32, [1]> k_c, tensor<fp32, [3]> a_c) {
+                    tensor<bool, [1]> go = less(x = k_c, y = n)[name = tensor<string, []>("go")];
+                } -> (go)
+                (tensor<int32, [1]> k_b, tensor<fp32, [3]> a_b) {
+                    tensor<int32, [1]> k_next = add(x = k_b, y = tensor<int32, []>(1))[name = tensor<string, []>("k_next")];
+                    tensor<fp32, [3]> a_next = add(x = a_b, y = x)[name = tensor<string, []>("a_next")];
+                } -> (k_next, a_next);
+            tensor<bool, [1]> big = greater(x = k, y = tensor<int32, [1]>([2]))[name = tensor<string, []>("big")];
+            tensor<fp32, [3]> r = cond(pred = big)[name = tensor<string, []>("pick")]
+                {
+                    tensor<fp32, [3]> t = mul(x = acc, y = tensor<fp32, []>(0x1p+1))[name = tensor<string, []>("t")];
+                } -> (t)
+                {
+                    tensor<fp32, [3]> f = sub(x = acc, y = x)[name = tensor<string, []>("f")];
+                } -> (f);
+        } -> (k, r);
+}"#;
+
+#[test]
+fn nested_blocks_of_while_loop_and_cond_read_and_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("loop.mlmodelc");
+    std::fs::create_dir(&m).unwrap();
+    std::fs::write(m.join("model.mil"), LOOP).unwrap();
+    let mut s = Session::load(&m).unwrap();
+    let x = [0.5f32, -1.0, 2.0];
+    for n in [1i32, 4] {
+        let out = s
+            .predict(&[
+                ("n", Tensor::new(&[n], &cpu()).unwrap()),
+                ("x", Tensor::new(&x, &cpu()).unwrap()),
+            ])
+            .unwrap();
+        let k = out[0].1.to_vec1::<i32>().unwrap();
+        let r = f32s(&out[1].1);
+        assert_eq!(k, [n]);
+        // acc = x·(n+1); r = 2·acc when n > 2, else acc − x = x·n.
+        let want: Vec<f32> = x
+            .iter()
+            .map(|v| {
+                if n > 2 {
+                    2.0 * v * (n + 1) as f32
+                } else {
+                    v * n as f32
+                }
+            })
+            .collect();
+        assert_eq!(r, want, "n = {n}");
+    }
+}
+
+fn parse_err(text: &str, weights: &Weights) -> String {
+    match parse_program(text, "bad/model.mil", weights, None) {
+        Ok(_) => panic!("parsed:\n{text}"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn malformed_text_fails_naming_the_file_line_and_column() {
+    let none = Weights::Absent("no weights in this test".into());
+    // Truncated in the middle of the loop's body.
+    let cut = &LOOP[..LOOP.find("a_next = add").unwrap() + 10];
+    let e = parse_err(cut, &none);
+    let last = cut.lines().count();
+    assert!(e.starts_with(&format!("bad/model.mil:{last}:")), "{e}");
+    assert!(e.contains("end of the file"), "{e}");
+    // An op milkit does not know.
+    let e = parse_err(&STATEFUL.replace("= add(", "= frobnicate("), &none);
+    assert!(e.starts_with("bad/model.mil:6:40:"), "{e}");
+    assert!(e.contains("unknown op type `frobnicate`"), "{e}");
+    // A literal that is not a number.
+    let e = parse_err(&STATEFUL.replace("0x1p+1", "0x1.zp+1"), &none);
+    assert!(e.starts_with("bad/model.mil:8:"), "{e}");
+    assert!(e.contains("`0x1.zp+1` is not a fp16 value"), "{e}");
+    // An int literal out of range.
+    let e = parse_err(
+        &LOOP.replace(
+            "tensor<int32, [1]>([0])",
+            "tensor<int32, [1]>([4294967296])",
+        ),
+        &none,
+    );
+    assert!(e.starts_with("bad/model.mil:4:"), "{e}");
+    assert!(e.contains("outside the range of int32"), "{e}");
+    // A 4 GB dimension.
+    let e = parse_err(
+        &STATEFUL.replace("tensor<fp16, [1, 4]> x", "tensor<fp16, [1, 4294967296]> x"),
+        &none,
+    );
+    assert!(e.starts_with("bad/model.mil:4:"), "{e}");
+    assert!(e.contains("dimension 4294967296 is larger"), "{e}");
+    // A declared type the op does not infer.
+    let e = parse_err(
+        &STATEFUL.replace("tensor<fp16, [1, 4]> sum", "tensor<fp16, [1, 5]> sum"),
+        &none,
+    );
+    assert!(e.starts_with("bad/model.mil:6:13:"), "{e}");
+    assert!(
+        e.contains("declared tensor<fp16, [1, 5]> but infers to"),
+        "{e}"
+    );
+    // A name used before it is defined.
+    let e = parse_err(&STATEFUL.replace("add(x = old", "add(x = older"), &none);
+    assert!(e.starts_with("bad/model.mil:6:"), "{e}");
+    assert!(e.contains("older"), "{e}");
+}
+
+#[test]
+fn a_blobfile_offset_past_the_end_of_the_weights_fails_naming_the_place() {
+    let Some(dir) = compiled_dir() else { return };
+    let m = dir.join("pairs/FluidInference-mobius__silero-vad-unified-v6.0.0/model.mlmodelc");
+    let text = std::fs::read_to_string(m.join("model.mil")).unwrap();
+    let w = Weights::File(
+        milkit::package::blob::BlobReader::open(&m.join("weights/weight.bin")).unwrap(),
+    );
+    let bad = text.replacen(
+        "offset = tensor<uint64, []>(64)",
+        "offset = tensor<uint64, []>(8000000)",
+        1,
+    );
+    let line = bad[..bad.find("(8000000)").unwrap()].lines().count();
+    let e = parse_err(&bad, &w);
+    assert!(e.starts_with(&format!("bad/model.mil:{line}:")), "{e}");
+    assert!(
+        e.contains("offset 8000000") && e.contains("past the end"),
+        "{e}"
+    );
+}
+
+#[test]
+fn hex_floats_and_special_values_parse_exactly() {
+    assert_eq!(
+        parse_float("0x1.77540ap-4").unwrap() as f32,
+        f32::from_bits(0x3dbbaa05)
+    );
+    assert_eq!(
+        parse_float("-0x1.947f0cp-4").unwrap(),
+        -(0x1947f0c as f64) * 2f64.powi(-28)
+    );
+    assert_eq!(parse_float("0x0p+0").unwrap(), 0.0);
+    assert_eq!(parse_float("0x1p-24").unwrap(), 2f64.powi(-24));
+    // An fp16 subnormal as Apple prints it: 0x1.5p-17 = 21 · 2^-21.
+    let h = half::f16::from_f64(parse_float("0x1.5p-17").unwrap());
+    assert_eq!(h.to_bits(), 21 << 3);
+    assert_eq!(parse_float("-inf").unwrap(), f64::NEG_INFINITY);
+    assert!(parse_float("nan").unwrap().is_nan());
+    assert_eq!(parse_float("1025").unwrap(), 1025.0);
+    assert!(parse_float("0x").is_none() && parse_float("12abc").is_none());
+}
+
+#[test]
+fn apple_s_text_is_printed_back_byte_for_byte() {
+    use milkit::package::mil_write::{write_program, Dialect, OffsetCounter};
+    let Some(dir) = compiled_dir() else { return };
+    let mut all = vec![];
+    mlmodelc_folders(&dir, &mut all);
+    let mut same = 0;
+    for p in &all {
+        let c = open_compiled(p).unwrap();
+        let dialect = if c.dialect == "1.3" {
+            Dialect::V1_3
+        } else {
+            Dialect::V1_0
+        };
+        let theirs = std::fs::read_to_string(p.join("model.mil")).unwrap();
+        // Apple's compiler keeps every constant inline in a model without a weight file.
+        let mut offsets = OffsetCounter::default();
+        let sink: Option<&mut dyn milkit::package::convert::BlobSink> =
+            if theirs.contains("BLOBFILE") {
+                Some(&mut offsets)
+            } else {
+                None
+            };
+        let ours = write_program(&c.model.program, dialect, sink).unwrap();
+        if p.to_string_lossy().contains("TransposeEncoder") {
+            // The function attribute FlexibleShapeInformation is read into the
+            // description, not kept in the program: that line differs, nothing else.
+            let func = |s: &str| {
+                s.lines()
+                    .find(|l| l.contains("func main"))
+                    .unwrap()
+                    .to_string()
+            };
+            assert!(func(&theirs).starts_with(func(&ours).trim_end_matches(" {")));
+            let rest = |s: &str| {
+                s.lines()
+                    .filter(|l| !l.contains("func main"))
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(rest(&ours), rest(&theirs));
+        } else {
+            assert!(ours == theirs, "{}: the printed text differs", p.display());
+        }
+        same += 1;
+    }
+    assert_eq!(same, 8);
+}
+
+#[test]
+fn convert_writes_a_valid_package_and_a_compiled_folder_that_run_alike() {
+    let Some(dir) = compiled_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, pair) in [
+        ("vad", "FluidInference-mobius__silero-vad-unified-v6.0.0"),
+        ("mnist", "jafreck-ironmill__test-q_base_mnist"),
+    ] {
+        let src = dir.join("pairs").join(pair).join("model.mlmodelc");
+        let pkg = tmp.path().join(format!("{name}.mlpackage"));
+        let back = tmp.path().join(format!("{name}.mlmodelc"));
+        let run = |args: &[&std::ffi::OsStr]| {
+            let o = common::milkit().arg("convert").args(args).output().unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        };
+        let (code, e) = run(&[src.as_os_str(), "--out".as_ref(), pkg.as_os_str()]);
+        assert_eq!(code, Some(0), "{e}");
+        common::validate(&pkg);
+        let (code, e) = run(&[pkg.as_os_str(), "--out".as_ref(), back.as_os_str()]);
+        assert_eq!(code, Some(0), "{e}");
+        // Never over an existing output without --force.
+        let (code, e) = run(&[pkg.as_os_str(), "--out".as_ref(), back.as_os_str()]);
+        assert_eq!(code, Some(2));
+        assert!(e.contains("already exists") && e.contains("--force"), "{e}");
+        if src.join("weights/weight.bin").exists() {
+            assert_eq!(
+                std::fs::read(src.join("weights/weight.bin")).unwrap(),
+                std::fs::read(back.join("weights/weight.bin")).unwrap(),
+                "{name}: the weight file written differs from Apple's"
+            );
+        }
+        let mut sessions: Vec<Session> = [&src, &pkg, &back]
+            .iter()
+            .map(|p| Session::load(p).unwrap())
+            .collect();
+        let mut rng = Rng(3);
+        let feeds = random_inputs(&sessions[0], &mut rng);
+        let refs: Vec<(&str, Tensor)> =
+            feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let outs: Vec<Vec<_>> = sessions
+            .iter_mut()
+            .map(|s| {
+                s.predict(&refs)
+                    .unwrap()
+                    .iter()
+                    .map(|(n, t)| (n.clone(), bits(t)))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(outs[0], outs[1], "{name}: package");
+        assert_eq!(outs[0], outs[2], "{name}: compiled folder written back");
+    }
+}
+
+#[test]
+fn every_truncation_and_byte_flip_of_a_program_is_an_error_or_a_program_never_a_panic() {
+    let none = Weights::Absent("none".into());
+    let mut rng = Rng(11);
+    for text in [STATEFUL, LOOP] {
+        for cut in 0..text.len() {
+            if !text.is_char_boundary(cut) {
+                continue;
+            }
+            let r = parse_program(&text[..cut], "cut.mil", &none, None);
+            assert!(r.is_err(), "a truncation at {cut} parsed");
+        }
+        let bytes = text.as_bytes();
+        for _ in 0..3000 {
+            let mut b = bytes.to_vec();
+            let i = rng.below(b.len());
+            let alphabet = b"()[]{}<>,;=?-+.0123456789aepx\" _";
+            b[i] = alphabet[rng.below(alphabet.len())];
+            if let Ok(t) = std::str::from_utf8(&b) {
+                if let Err(e) = parse_program(t, "flip.mil", &none, None) {
+                    assert!(format!("{e}").starts_with("flip.mil:"), "{e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_compiled_folder_written_from_milkit_s_whisper_packages_transcribes_the_same_text() {
+    let Some(fx) = common::fixtures() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (pkgs, compiled) = (tmp.path().join("pkgs"), tmp.path().join("compiled"));
+    let ok = |c: &mut std::process::Command| {
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    ok(common::milkit()
+        .args(["export", "--component", "all", "--model"])
+        .arg(fx.join("models/whisper-tiny.en"))
+        .arg("--out")
+        .arg(&pkgs));
+    std::fs::create_dir(&compiled).unwrap();
+    let mut n = 0;
+    for e in std::fs::read_dir(&pkgs).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if let Some(stem) = name.strip_suffix(".mlpackage") {
+            ok(common::milkit()
+                .arg("convert")
+                .arg(&p)
+                .arg("--out")
+                .arg(compiled.join(format!("{stem}.mlmodelc"))));
+            n += 1;
+        } else if p.is_file() {
+            std::fs::copy(&p, compiled.join(&name)).unwrap();
+        }
+    }
+    assert!(n >= 2, "{n} packages exported");
+    let clip = fx.join("audio/jfk.wav");
+    let a = ok(common::milkit()
+        .arg("transcribe")
+        .arg("--models")
+        .arg(&pkgs)
+        .arg(&clip));
+    let b = ok(common::milkit()
+        .arg("transcribe")
+        .arg("--models")
+        .arg(&compiled)
+        .arg(&clip));
+    assert!(a.to_lowercase().contains("ask not"), "{a}");
+    assert_eq!(a, b);
+}
