@@ -1,0 +1,258 @@
+"""The `milkit` wheel: its module predicts exactly as `milkit run` does, keeps states, takes
+flexible shapes, raises milkit's errors, predicts from two threads at once and stands in
+for Core ML inside coremltools."""
+
+import os
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import milkit
+from conftest import fixtures, milkit_command, milkit_run, need, read_safetensors
+
+CT_PACKAGES = ["tiny.en-encoder-fp16", "tiny.en-encoder-lut4-kmeans", "tiny.en-encoder-int4-block32"]
+
+
+def jfk_mel():
+    ref = need(os.path.join(fixtures(), "reference", "tiny.en-jfk.safetensors"))
+    return read_safetensors(ref, "input_features")
+
+
+def sample_inputs(model, seed=0):
+    """Inputs of every described shape and dtype: small random floats, zero integers."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, f in model.input_description.items():
+        if f.dtype.startswith("float"):
+            out[name] = (rng.standard_normal(f.shape) * 0.1).astype(f.dtype)
+        else:
+            out[name] = np.zeros(f.shape, dtype=f.dtype)
+    return out
+
+
+def assert_same_bits(got, want):
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype, k
+        assert got[k].shape == want[k].shape, k
+        assert got[k].tobytes() == want[k].tobytes(), f"output {k} differs"
+
+
+@pytest.mark.parametrize("name", CT_PACKAGES)
+def test_coremltools_packages_predict_bit_for_bit_as_milkit_run(name, tmp_path):
+    pkg = need(os.path.join(fixtures(), "coremltools", name + ".mlpackage"))
+    mel = jfk_mel()
+    model = milkit.MLModel(pkg)
+    assert list(model.input_description) == ["logmel_data"]
+    assert model.input_description["logmel_data"].shape == (1, 80, 3000)
+    got = model.predict({"logmel_data": mel})
+    milkit_run(pkg, {"logmel_data": mel}, tmp_path)
+    assert_same_bits(got, {"output": np.load(tmp_path / "output.npy")})
+    # Close to the float32 PyTorch reference of the same weights: it really ran.
+    ref = read_safetensors(os.path.join(fixtures(), "coremltools", name + ".reference.safetensors"),
+                           "encoder_output")
+    assert np.abs(got["output"] - ref).max() < 0.5
+
+
+def test_a_non_contiguous_float64_input_is_converted_as_milkit_run_converts_it(tmp_path):
+    pkg = need(os.path.join(fixtures(), "coremltools", "tiny.en-encoder-fp16.mlpackage"))
+    mel = jfk_mel()
+    wide = np.asfortranarray(mel.astype(np.float64))
+    assert not wide.flags.c_contiguous
+    got = milkit.MLModel(pkg).predict({"logmel_data": wide})
+    milkit_run(pkg, {"logmel_data": mel.astype(np.float64)}, tmp_path)
+    assert_same_bits(got, {"output": np.load(tmp_path / "output.npy")})
+
+
+def test_a_milkit_whisper_decoder_keeps_its_states_across_predictions_as_milkit_run(decoder, tmp_path):
+    model = milkit.MLModel(decoder)
+    assert len(model.state_description) > 0
+    inputs = sample_inputs(model)
+    state = model.make_state()
+    first = model.predict(inputs, state=state)
+    second = model.predict(inputs, state=state)
+    milkit_run(decoder, inputs, tmp_path, "--repeat", "2", "--save-states")
+    for k, got in enumerate((first, second)):
+        want = {n: np.load(tmp_path / f"{n}.{k}.npy") for n in got}
+        assert_same_bits(got, want)
+    for name in model.state_description:
+        assert state.read_state(name).tobytes() == np.load(tmp_path / "states" / f"{name}.npy").tobytes()
+    # The state moved: the second prediction saw the first one's cache.
+    logits = [n for n in first if "logits" in n][0]
+    assert first[logits].tobytes() != second[logits].tobytes() or any(
+        np.any(state.read_state(n)) for n in model.state_description)
+    # Without a state every prediction starts from zeros: the same as a fresh state's first.
+    assert_same_bits(model.predict(inputs), first)
+
+
+def test_states_accumulate_and_can_be_read_and_written(built):
+    model = milkit.MLModel(built["stateful"])
+    assert list(model.state_description) == ["total"]
+    x = np.ones((2, 3), dtype=np.float16)
+    s = model.make_state()
+    assert s.read_state("total").tolist() == np.zeros((2, 3)).tolist()
+    assert model.predict({"x": x}, state=s)["twice"].tolist() == (2 * np.ones((2, 3))).tolist()
+    assert model.predict({"x": x}, state=s)["twice"].tolist() == (4 * np.ones((2, 3))).tolist()
+    assert s.read_state("total").tolist() == (2 * np.ones((2, 3))).tolist()
+    s.write_state("total", np.full((2, 3), 10, dtype=np.float32))
+    assert model.predict({"x": x}, state=s)["twice"].tolist() == (22 * np.ones((2, 3))).tolist()
+    # Another state of the same model is independent.
+    other = model.make_state()
+    assert model.predict({"x": x}, state=other)["twice"].tolist() == (2 * np.ones((2, 3))).tolist()
+    with pytest.raises(milkit.MilkitError, match="no state `nope`"):
+        s.read_state("nope")
+    with pytest.raises(milkit.MilkitError, match="shape"):
+        s.write_state("total", np.zeros((3, 2), dtype=np.float16))
+
+
+def test_a_flexible_shape_model_takes_every_shape_in_its_range(built, tmp_path):
+    model = milkit.MLModel(built["flexible"])
+    f = model.input_description["x"]
+    assert f.shape == (1, 4) and f.flexible == {"ranges": [(1, 1), (1, 64)]}
+    assert f.accepts((1, 64)) and not f.accepts((1, 65))
+    for n in (1, 7, 64):
+        x = np.arange(n, dtype=np.float32).reshape(1, n) / 8
+        got = model.predict({"x": x})
+        milkit_run(built["flexible"], {"x": x}, tmp_path / str(n))
+        assert_same_bits(got, {"sumsq": np.load(tmp_path / str(n) / "sumsq.npy")})
+        assert abs(float(got["sumsq"][0, 0]) - float((x * x).sum())) < 1e-2 * max(1, (x * x).sum())
+    with pytest.raises(milkit.MilkitError, match=r"\[1, 65\]"):
+        model.predict({"x": np.zeros((1, 65), dtype=np.float32)})
+    assert [r["sumsq"].shape for r in model.predict([{"x": np.ones((1, 2), np.float32)}] * 2)] == [(1, 1)] * 2
+
+
+def test_errors_are_milkit_errors_with_milkit_messages(built, tmp_path):
+    missing = str(tmp_path / "nothing.mlpackage")
+    with pytest.raises(milkit.MilkitError, match="cannot load .*nothing.mlpackage"):
+        milkit.MLModel(missing)
+    r = subprocess.run([milkit_command(), "run", missing, "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True)
+    with pytest.raises(milkit.MilkitError) as e:
+        milkit.MLModel(missing)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {e.value}"
+    assert issubclass(milkit.MilkitError, RuntimeError)
+    model = milkit.MLModel(built["flexible"])
+    with pytest.raises(milkit.MilkitError, match="missing input `x`"):
+        model.predict({})
+    with pytest.raises(milkit.MilkitError, match="unknown input `y`"):
+        model.predict({"x": np.ones((1, 4), np.float32), "y": np.ones(1, np.float32)})
+    with pytest.raises(milkit.MilkitError, match="unsupported dtype"):
+        model.predict({"x": np.ones((1, 4), np.complex64)})
+    with pytest.raises(milkit.MilkitError, match="no function `other`"):
+        milkit.MLModel(built["flexible"], function_name="other")
+    with pytest.raises(milkit.MilkitError, match="compute"):
+        milkit.MLModel(built["flexible"], compute="fp64")
+    with pytest.raises(milkit.MilkitError, match="another model"):
+        milkit.MLModel(built["stateful"]).predict(
+            {"x": np.ones((2, 3), np.float16)}, state=milkit.MLModel(built["stateful"]).make_state())
+
+
+def test_the_gil_is_released_while_a_prediction_runs():
+    pkg = need(os.path.join(fixtures(), "coremltools", "tiny.en-encoder-fp16.mlpackage"))
+    model = milkit.MLModel(pkg)
+    mel = jfk_mel()
+    done = threading.Event()
+    counts = []
+
+    def count():
+        n = 0
+        while not done.is_set():
+            n += 1
+        counts.append(n)
+
+    t = threading.Thread(target=count)
+    t.start()
+    t0 = time.perf_counter()
+    model.predict({"logmel_data": mel})
+    took = time.perf_counter() - t0
+    done.set()
+    t.join()
+    # With the GIL held the counting thread would have had at most a switch interval or two.
+    assert took > 0.05 and counts[0] > 1000, (took, counts)
+
+
+def test_two_threads_predict_at_once_faster_than_one_after_the_other(decoder):
+    # Decode steps: small products that leave the cores partly idle, so two threads at once
+    # fill them. Best of three rounds of each, alternated, against the machine's own noise.
+    models = [milkit.MLModel(decoder), milkit.MLModel(decoder)]
+    inputs = sample_inputs(models[0])
+    steps = 20
+    spans = {0: [], 1: []}
+
+    def work(k):
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            models[k].predict(inputs)
+            spans[k].append((t0, time.perf_counter()))
+
+    work(0)  # warm
+    serial, parallel = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        work(0)
+        work(1)
+        serial.append(time.perf_counter() - t0)
+        spans[0].clear()
+        spans[1].clear()
+        threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        parallel.append(time.perf_counter() - t0)
+    serial, parallel = min(serial), min(parallel)
+    # Both threads were inside a prediction at once for most of the last round: neither the
+    # GIL nor a shared lock made one wait for the other.
+    both = sum(max(0.0, min(b0, b1) - max(a0, a1))
+               for a0, b0 in spans[0] for a1, b1 in spans[1])
+    wall = max(e for s in spans.values() for _, e in s) - min(b for s in spans.values() for b, _ in s)
+    load = os.getloadavg()[0]
+    print(f"two threads: {parallel:.3f} s, one after the other: {serial:.3f} s, "
+          f"overlap {both / wall:.0%}, load {load:.1f} on {os.cpu_count()} cores")
+    assert both > 0.5 * wall, (both, wall)
+    assert parallel < 1.15 * serial, (parallel, serial)
+    if load < 0.75 * os.cpu_count():
+        # Idle cores to fill: then two at once must beat one after the other.
+        assert parallel < 0.9 * serial, (parallel, serial)
+
+
+def test_use_with_coremltools_makes_a_converted_model_predict_off_macos(ct, built):
+    assert milkit.use_with_coremltools() is True
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    @mb.program(input_specs=[mb.TensorSpec((2, 3), dtype=types.fp32)], opset_version=ct.target.iOS17)
+    def prog(x):
+        return mb.add(x=mb.mul(x=x, y=3.0), y=1.0, name="y")
+
+    m = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS17,
+                   compute_precision=ct.precision.FLOAT32)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert m.predict({"x": x})["y"].tolist() == (3 * x + 1).tolist()
+    # A saved package through ct.models.MLModel, with its state.
+    s = ct.models.MLModel(built["stateful"])
+    st = s.make_state()
+    one = np.ones((2, 3), dtype=np.float16)
+    s.predict({"x": one}, st)
+    assert s.predict({"x": one}, st)["twice"].tolist() == (4 * one).tolist()
+    assert st.read_state("total").tolist() == (2 * one).tolist()
+    # The same numbers as milkit's own MLModel.
+    pkg = os.path.join(fixtures(), "coremltools", "tiny.en-encoder-lut4-kmeans.mlpackage")
+    if os.path.exists(pkg):
+        mel = jfk_mel()
+        assert_same_bits(ct.models.MLModel(pkg).predict({"logmel_data": mel}),
+                         milkit.MLModel(pkg).predict({"logmel_data": mel}))
+
+
+def test_the_module_and_the_command_explain_themselves():
+    doc = milkit.MLModel.__doc__
+    assert "predict" in doc and "make_state" in doc and "MilkitError" in doc
+    assert "read_state" in dir(milkit.MLState) and milkit.MLState.__doc__
+    r = subprocess.run([milkit_command(), "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("milkit ")
+    r = subprocess.run([milkit_command(), "run"], capture_output=True, text=True)
+    assert r.returncode == 2 and "Usage" in r.stderr
