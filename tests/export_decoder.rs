@@ -15,8 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn run(args: &[&str], paths: &[(&str, &Path)]) -> Output {
+    run_loud(&[args, &["--quiet"]].concat(), paths)
+}
+
+/// `run` without --quiet: the reports people read on stderr.
+fn run_loud(args: &[&str], paths: &[(&str, &Path)]) -> Output {
     let mut c = milkit();
-    c.args(args).arg("--quiet");
+    c.args(args);
     for (flag, p) in paths {
         c.arg(flag).arg(p);
     }
@@ -578,11 +583,22 @@ fn whisperkit_folder_and_recipe() {
     // The WhisperKit recipe: encoder LUT4 g16 (26 tables), decoder with only its head LUT4.
     let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/whisperkit-tiny-lut4.toml");
     let out = dir.path().join("recipe");
-    let o = run(
+    let o = run_loud(
         &["export"],
         &[("--recipe", &recipe), ("--model", &model), ("--out", &out)],
     );
     ok(&o);
+    // One summary line per compressed package by default, not a row per weight.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("AudioEncoder.mlpackage: 26 weights lut4-kmeans-g16 at 4.031 bits")
+            && err.contains("TextDecoder.mlpackage: 1 weights lut4-kmeans-g8 at 4.083 bits"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("rel.rms"),
+        "per-weight rows by default: {err}"
+    );
     let enc = load_package(&out.join("AudioEncoder.mlpackage")).unwrap();
     assert_eq!(common::count_ops(&enc, "constexpr_lut_to_dense"), 26);
     let dec = load_package(&out.join("TextDecoder.mlpackage")).unwrap();
@@ -602,14 +618,18 @@ fn whisperkit_folder_and_recipe() {
     let plain_recipe = dir.path().join("plain.toml");
     std::fs::write(&plain_recipe, text).unwrap();
     let out = dir.path().join("recipe-plain");
-    ok(&run(
-        &["export"],
+    let o = run_loud(
+        &["export", "--verbose"],
         &[
             ("--recipe", &plain_recipe),
             ("--model", &model),
             ("--out", &out),
         ],
-    ));
+    );
+    ok(&o);
+    // --verbose lists every compressed weight: 26 in the encoder, the head in the decoder.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("rel.rms").count(), 27, "{err}");
     let dec = load_package(&out.join("TextDecoder.mlpackage")).unwrap();
     assert!(!outputs(&dec).contains(&PER_HEAD.to_string()));
     let o = run(

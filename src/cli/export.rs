@@ -1,7 +1,7 @@
 //! `milkit export`: checkpoint → .mlpackage.
 
 pub use super::export_args::ExportArgs;
-use super::export_args::{parse_target, report_folder, ComponentArg};
+use super::export_args::{dir_bytes, parse_target, report_folder, summary, ComponentArg};
 use super::progress;
 use anyhow::{bail, Result};
 use milkit::convert::bundle::{
@@ -51,7 +51,11 @@ pub fn run(a: &ExportArgs) -> Result<u8> {
     })?;
     pb.finish_and_clear();
     if let Some((method, out)) = &built.compressed {
-        super::compress::print_report(method, out, a.json, a.quiet)?;
+        if a.json || a.verbose {
+            super::compress::print_report(method, out, a.json, a.quiet)?;
+        } else if !a.quiet {
+            eprintln!("compressed {}", summary(method, out));
+        }
     }
     let model = built.model;
     let total: u64 = weight_bytes(&model);
@@ -148,12 +152,20 @@ fn run_all(a: &ExportArgs, model: &Path, opset: Opset) -> Result<u8> {
         sp.set_message(msg.to_string())
     })?;
     sp.finish_and_clear();
-    report_folder(&report, a.json, a.quiet)?;
+    report_folder(&report, a.json, a.quiet, a.verbose)?;
     if !a.quiet {
+        let (packages, others): (Vec<&String>, Vec<&String>) =
+            report.files.iter().partition(|f| f.ends_with(".mlpackage"));
+        let stems: Vec<&str> = packages
+            .iter()
+            .map(|f| f.trim_end_matches(".mlpackage"))
+            .collect();
         eprintln!(
-            "wrote {} ({}) in {:.1} s",
+            "wrote {} ({} .mlpackage, {} checkpoint files; {:.1} MB) in {:.1} s",
             a.out.display(),
-            report.files.join(", "),
+            stems.join(", "),
+            others.len(),
+            dir_bytes(&a.out) as f64 / 1e6,
             t0.elapsed().as_secs_f64()
         );
     }

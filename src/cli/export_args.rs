@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use milkit::convert::bundle::BundleReport;
 use milkit::whisper::decoder_spec::CrossKv;
 use milkit::whisper::encoder::EncoderAbi;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ComponentArg {
@@ -93,6 +93,10 @@ pub struct ExportArgs {
     /// Print the compression report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// List every compressed weight (shape, bytes before and after, relative RMS error);
+    /// the default prints one line per compressed package.
+    #[arg(long, short)]
+    pub verbose: bool,
     /// Export even when checkpoint tensors hold NaN or ±Inf (refused by default, naming the
     /// tensor and the count), with a warning per tensor.
     #[arg(long)]
@@ -106,8 +110,9 @@ pub struct ExportArgs {
 
 pub use milkit::convert::recipe::parse_target;
 
-/// Compression reports of a folder write: one JSON object keyed by file, or text per file.
-pub fn report_folder(r: &BundleReport, json: bool, quiet: bool) -> Result<()> {
+/// Compression reports of a folder write: one JSON object keyed by file on stdout, or on
+/// stderr one line per compressed file (every weight with `verbose`).
+pub fn report_folder(r: &BundleReport, json: bool, quiet: bool, verbose: bool) -> Result<()> {
     if json {
         let mut all = serde_json::Map::new();
         for (file, method, out) in &r.compressed {
@@ -118,13 +123,38 @@ pub fn report_folder(r: &BundleReport, json: bool, quiet: bool) -> Result<()> {
             all.insert(file.clone(), serde_json::to_value(&rep)?);
         }
         println!("{}", serde_json::to_string_pretty(&all)?);
-    } else {
+    } else if !quiet {
         for (file, method, out) in &r.compressed {
-            if !quiet {
+            if verbose {
                 eprintln!("{file}:");
+                super::compress::print_report(method, out, false, false)?;
+            } else {
+                eprintln!("{file}: {}", summary(method, out));
             }
-            super::compress::print_report(method, out, false, quiet)?;
         }
     }
     Ok(())
+}
+
+/// The one-line compression summary of a package.
+pub fn summary(
+    method: &milkit::passes::compress::Method,
+    out: &milkit::passes::compress::Outcome,
+) -> String {
+    milkit::report::CompressReport::from_outcome(out, &milkit::passes::compress::mode_name(method))
+        .summary()
+}
+
+/// Bytes of every file under `dir` (what a folder weighs on disk).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return std::fs::metadata(dir).map(|m| m.len()).unwrap_or(0);
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
 }

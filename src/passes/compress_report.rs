@@ -46,6 +46,40 @@ impl CompressReport {
         }
     }
 
+    /// Stored bits per compressed element: 8 × stored bytes ÷ the elements they decompress
+    /// to (tables and scales included); `None` when nothing was compressed.
+    pub fn bits_per_weight(&self) -> Option<f64> {
+        let elements: u64 = self
+            .ops
+            .iter()
+            .map(|c| c.shape.iter().product::<usize>() as u64)
+            .sum();
+        (elements > 0).then(|| 8.0 * self.bytes_after as f64 / elements as f64)
+    }
+
+    /// One line for people: how many weights, the method, bits, bytes before and after, the
+    /// mean error, and what was skipped or reordered; `to_text` lists every weight.
+    pub fn summary(&self) -> String {
+        let mut s = format!("{} weights {}", self.ops.len(), self.mode);
+        if let Some(b) = self.bits_per_weight() {
+            s += &format!(" at {b:.3} bits");
+        }
+        s += &format!(
+            ", {:.2} MB → {:.2} MB ({:.2}x), mean relative RMS error {:.4}",
+            self.bytes_before as f64 / 1e6,
+            self.bytes_after as f64 / 1e6,
+            self.ratio,
+            self.mean_rel_rms_error
+        );
+        if !self.skipped.is_empty() {
+            s += &format!(", {} skipped", self.skipped.len());
+        }
+        if !self.regrouped.is_empty() {
+            s += &format!(", {} chains reordered", self.regrouped.len());
+        }
+        s
+    }
+
     /// A human-readable table.
     pub fn to_text(&self) -> String {
         let mut s = format!("compressed {} weights ({}):\n", self.ops.len(), self.mode);

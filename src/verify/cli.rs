@@ -67,8 +67,8 @@ pub struct VerifyArgs {
     /// The I/O interface the package must present.
     #[arg(long, value_enum, value_name = "ABI")]
     pub expect_abi: Option<AbiKind>,
-    /// Predict the compute unit of every op. Prints a summary: per unit (ANE, GPU, CPU) its
-    /// ops and shares of the run-time FLOPs and bytes, then every material op predicted off the
+    /// Predict the compute unit of every op. Prints a summary: per unit (ANE, GPU, CPU) that
+    /// has ops, its ops and shares of the run-time FLOPs and bytes, then every material op predicted off the
     /// Neural Engine by name with the rule that sent it there. Material: at least 0.1 % of its
     /// function's run-time FLOPs or bytes, or of unknown shape (no cost estimate); smaller
     /// ones are counted, not named. --verbose lists every op; --json has every op's row.
@@ -80,7 +80,8 @@ pub struct VerifyArgs {
     /// Print the JSON receipt (schemas/verify.schema.json) instead of text.
     #[arg(long)]
     pub json: bool,
-    /// List every compressed weight with the ops it feeds and, with --placement, every op's
+    /// List every compressed weight with the ops it feeds, the digest of each file besides the
+    /// package's and, with --placement, every unit (those with no ops too), every op's
     /// predicted unit and the rule table with sources (the default prints summaries).
     #[arg(long, short)]
     pub verbose: bool,

@@ -2,7 +2,8 @@
 //! feed, the positional embedding, the ABI, predicted (and measured) placement, the receipt's
 //! digests, and the verdict. By default a summary that fits a screen (compressed weights and
 //! placement counted per kind and unit, only material ops off the Neural Engine named);
-//! `--verbose` lists every compressed weight and every op's predicted unit.
+//! `--verbose` lists every compressed weight, every file's digest and every op's predicted
+//! unit.
 
 use super::inspect::{grouped, histogram_text, weights_text};
 use crate::report::{ComputeUnit, PlacementReport, PositionalStatus, VerifyReport};
@@ -50,7 +51,8 @@ pub fn placement_text(out: &mut String, p: &PlacementReport, verbose: bool) {
         out,
         "  placement, predicted from documented rules ({measured_note}; {what}); shares of run-time FLOPs / bytes:"
     );
-    for t in &p.totals {
+    // The summary leaves out units no op is predicted on ("off the ANE" says so below).
+    for t in p.totals.iter().filter(|t| verbose || t.ops > 0) {
         if t.unit == ComputeUnit::LoadTime {
             let _ = writeln!(
                 out,
@@ -229,19 +231,21 @@ pub fn format_verify(r: &VerifyReport, verbose: bool) -> String {
         placement_text(&mut out, p, verbose);
     }
     let d = &r.receipt.digests;
-    let _ = writeln!(out, "  sha256 model.mlmodel {}", d.model_mlmodel);
+    if verbose {
+        let _ = writeln!(out, "  sha256 model.mlmodel {}", d.model_mlmodel);
+        let _ = writeln!(
+            out,
+            "  sha256 weight.bin    {}",
+            d.weight_bin.as_deref().unwrap_or("(none)")
+        );
+    }
     let _ = writeln!(
         out,
-        "  sha256 weight.bin    {}",
-        d.weight_bin.as_deref().unwrap_or("(none)")
-    );
-    let _ = writeln!(out, "  sha256 package       {}", d.package);
-    let _ = writeln!(
-        out,
-        "  milkit {}; {} files, {} bytes",
-        r.receipt.version,
+        "  sha256 package       {} ({} files, {} bytes; milkit {})",
+        d.package,
         m.files.len(),
-        grouped(m.total_file_bytes)
+        grouped(m.total_file_bytes),
+        r.receipt.version
     );
     if r.ok {
         let _ = writeln!(out, "OK: every check holds");
