@@ -381,6 +381,36 @@ mod tests {
     }
 
     #[test]
+    fn the_result_does_not_depend_on_the_thread_count() {
+        // Several chunks of points, weighted, so the chunked sums matter.
+        let n = 3 * CHUNK + 123;
+        let mut z = 0x1234_5678u64;
+        let mut next = || {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let v: Vec<f32> = (0..2 * n).map(|_| next()).collect();
+        let w: Vec<f32> = (0..2 * n).map(|_| next().abs() + 0.1).collect();
+        let p = Points {
+            values: &v,
+            weights: Some(&w),
+            dim: 2,
+        };
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| kmeans_vectors(p, 32, 3).unwrap())
+        };
+        let one = run(1);
+        assert!(one.iterations > 1);
+        assert_eq!(run(3), one);
+    }
+
+    #[test]
     fn fewer_distinct_vectors_than_entries_pad_with_zeros() {
         let v = [1.0f32, 2.0, 1.0, 2.0, 3.0, 4.0];
         let p = Points {
