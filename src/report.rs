@@ -45,7 +45,8 @@ pub struct StorageBytes {
 }
 
 /// Constant data by how it is stored. Keys of `by_storage`: `fp16`, `fp32` (plain `const`
-/// tensors), `lut1`..`lut8` (palettized: indices + look-up table), `int4_blockwise`,
+/// tensors), `lut1`..`lut8` (palettized: indices + look-up table; `lut8x2`, `lut4x4`, ...:
+/// vector palettization, indices of 8 bits into entries of 2 values), `int4_blockwise`,
 /// `int8_blockwise` (`constexpr_blockwise_shift_scale`: data + scale + offset), `other`
 /// (everything else, e.g. int32 shape constants or affine-quantized weights).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

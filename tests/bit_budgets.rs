@@ -26,6 +26,7 @@ fn lut(nbits: u32, group: usize) -> LutConfig {
         nbits,
         granularity: LutGranularity::PerGroupedChannel(group),
         per_channel_scale: false,
+        cluster_dim: 1,
     }
 }
 

@@ -22,6 +22,7 @@ fn lut4() -> Method {
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
         per_channel_scale: false,
+        cluster_dim: 1,
     })
 }
 

@@ -58,6 +58,7 @@ fn lut(g: usize) -> Method {
             LutGranularity::PerGroupedChannel(g)
         },
         per_channel_scale: false,
+        cluster_dim: 1,
     })
 }
 
@@ -247,6 +248,7 @@ fn a_chunked_head_compressed_in_two_passes_pads_each_chunk_once() {
             mode: LutMode::Kmeans,
             granularity: LutGranularity::PerGroupedChannel(8),
             per_channel_scale: false,
+            cluster_dim: 1,
         });
         let sel = Selection {
             op_types: vec!["conv".into()],

@@ -207,6 +207,7 @@ fn equal_weights_give_the_unweighted_result_exactly() {
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
         per_channel_scale: false,
+        cluster_dim: 1,
     };
     let plain = lut::palettize(&h, &shape, &cfg, None).unwrap();
     let weighted = lut::palettize(&h, &shape, &cfg, Some(&vec![0.61f32; shape[1]])).unwrap();
@@ -394,6 +395,7 @@ fn indivisible_group_and_block_sizes_are_refused() {
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
         per_channel_scale: false,
+        cluster_dim: 1,
     };
     let msg = lut::palettize(&w, &[1500, 4], &l, None)
         .unwrap_err()
@@ -602,6 +604,7 @@ fn palettize_and_decode_match_coremltools() {
                         nbits,
                         granularity: gran,
                         per_channel_scale: false,
+                        cluster_dim: 1,
                     };
                     let pal = lut::palettize(&w, shape, &cfg, None).unwrap();
                     let p = |s: &str| dir.path().join(format!("{name}{s}"));
@@ -772,6 +775,7 @@ fn tiny_en_encoder_lut4_kmeans_error_beats_coremltools() {
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
         per_channel_scale: false,
+        cluster_dim: 1,
     };
     let t = std::time::Instant::now();
     let mut errs = Vec::new();
@@ -828,6 +832,7 @@ fn bench_palettize() {
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
         per_channel_scale: false,
+        cluster_dim: 1,
     };
     if let Some(root) = fixtures() {
         let weights = tiny_encoder_weights(&root);

@@ -28,6 +28,7 @@ fn lut(nbits: u32) -> LutConfig {
         nbits,
         granularity: LutGranularity::PerGroupedChannel(16),
         per_channel_scale: true,
+        cluster_dim: 1,
     }
 }
 

@@ -31,6 +31,7 @@ fn lut(nbits: u32) -> LutConfig {
         nbits,
         granularity: LutGranularity::PerGroupedChannel(4),
         per_channel_scale: false,
+        cluster_dim: 1,
     }
 }
 

@@ -83,6 +83,7 @@ fn lut(nbits: u32, group: usize, pcs: bool) -> LutConfig {
         nbits,
         granularity: LutGranularity::PerGroupedChannel(group),
         per_channel_scale: pcs,
+        cluster_dim: 1,
     }
 }
 

@@ -241,6 +241,7 @@ fn a_palettized_positional_embedding_is_killed_at_rung_one() {
         nbits: 4,
         granularity: LutGranularity::PerTensor,
         per_channel_scale: false,
+        cluster_dim: 1,
     };
     let p = palettize(&w, &t.shape, &cfg, None).unwrap();
     let idx = Tensor::new(

@@ -2757,6 +2757,56 @@ fn compression_cases() -> Vec<Case> {
     ));
     v.push(case(
         "constexpr_lut_to_dense",
+        "iOS18, 3-bit, vector size 2 on axis 0, 2 groups",
+        &[I18],
+        FP,
+        |p| {
+            // indices [4, 3] → output [8, 3]: rows 2r and 2r+1 take components 0 and 1 of
+            // entry indices[r, j] of table r / 2.
+            let codes: Vec<u8> = (0..12).map(|i| (i * 5 % 8) as u8).collect();
+            let lut: Vec<f64> = (0..32).map(|i| i as f64 * 0.25 - 4.0).collect();
+            let ins = vec![
+                ("indices", In::Inline(sub_byte(DType::U3, &[4, 3], &codes)?)),
+                ("lut", In::Inline(p.fval(&[2, 1, 8, 2], &lut))),
+                ("vector_axis", ci0(0)),
+            ];
+            let w = p.op("constexpr_lut_to_dense", ins)?;
+            let want = (0..24)
+                .map(|i| {
+                    let (o, j) = (i / 3, i % 3);
+                    let code = codes[(o / 2) * 3 + j] as usize;
+                    p.r(lut[((o / 4) * 8 + code) * 2 + o % 2])
+                })
+                .collect();
+            p.want(&w, &[8, 3], want, Cmp::Exact)
+        },
+    ));
+    v.push(case(
+        "constexpr_lut_to_dense",
+        "iOS18, 2-bit, vector size 2 on axis 1 (the last)",
+        &[I18],
+        FP,
+        |p| {
+            // indices [2, 3] → output [2, 6]: columns 2j and 2j+1 from entry indices[i, j].
+            let codes: Vec<u8> = vec![0, 3, 1, 2, 2, 0];
+            let lut: Vec<f64> = vec![1.0, -1.0, 0.5, 2.0, -3.0, 0.25, 4.0, -0.5];
+            let ins = vec![
+                ("indices", In::Inline(sub_byte(DType::U2, &[2, 3], &codes)?)),
+                ("lut", In::Inline(p.fval(&[1, 1, 4, 2], &lut))),
+                ("vector_axis", ci0(-1)),
+            ];
+            let w = p.op("constexpr_lut_to_dense", ins)?;
+            let want = (0..12)
+                .map(|i| {
+                    let (r, c) = (i / 6, i % 6);
+                    p.r(lut[codes[r * 3 + c / 2] as usize * 2 + c % 2])
+                })
+                .collect();
+            p.want(&w, &[2, 6], want, Cmp::Exact)
+        },
+    ));
+    v.push(case(
+        "constexpr_lut_to_dense",
         "iOS16, 4-bit packed uint8",
         &[I16],
         FP,

@@ -30,6 +30,7 @@ fn lut4(pcs: bool) -> Method {
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
         per_channel_scale: pcs,
+        cluster_dim: 1,
     })
 }
 

@@ -26,6 +26,7 @@ fn lut4(mode: LutMode, pcs: bool) -> LutConfig {
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(16),
         per_channel_scale: pcs,
+        cluster_dim: 1,
     }
 }
 

@@ -46,6 +46,7 @@ fn methods() -> [(&'static str, Method); 2] {
                 nbits: 4,
                 granularity: LutGranularity::PerGroupedChannel(16),
                 per_channel_scale: false,
+                cluster_dim: 1,
             }),
         ),
         (

@@ -114,6 +114,7 @@ pub fn measure(
         nbits: 4,
         granularity: LutGranularity::PerGroupedChannel(8),
         per_channel_scale: false,
+        cluster_dim: 1,
     });
     let int4 = Method::Quantize(QuantConfig {
         dtype: QuantDtype::Int4,

@@ -5,7 +5,7 @@
 use super::bundle::Compression;
 use crate::passes::calibrate::Calibration;
 use crate::passes::compress::{Method, Selection};
-use crate::passes::lut::{LutConfig, LutGranularity, LutMode};
+use crate::passes::lut::{LutConfig, LutGranularity, LutMode, CLUSTER_DIMS};
 use crate::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
@@ -48,6 +48,7 @@ impl Default for CompressFlags {
             calibration: vec![],
             target_bits: None,
             per_channel_scale: false,
+            cluster_dim: 1,
             outlier_grouping: false,
             error_feedback: false,
             damping: 0.01,
@@ -77,7 +78,8 @@ pub struct CompressFlags {
     #[arg(long, value_enum, conflicts_with = "quantize")]
     #[serde(deserialize_with = "value_enum")]
     pub palettize: Option<LutMode>,
-    /// Bits per palettized index: 1, 2, 3, 4, 6 or 8.
+    /// Bits per palettized index: 1, 2, 3, 4, 6 or 8 (with --cluster-dim N one index stands
+    /// for N weights, so the weights cost nbits / N bits each, plus the tables).
     #[arg(long, default_value_t = 4)]
     pub nbits: u32,
     /// Linear quantization to int4/uint4/int8/uint8 with fp16 scales.
@@ -142,6 +144,14 @@ pub struct CompressFlags {
     /// With --calibration the k-means still minimizes the error of the original weight.
     #[arg(long)]
     pub per_channel_scale: bool,
+    /// Vector palettization (iOS18; with --palettize kmeans): 2 or 4 consecutive output
+    /// channels at one input position share one --nbits index into a table of 2- or
+    /// 4-value entries (coremltools' cluster_dim; the constexpr_lut_to_dense has
+    /// vector_axis 0), clustered by k-means on the vectors. 1 = scalar tables. The group
+    /// size (or the output channels, per tensor) must be a multiple of it. In a recipe:
+    /// `cluster_dim = 2`.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub cluster_dim: usize,
     /// Outlier-aware grouping (grouped-channel palettization): before fitting the tables,
     /// reorder the hidden channels of every weight → activation → weight chain (Whisper's
     /// MLPs: fc1 → gelu → fc2) so that the output rows sharing a table have alike ranges —
@@ -224,12 +234,30 @@ impl CompressFlags {
             if ![1, 2, 3, 4, 6, 8].contains(&self.nbits) {
                 bail!("--nbits {} is not one of 1, 2, 3, 4, 6, 8", self.nbits);
             }
+            if self.cluster_dim != 1 {
+                if !CLUSTER_DIMS.contains(&self.cluster_dim) {
+                    bail!("--cluster-dim {} is not 1, 2 or 4", self.cluster_dim);
+                }
+                if mode != LutMode::Kmeans {
+                    bail!("--cluster-dim {} (vector palettization) takes --palettize kmeans: uniform tables are scalar", self.cluster_dim);
+                }
+                if self.target_bits.is_some() || !self.op_nbits.is_empty() {
+                    bail!("--target-bits and --op-nbits plan scalar tables; they do not apply with --cluster-dim {}", self.cluster_dim);
+                }
+                if self.error_feedback {
+                    bail!("--error-feedback rounds one element at a time; it does not apply with --cluster-dim {}", self.cluster_dim);
+                }
+            }
             return Ok(Some(Method::Palettize(LutConfig {
                 mode,
                 nbits: self.nbits,
                 granularity,
                 per_channel_scale: self.per_channel_scale,
+                cluster_dim: self.cluster_dim,
             })));
+        }
+        if self.cluster_dim != 1 {
+            bail!("--cluster-dim (vector palettization) applies to --palettize kmeans only");
         }
         if self.per_channel_scale {
             bail!("--per-channel-scale applies to --palettize only");

@@ -284,8 +284,99 @@ pub fn decode_shift_scale<T: Copy + Default + Send>(
     )
 }
 
-/// iOS18 LUT: `out[o] = lut[group(i), indices[i], o[va] % vs]` where `i` is `o` with the
-/// vector axis divided by the vector size.
+/// iOS18 `constexpr_lut_to_dense` with vector palettization (`lut` of shape `[b_0, …,
+/// b_{r-1}, 2^nbits, vs]`, each `b_a` dividing `shape[a]`, `vs` ≥ 1): the output is `shape`
+/// with axis `vector_axis` multiplied by `vs`, and `out[o] = lut[cell(i), codes[i], o[va] %
+/// vs]` where `i` is `o` with the vector axis divided by `vs` (so `vs` consecutive elements
+/// along the vector axis come from one entry). Returns the values and the output shape.
+/// With `vs` = 1 this is [`decode_lut`].
+pub fn decode_lut_vector<T: Copy + Default + Send + Sync>(
+    codes: &[u8],
+    shape: &[usize],
+    lut: &[T],
+    lut_shape: &[usize],
+    vector_axis: i64,
+) -> Result<(Vec<T>, Vec<usize>)> {
+    const WHAT: &str = "constexpr_lut_to_dense";
+    let r = shape.len();
+    ensure!(
+        r >= 1 && lut_shape.len() == r + 2,
+        "{WHAT}: lut shape {lut_shape:?} must have rank {} (indices rank + 2)",
+        r + 2
+    );
+    let (palette, vs) = (lut_shape[r], lut_shape[r + 1]);
+    if vs == 1 {
+        return Ok((decode_lut(codes, shape, lut, lut_shape)?, shape.to_vec()));
+    }
+    let numel: usize = shape.iter().product();
+    ensure!(
+        codes.len() == numel,
+        "{WHAT}: {} indices for shape {shape:?}",
+        codes.len()
+    );
+    ensure!(
+        vs > 0 && palette.is_power_of_two() && palette <= 256,
+        "{WHAT}: lut shape {lut_shape:?}: palette size {palette} is not 2^nbits with nbits ≤ 8"
+    );
+    ensure!(
+        lut.len() == lut_shape.iter().product::<usize>(),
+        "{WHAT}: lut has {} values for shape {lut_shape:?}",
+        lut.len()
+    );
+    for a in 0..r {
+        ensure!(
+            lut_shape[a] > 0 && shape[a].is_multiple_of(lut_shape[a]),
+            "{WHAT}: lut {lut_shape:?}: {} groups do not divide axis {a} of indices {shape:?}",
+            lut_shape[a]
+        );
+    }
+    if let Some((i, &bad)) = codes
+        .iter()
+        .enumerate()
+        .find(|(_, &v)| v as usize >= palette)
+    {
+        bail!("{WHAT}: index {i} is {bad}, but the palette has {palette} entries");
+    }
+    let va = axis(vector_axis, r)?;
+    let block: Vec<usize> = (0..r).map(|k| shape[k] / lut_shape[k]).collect();
+    let mut oshape = shape.to_vec();
+    oshape[va] *= vs;
+    let (ist, lst) = (strides(shape), strides(lut_shape));
+    let last = oshape[r - 1];
+    let mut out = vec![T::default(); oshape.iter().product()];
+    if out.is_empty() {
+        return Ok((out, oshape));
+    }
+    out.par_chunks_mut(last).enumerate().for_each(|(row, dst)| {
+        // Offsets of the row's prefix (all axes but the last) in indices and lut.
+        let (mut ioff, mut loff, mut rem) = (0usize, 0usize, row);
+        let mut comp = 0usize;
+        for k in (0..r - 1).rev() {
+            let o = rem % oshape[k];
+            rem /= oshape[k];
+            let i = if k == va {
+                comp = o % vs;
+                o / vs
+            } else {
+                o
+            };
+            ioff += i * ist[k];
+            loff += (i / block[k]) * lst[k];
+        }
+        for (j, d) in dst.iter_mut().enumerate() {
+            let (i, c) = if va == r - 1 {
+                (j / vs, j % vs)
+            } else {
+                (j, comp)
+            };
+            let code = codes[ioff + i] as usize;
+            *d = lut[loff + (i / block[r - 1]) * lst[r - 1] + code * lst[r] + c];
+        }
+    });
+    Ok((out, oshape))
+}
+
+/// iOS18 LUT, scalar or vector ([`decode_lut_vector`]; a missing `vector_axis` reads as 0).
 pub(super) fn eval_lut18(cx: &EvalCx) -> Result<Vec<RValue>> {
     let it = cx.t("indices")?;
     let ishape = it.dims().to_vec();
@@ -293,70 +384,8 @@ pub(super) fn eval_lut18(cx: &EvalCx) -> Result<Vec<RValue>> {
     let lut_t = cx.t("lut")?;
     let lshape = lut_t.dims().to_vec();
     let lut = kernels::to_f32_vec(lut_t)?;
-    let r = ishape.len();
-    ensure!(
-        r >= 1 && lshape.len() == r + 2,
-        "lut {lshape:?} for indices {ishape:?}"
-    );
-    let (palette, vs) = (lshape[r], lshape[r + 1]);
-    if vs == 1 {
-        return out0(
-            cx,
-            kernels::from_vec(decode_lut(&codes, &ishape, &lut, &lshape)?, &ishape)?,
-        );
-    }
-    let block: Vec<usize> = (0..r)
-        .map(|k| (ishape[k] / lshape[k].max(1)).max(1))
-        .collect();
-    let va = if vs > 1 {
-        axis(cx.opt_int("vector_axis")?.unwrap_or(0), r)?
-    } else {
-        r
-    };
-    let mut oshape = ishape.clone();
-    if vs > 1 {
-        oshape[va] *= vs;
-    }
-    let (ist, lst) = (strides(&ishape), strides(&lshape));
-    let last = oshape[r - 1];
-    let mut out = vec![0f32; oshape.iter().product()];
-    let bad = std::sync::atomic::AtomicBool::new(false);
-    out.par_chunks_mut(last.max(1))
-        .enumerate()
-        .for_each(|(row, dst)| {
-            // Offsets of the row's prefix (all axes but the last) in indices and lut.
-            let (mut ioff, mut loff, mut rem) = (0usize, 0usize, row);
-            let mut comp = 0usize;
-            for k in (0..r - 1).rev() {
-                let o = rem % oshape[k];
-                rem /= oshape[k];
-                let i = if k == va {
-                    comp = o % vs;
-                    o / vs
-                } else {
-                    o
-                };
-                ioff += i * ist[k];
-                loff += (i / block[k]) * lst[k];
-            }
-            for (j, d) in dst.iter_mut().enumerate() {
-                let (i, c) = if va == r - 1 {
-                    (j / vs, j % vs)
-                } else {
-                    (j, comp)
-                };
-                let code = codes[ioff + i] as usize;
-                if code >= palette {
-                    bad.store(true, std::sync::atomic::Ordering::Relaxed);
-                    continue;
-                }
-                *d = lut[loff + (i / block[r - 1]) * lst[r - 1] + code * lst[r] + c];
-            }
-        });
-    ensure!(
-        !bad.into_inner(),
-        "LUT index out of range for a palette of {palette}"
-    );
+    let va = cx.opt_int("vector_axis")?.unwrap_or(0);
+    let (out, oshape) = decode_lut_vector(&codes, &ishape, &lut, &lshape, va)?;
     out0(cx, kernels::from_vec(out, &oshape)?)
 }
 

@@ -33,7 +33,7 @@ mod state;
 mod tensor_ops;
 
 pub use builder::{Builder, In, V};
-pub use compression::{decode_grid, decode_lut, decode_shift_scale};
+pub use compression::{decode_grid, decode_lut, decode_lut_vector, decode_shift_scale};
 pub use eval::{DictKeys, DictVal, EvalCx, EvalFn, ExecEnv, ListVal, RValue, StateCell};
 pub use infer::{ArgInfo, BlockSig, InferCx};
 pub use nn::{eval_conv_gelu, gelu_mode};

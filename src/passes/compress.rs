@@ -68,9 +68,14 @@ pub fn mode_name(m: &Method) -> String {
                 LutMode::Kmeans => "kmeans",
                 LutMode::Uniform => "uniform",
             };
+            // Vector tables: `lut8x2` = 8-bit indices into entries of 2 values.
+            let lut = match c.cluster_dim {
+                1 => format!("lut{}", c.nbits),
+                cd => format!("lut{}x{cd}", c.nbits),
+            };
             let base = match c.granularity {
-                LutGranularity::PerTensor => format!("lut{}-{mode}-per-tensor", c.nbits),
-                LutGranularity::PerGroupedChannel(g) => format!("lut{}-{mode}-g{g}", c.nbits),
+                LutGranularity::PerTensor => format!("{lut}-{mode}-per-tensor"),
+                LutGranularity::PerGroupedChannel(g) => format!("{lut}-{mode}-g{g}"),
             };
             if c.per_channel_scale {
                 format!("{base}-channel-scale")
@@ -103,6 +108,16 @@ fn indivisible(method: &Method, shape: &[usize]) -> Option<String> {
                 shape[0],
                 shape[0],
                 largest_divisor(shape[0], g)
+            )),
+            LutGranularity::PerGroupedChannel(g) if !g.is_multiple_of(c.cluster_dim.max(1)) => Some(format!(
+                "--cluster-dim {} does not divide the group size {g} (the output channels sharing a table, which the vectors of {} channels tile); use a group size that is a multiple of {}",
+                c.cluster_dim, c.cluster_dim, c.cluster_dim
+            )),
+            LutGranularity::PerTensor if !shape[0].is_multiple_of(c.cluster_dim.max(1)) => Some(format!(
+                "--cluster-dim {} does not divide the {} output channels (axis 0), along which the vectors lie; use --cluster-dim {} or 1",
+                c.cluster_dim,
+                shape[0],
+                if shape[0].is_multiple_of(2) { 2 } else { 1 }
             )),
             _ => None,
         },
@@ -196,6 +211,23 @@ pub fn compress_with(
         }
     }
     if let Method::Palettize(c) = method {
+        if c.cluster_dim > 1 {
+            if error_feedback.is_some() {
+                bail!("--error-feedback rounds one element at a time, so it does not apply to vector palettization (--cluster-dim {}); use --cluster-dim 1 or leave out --error-feedback", c.cluster_dim);
+            }
+            if !nbits.is_empty() {
+                bail!("per-weight bit widths (--target-bits, --op-nbits) are planned for scalar tables; they do not apply to vector palettization (--cluster-dim {})", c.cluster_dim);
+            }
+            for (fname, f) in &model.program.functions {
+                if f.opset < Opset::Ios18 {
+                    bail!(
+                        "vector palettization (--cluster-dim {}) is the iOS18 constexpr_lut_to_dense with vector_axis, but function `{fname}` targets {}; export with --target ios18",
+                        c.cluster_dim,
+                        f.opset
+                    );
+                }
+            }
+        }
         if c.per_channel_scale {
             for (fname, f) in &model.program.functions {
                 if f.opset < Opset::Ios18 {
@@ -454,7 +486,7 @@ fn replace(
             let packed = p.packed_indices()?;
             let idx = Tensor::new(
                 idx_dtype,
-                t.shape.clone(),
+                p.indices_shape(),
                 crate::ir::Bytes::from_vec(packed),
             )?;
             let lut = Tensor::f16(&p.lut_shape, &p.lut);
@@ -466,6 +498,14 @@ fn replace(
             }
             inputs.insert("indices".to_string(), vec![Arg::Value(Value::Tensor(idx))]);
             inputs.insert("lut".to_string(), vec![Arg::Value(Value::Tensor(lut))]);
+            if p.cluster_dim > 1 {
+                // The vectors lie along the output channels (axis 0), as coremltools lays them.
+                inputs.insert(
+                    "vector_axis".to_string(),
+                    vec![Arg::Value(Value::i32_scalar(0))],
+                );
+                after += 4;
+            }
             ("constexpr_lut_to_dense", err, after)
         }
         Method::Quantize(cfg) => {

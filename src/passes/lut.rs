@@ -25,6 +25,7 @@
 //! position; the row form here is what lets rows of different size share a grouped table.)
 
 use super::kmeans::kmeans_1d_f16;
+use super::kmeans_vec::{assign_nearest, kmeans_vectors, Points};
 use anyhow::{bail, ensure, Result};
 use half::f16;
 use rayon::prelude::*;
@@ -57,22 +58,40 @@ pub struct LutConfig {
     /// `constexpr_blockwise_shift_scale` after the LUT op; coremltools'
     /// `enable_per_channel_scale`). Lets rows of very different magnitudes share a table.
     pub per_channel_scale: bool,
+    /// Components per table entry (coremltools' `cluster_dim`): 1 = scalar palettization; 2
+    /// or 4 = vector palettization, where `cluster_dim` consecutive output channels at one
+    /// input position share one index into a table of vectors (k-means only; the group
+    /// size, or the output channels per tensor, must be a multiple of it).
+    pub cluster_dim: usize,
+}
+
+/// Vector sizes accepted for vector palettization (besides 1, scalar).
+pub const CLUSTER_DIMS: [usize; 2] = [2, 4];
+
+/// Seed of the vector k-means of table `g` of a weight (fixed, so runs reproduce).
+fn vector_seed(g: usize) -> u64 {
+    0x6d69_6c6b_6974_0000 ^ g as u64
 }
 
 /// Bit widths `constexpr_lut_to_dense` accepts for its indices.
 pub const LUT_NBITS: [u32; 6] = [1, 2, 3, 4, 6, 8];
 
-/// Inputs of one iOS18 `constexpr_lut_to_dense` (scalar palettization, no `vector_axis`).
+/// Inputs of one iOS18 `constexpr_lut_to_dense`: scalar palettization (`cluster_dim` 1, no
+/// `vector_axis`), or vector palettization with `vector_axis` 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Palettized {
     pub nbits: u32,
-    /// The weight's shape, which is also the shape of `indices`.
+    /// The weight's shape; also the shape of `indices`, except that with vectors axis 0 is
+    /// divided by `cluster_dim` ([`Self::indices_shape`]).
     pub shape: Vec<usize>,
-    /// fp16 entries, row-major in `lut_shape`.
+    /// fp16 entries, row-major in `lut_shape` (`[groups, 1, …, 1, 2^nbits, cluster_dim]`).
     pub lut: Vec<f16>,
     pub lut_shape: Vec<usize>,
-    /// One index (< 2^nbits) per element, row-major.
+    /// One index (< 2^nbits) per element (per vector with `cluster_dim` > 1), row-major in
+    /// [`Self::indices_shape`].
     pub indices: Vec<u8>,
+    /// Components per table entry: 1 (scalar) or the vector size along axis 0.
+    pub cluster_dim: usize,
     /// With per-channel scales: one fp16 factor per output channel (axis 0) that multiplies
     /// the table's decode (the `scale` of the following `constexpr_blockwise_shift_scale`,
     /// shape `[shape[0], 1, …, 1]`).
@@ -82,11 +101,28 @@ pub struct Palettized {
 impl Palettized {
     /// The fp16 weight Core ML materializes from this op.
     pub fn decode(&self) -> Result<Vec<f16>> {
-        let dense = decode_lut(&self.indices, &self.shape, &self.lut, &self.lut_shape)?;
+        let (dense, shape) = crate::ops::decode_lut_vector(
+            &self.indices,
+            &self.indices_shape(),
+            &self.lut,
+            &self.lut_shape,
+            0,
+        )?;
+        ensure!(
+            shape == self.shape,
+            "palettized decode has shape {shape:?}, not the weight's {:?}",
+            self.shape
+        );
         match &self.row_scale {
             Some(s) => apply_row_scale(dense, s),
             None => Ok(dense),
         }
+    }
+    /// The shape of `indices`: the weight's, with axis 0 divided by `cluster_dim`.
+    pub fn indices_shape(&self) -> Vec<usize> {
+        let mut s = self.shape.clone();
+        s[0] /= self.cluster_dim.max(1);
+        s
     }
     /// The shape of the per-channel scale tensor: `[shape[0], 1, …, 1]`.
     pub fn row_scale_shape(&self) -> Vec<usize> {
@@ -100,6 +136,10 @@ impl Palettized {
     pub fn rel_rms_error(&self, weight: &[f16]) -> Result<f64> {
         use super::quant_kernel::{rel_from_sums, sq_sums, ERR_PIECE};
         use half::slice::HalfFloatSliceExt;
+        if self.row_scale.is_some() || self.cluster_dim > 1 {
+            // Not a per-element table look-up; measure it on the decode.
+            return super::quant::relative_rms_error(weight, &self.decode()?);
+        }
         let entries = 1usize << self.nbits;
         let groups = self.lut_shape.first().copied().unwrap_or(0);
         ensure!(
@@ -113,10 +153,6 @@ impl Palettized {
             self.indices.len(),
             self.lut_shape
         );
-        if self.row_scale.is_some() {
-            // The scaled decode is not a pure table look-up; measure it on the decode.
-            return super::quant::relative_rms_error(weight, &self.decode()?);
-        }
         if let Some(bad) = self.indices.iter().find(|&&i| usize::from(i) >= entries) {
             bail!("palettized error: index {bad} outside a palette of {entries} entries");
         }
@@ -297,6 +333,9 @@ pub fn palettize(
             out / gs
         }
     };
+    if cfg.cluster_dim != 1 {
+        return palettize_vectors(weight, shape, cfg, importance, groups);
+    }
     let chunk = numel / groups;
     let entries = 1usize << cfg.nbits;
     let mut lut = vec![f16::ZERO; groups * entries];
@@ -360,6 +399,102 @@ pub fn palettize(
         lut,
         lut_shape,
         indices,
+        cluster_dim: 1,
+        row_scale,
+    })
+}
+
+/// Vector palettization (`cfg.cluster_dim` > 1) of a checked, finite weight into `groups`
+/// tables along axis 0: in each table's rows, the `cluster_dim` consecutive rows `r·cd + c`
+/// at input position `j` form vector `(r, j)` (coremltools' layout with `vector_axis` 0),
+/// clustered by [`kmeans_vectors`] seeded per table; the centres are rounded once to fp16
+/// and every vector then takes its nearest rounded entry.
+fn palettize_vectors(
+    weight: &[f16],
+    shape: &[usize],
+    cfg: &LutConfig,
+    importance: Option<&[f32]>,
+    groups: usize,
+) -> Result<Palettized> {
+    let cd = cfg.cluster_dim;
+    ensure!(
+        CLUSTER_DIMS.contains(&cd),
+        "palettize: cluster_dim {cd} is not 1, 2 or 4"
+    );
+    ensure!(
+        cfg.mode == LutMode::Kmeans,
+        "palettize: vector palettization (cluster_dim {cd}) takes k-means tables, not uniform"
+    );
+    let rows = shape[0] / groups;
+    if !rows.is_multiple_of(cd) {
+        bail!(
+            "palettize: cluster_dim {cd} does not divide the {rows} output channels (axis 0) that \
+             share a table of the weight with shape {shape:?}; use a group size that is a \
+             multiple of {cd}, or cluster_dim 1 for this weight"
+        );
+    }
+    let numel = weight.len();
+    let rest = numel / shape[0];
+    let (row_scale, normalized) = if cfg.per_channel_scale {
+        let (s, n) = normalize_rows(weight, shape[0]);
+        (Some(s), Some(n))
+    } else {
+        (None, None)
+    };
+    let fit: &[f16] = normalized.as_deref().unwrap_or(weight);
+    let entries = 1usize << cfg.nbits;
+    let chunk = numel / groups;
+    let vecs = chunk / cd;
+    let mut lut = vec![f16::ZERO; groups * entries * cd];
+    let mut indices = vec![0u8; numel / cd];
+    lut.par_chunks_mut(entries * cd)
+        .zip(indices.par_chunks_mut(vecs))
+        .enumerate()
+        .try_for_each(|(g, (lut, idx))| -> Result<()> {
+            // Vector (r, j) of this table: rows g·rows + r·cd + c at input position j.
+            let row0 = g * rows;
+            let at = |r: usize, c: usize, j: usize| (row0 + r * cd + c) * rest + j;
+            let mut points = Vec::with_capacity(vecs * cd);
+            let mut weights = importance.map(|_| Vec::with_capacity(vecs * cd));
+            for r in 0..rows / cd {
+                for j in 0..rest {
+                    for c in 0..cd {
+                        points.push(fit[at(r, c, j)].to_f32());
+                        if let (Some(w), Some(imp)) = (weights.as_mut(), importance) {
+                            // As the scalar path: an error e of the normalized value costs
+                            // s²e² in the weight.
+                            let s2 = row_scale
+                                .as_ref()
+                                .map_or(1.0, |s| s[row0 + r * cd + c].to_f32().powi(2));
+                            w.push(imp[j] * s2);
+                        }
+                    }
+                }
+            }
+            let p = Points {
+                values: &points,
+                weights: weights.as_deref(),
+                dim: cd,
+            };
+            let km = kmeans_vectors(p, entries, vector_seed(g))?;
+            for (e, &c) in lut.iter_mut().zip(&km.centroids) {
+                *e = f64_to_f16_nearest(c);
+            }
+            let table: Vec<f64> = lut.iter().map(|e| e.to_f64()).collect();
+            idx.copy_from_slice(&assign_nearest(p, &table));
+            Ok(())
+        })?;
+    let mut lut_shape = vec![1usize; shape.len() + 2];
+    lut_shape[0] = groups;
+    lut_shape[shape.len()] = entries;
+    lut_shape[shape.len() + 1] = cd;
+    Ok(Palettized {
+        nbits: cfg.nbits,
+        shape: shape.to_vec(),
+        lut,
+        lut_shape,
+        indices,
+        cluster_dim: cd,
         row_scale,
     })
 }
@@ -446,6 +581,7 @@ mod tests {
                 nbits: 3,
                 granularity: LutGranularity::PerGroupedChannel(3),
                 per_channel_scale: false,
+                cluster_dim: 1,
             };
             let p = palettize(&w, &shape, &cfg, None).unwrap();
             let want = super::super::quant::relative_rms_error(&w, &p.decode().unwrap()).unwrap();
@@ -476,6 +612,7 @@ mod tests {
             nbits: 2,
             granularity: LutGranularity::PerGroupedChannel(16),
             per_channel_scale: false,
+            cluster_dim: 1,
         };
         let p = palettize(&w, &[32, 2, 3], &cfg, None).unwrap();
         assert_eq!(p.lut_shape, vec![2, 1, 1, 4, 1]);

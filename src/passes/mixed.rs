@@ -84,7 +84,9 @@ fn stored_bits(cfg: &LutConfig, shape: &[usize]) -> u64 {
     } else {
         0
     };
-    numel * cfg.nbits as u64 + tables * (1u64 << cfg.nbits) * 16 + scales
+    // One index per vector of `cluster_dim` elements; entries of `cluster_dim` fp16 values.
+    let cd = cfg.cluster_dim.max(1) as u64;
+    numel / cd * cfg.nbits as u64 + tables * (1u64 << cfg.nbits) * 16 * cd + scales
 }
 
 /// Measures every selected weight at every candidate width and allocates widths so that the

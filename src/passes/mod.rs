@@ -7,6 +7,7 @@ mod compress_report;
 pub mod feedback;
 pub mod finite;
 pub mod kmeans;
+pub mod kmeans_vec;
 pub mod lut;
 pub mod mixed;
 pub mod quant;

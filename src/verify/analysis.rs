@@ -269,10 +269,19 @@ fn lut_bits(op: &crate::ir::Operation, parts: &[(&str, &Tensor)]) -> Option<u32>
 /// Storage kind of a `constexpr_*` op from its stored parts.
 fn constexpr_kind(op: &crate::ir::Operation, parts: &[(&str, &Tensor)]) -> String {
     match op.op_type.as_str() {
-        "constexpr_lut_to_dense" => match lut_bits(op, parts) {
-            Some(b) => format!("lut{b}"),
-            None => "other".into(),
-        },
+        "constexpr_lut_to_dense" => {
+            // iOS18 vector palettization: the table's last dim is the vector size.
+            let vector = parts
+                .iter()
+                .find(|(k, _)| *k == "lut")
+                .and_then(|(_, t)| (t.shape.len() >= 3).then(|| t.shape[t.shape.len() - 1]))
+                .filter(|&vs| vs > 1);
+            match (lut_bits(op, parts), vector) {
+                (Some(b), Some(vs)) => format!("lut{b}x{vs}"),
+                (Some(b), None) => format!("lut{b}"),
+                (None, _) => "other".into(),
+            }
+        }
         "constexpr_blockwise_shift_scale" => match parts
             .iter()
             .find(|(k, _)| *k == "data")
