@@ -413,6 +413,32 @@ pub struct FidelityClip {
     /// WER of each against the reference text, when the clip has one.
     pub baseline_wer: Option<f64>,
     pub candidate_wer: Option<f64>,
+    /// Word edits of each against the reference text and the reference's words, when the
+    /// clip has one (what the corpus WER difference and its interval are summed from).
+    #[serde(default)]
+    pub baseline_errors: Option<usize>,
+    #[serde(default)]
+    pub candidate_errors: Option<usize>,
+    #[serde(default)]
+    pub reference_words: Option<usize>,
+}
+
+/// The candidate's corpus WER minus the baseline's on the same clips, with a paired
+/// bootstrap interval: clips resampled with replacement (both folders' errors of a clip
+/// kept together), the difference of Σ errors ÷ Σ words per resample.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WerDelta {
+    /// Corpus WER of the baseline and of the candidate against the references, in percent.
+    pub baseline_wer_pct: f64,
+    pub candidate_wer_pct: f64,
+    /// candidate − baseline, in percentage points.
+    pub delta_points: f64,
+    /// The 2.5 % and 97.5 % quantiles of the resampled differences (points).
+    pub ci95_low: f64,
+    pub ci95_high: f64,
+    /// Clips with a reference text, and the resamples drawn (fixed seed: reproducible).
+    pub clips: usize,
+    pub resamples: usize,
 }
 
 /// `milkit eval --against --json`.
@@ -434,6 +460,10 @@ pub struct FidelityReport {
     /// Share of clips whose WER against the reference is not worse than the baseline's
     /// (None when no clip has a reference text).
     pub qoi: Option<f64>,
+    /// Corpus WER difference against the references with its interval (None when no clip
+    /// has a reference text).
+    #[serde(default)]
+    pub wer_delta: Option<WerDelta>,
 }
 
 /// The JSON Schema of a report type, as checked in under `schemas/`.

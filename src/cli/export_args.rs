@@ -81,6 +81,30 @@ pub struct ExportArgs {
     /// row. (In a recipe: `per_head_alignment = false` in the decoder's component.)
     #[arg(long)]
     pub no_per_head_alignment: bool,
+    /// With --recipe: measure what the recipe needs on these clips (WAV files or .jsonl
+    /// manifests with `audio`, and `text`/`language` for WER-based targets) in this one
+    /// command: the statistics of every compressed encoder and decoder (as `milkit
+    /// calibrate` gathers them, with Gram matrices where the recipe uses error feedback),
+    /// then, with a quality target, each plan's fidelity. With a target the clips are split
+    /// in two by a hash of their file names: one half gives the statistics, the other is
+    /// held back to measure the plans on. Results are cached under --cache-dir, keyed by
+    /// the checkpoint's and the clips' SHA-256 and the plan, and reused. End-metric
+    /// sensitivity curves are not measured here (`milkit calibrate --sensitivity-recipe`).
+    #[arg(long, num_args = 1.., value_name = "CLIPS", requires = "recipe")]
+    pub calibrate_on: Vec<PathBuf>,
+    /// With --recipe and --calibrate-on: the fewest bits whose fidelity against the fp16
+    /// folder of the same recipe, on the held-back clips, meets every bound:
+    /// KEY=VALUE,... with keys max_wer_delta (points, against the texts), min_qoi (0-1),
+    /// max_wer_vs_fp16 (%), max_mean_kl (nats), min_top1 (0-1), min_encoder_psnr_db,
+    /// max_bits (the largest plan tried). Replaces the recipe's [target] table. Plans: every
+    /// compressed component at 2, 3, 4, 4-6 mixed within 5, 6, 6-8 mixed within 7, 8 bits,
+    /// or fp16 (docs/recipes.md). A target no plan meets is an error naming the best reached.
+    #[arg(long, value_name = "KEY=VALUE,...", requires = "calibrate_on")]
+    pub target_quality: Option<String>,
+    /// Where --calibrate-on keeps statistics and measurements (default: $MILKIT_CACHE, else
+    /// ~/.cache/milkit/measure).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
     /// Output .mlpackage path (a directory for --component all or --recipe).
     #[arg(long)]
     pub out: PathBuf,

@@ -27,6 +27,93 @@ pub struct Recipe {
     pub copy_model_files: bool,
     #[serde(rename = "component")]
     pub components: Vec<RecipeComponent>,
+    /// A quality target instead of fixed widths: `export --recipe --calibrate-on CLIPS`
+    /// tries widths for the compressed components and keeps the fewest bits whose fidelity
+    /// against fp16, measured on the held-back half of the clips, meets every bound here
+    /// (`quality::target`).
+    pub target: Option<QualityTarget>,
+}
+
+/// Bounds on a compressed folder's fidelity against the fp16 folder of the same recipe, as
+/// `milkit eval --against` measures it; every bound given must hold. In a recipe the
+/// `[target]` table; on the command line `--target-quality KEY=VALUE,...` with the same keys.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QualityTarget {
+    /// Corpus WER against the reference texts, candidate minus fp16, in points.
+    pub max_wer_delta: Option<f64>,
+    /// Share of clips whose WER is not worse than fp16's (0–1).
+    pub min_qoi: Option<f64>,
+    /// WER of the candidate's transcripts against fp16's, in percent.
+    pub max_wer_vs_fp16: Option<f64>,
+    /// Mean teacher-forced next-token KL(fp16 ‖ candidate), nats.
+    pub max_mean_kl: Option<f64>,
+    /// Share of decoder positions where both pick the same token (0–1).
+    pub min_top1: Option<f64>,
+    /// Mean encoder-output PSNR against fp16, dB.
+    pub min_encoder_psnr_db: Option<f64>,
+    /// Try no plan with more nominal bits than this (default: every plan, fp16 included).
+    pub max_bits: Option<f64>,
+}
+
+impl QualityTarget {
+    /// Parses `KEY=VALUE,...` with the field names as keys.
+    pub fn parse(text: &str) -> Result<QualityTarget> {
+        let mut t = QualityTarget::default();
+        for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let Some((k, v)) = item.split_once('=') else {
+                bail!("quality target `{item}` is not KEY=VALUE (e.g. max_wer_delta=0.5)");
+            };
+            let v: f64 = v
+                .trim()
+                .parse()
+                .with_context(|| format!("quality target `{item}`: not a number"))?;
+            let slot = match k.trim() {
+                "max_wer_delta" => &mut t.max_wer_delta,
+                "min_qoi" => &mut t.min_qoi,
+                "max_wer_vs_fp16" => &mut t.max_wer_vs_fp16,
+                "max_mean_kl" => &mut t.max_mean_kl,
+                "min_top1" => &mut t.min_top1,
+                "min_encoder_psnr_db" => &mut t.min_encoder_psnr_db,
+                "max_bits" => &mut t.max_bits,
+                other => bail!(
+                    "unknown quality target `{other}` (max_wer_delta, min_qoi, max_wer_vs_fp16, max_mean_kl, min_top1, min_encoder_psnr_db, max_bits)"
+                ),
+            };
+            *slot = Some(v);
+        }
+        if t.is_empty() {
+            bail!("the quality target `{text}` sets no bound");
+        }
+        Ok(t)
+    }
+
+    /// No bound set (max_bits alone is no bound).
+    pub fn is_empty(&self) -> bool {
+        self.max_wer_delta.is_none()
+            && self.min_qoi.is_none()
+            && self.max_wer_vs_fp16.is_none()
+            && self.max_mean_kl.is_none()
+            && self.min_top1.is_none()
+            && self.min_encoder_psnr_db.is_none()
+    }
+
+    /// The bounds as `KEY=VALUE,...` (what [`QualityTarget::parse`] reads).
+    pub fn to_text(&self) -> String {
+        [
+            ("max_wer_delta", self.max_wer_delta),
+            ("min_qoi", self.min_qoi),
+            ("max_wer_vs_fp16", self.max_wer_vs_fp16),
+            ("max_mean_kl", self.max_mean_kl),
+            ("min_top1", self.min_top1),
+            ("min_encoder_psnr_db", self.min_encoder_psnr_db),
+            ("max_bits", self.max_bits),
+        ]
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join(",")
+    }
 }
 
 /// One package of the recipe.
@@ -73,6 +160,9 @@ impl Recipe {
             .with_context(|| format!("cannot read recipe {}", path.display()))?;
         let r: Recipe = toml::from_str(&text)
             .with_context(|| format!("{}: not a valid recipe", path.display()))?;
+        if r.target.as_ref().is_some_and(QualityTarget::is_empty) {
+            bail!("{}: the [target] table sets no bound", path.display());
+        }
         if r.components.is_empty() {
             bail!("{}: the recipe lists no [[component]]", path.display());
         }

@@ -15,9 +15,10 @@ use crate::whisper::wer::{rate, word_errors_with, Normalization};
 use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 
-pub use crate::report::{FidelityClip, FidelityReport};
+pub use crate::report::{FidelityClip, FidelityReport, WerDelta};
 
 /// A clip to measure: its name, path and optional reference text.
+#[derive(Clone, Debug)]
 pub struct FidelityInput {
     pub name: String,
     pub path: PathBuf,
@@ -123,7 +124,60 @@ pub fn fidelity(
             rows.iter().map(|r| r.baseline_words).sum(),
         )),
         qoi,
+        wer_delta: wer_delta(&rows, 2000),
         clips: rows,
+    })
+}
+
+/// The corpus WER difference of the clips with reference texts and its 95 % paired
+/// bootstrap interval over `resamples` resamples of the clips (xorshift64*, fixed seed).
+pub fn wer_delta(rows: &[FidelityClip], resamples: usize) -> Option<WerDelta> {
+    let clips: Vec<(f64, f64, f64)> = rows
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r.baseline_errors? as f64,
+                r.candidate_errors? as f64,
+                r.reference_words? as f64,
+            ))
+        })
+        .collect();
+    let words: f64 = clips.iter().map(|c| c.2).sum();
+    if clips.is_empty() || words == 0.0 {
+        return None;
+    }
+    let pct = |e: f64, w: f64| if w > 0.0 { 100.0 * e / w } else { 0.0 };
+    let base = pct(clips.iter().map(|c| c.0).sum(), words);
+    let cand = pct(clips.iter().map(|c| c.1).sum(), words);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |n: usize| {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
+    };
+    let mut diffs: Vec<f64> = (0..resamples)
+        .map(|_| {
+            let (mut b, mut c, mut w) = (0.0, 0.0, 0.0);
+            for _ in 0..clips.len() {
+                let k = clips[next(clips.len())];
+                b += k.0;
+                c += k.1;
+                w += k.2;
+            }
+            pct(c, w) - pct(b, w)
+        })
+        .collect();
+    diffs.sort_by(f64::total_cmp);
+    let q = |p: f64| diffs[((p * (diffs.len() - 1) as f64).round() as usize).min(diffs.len() - 1)];
+    Some(WerDelta {
+        baseline_wer_pct: base,
+        candidate_wer_pct: cand,
+        delta_points: cand - base,
+        ci95_low: q(0.025),
+        ci95_high: q(0.975),
+        clips: clips.len(),
+        resamples,
     })
 }
 
@@ -168,11 +222,12 @@ fn measure(
     let candidate_text = cand.tokenizer().decode(&cand_pass.tokens, true);
     let (errors_vs_baseline, baseline_words) =
         word_errors_with(&baseline_text, &candidate_text, norm);
-    let wer_of = |hyp: &str| {
+    let counts_of = |hyp: &str| {
         clip.reference
             .as_deref()
-            .map(|r| rate(word_errors_with(r, hyp, norm)))
+            .map(|r| word_errors_with(r, hyp, norm))
     };
+    let (bc, cc) = (counts_of(&baseline_text), counts_of(&candidate_text));
     Ok(FidelityClip {
         audio: clip.name.clone(),
         positions,
@@ -181,8 +236,11 @@ fn measure(
         top1_agreement: agree as f64 / positions as f64,
         encoder_psnr_db: psnr.is_finite().then_some(psnr),
         encoder_cosine: cos,
-        baseline_wer: wer_of(&baseline_text),
-        candidate_wer: wer_of(&candidate_text),
+        baseline_wer: bc.map(rate),
+        candidate_wer: cc.map(rate),
+        baseline_errors: bc.map(|c| c.0),
+        candidate_errors: cc.map(|c| c.0),
+        reference_words: bc.map(|c| c.1),
         baseline_text,
         candidate_text,
         errors_vs_baseline,
@@ -225,6 +283,12 @@ impl FidelityReport {
                 .map(|q| format!(", QoI {:.0} %", 100.0 * q))
                 .unwrap_or_default()
         );
+        if let Some(d) = &self.wer_delta {
+            s += &format!(
+                "WER against the references: baseline {:.2} %, candidate {:.2} %, difference {:+.2} points (95 % paired bootstrap over {} clips: {:+.2} to {:+.2})\n",
+                d.baseline_wer_pct, d.candidate_wer_pct, d.delta_points, d.clips, d.ci95_low, d.ci95_high
+            );
+        }
         s
     }
 }
@@ -242,6 +306,53 @@ mod tests {
         let e = std::f64::consts::E;
         let want = (e - 1.0) / (1.0 + e);
         assert!((kl_divergence(&p, &q) - want).abs() < 1e-6);
+    }
+
+    fn clip(base: usize, cand: usize, words: usize) -> FidelityClip {
+        FidelityClip {
+            audio: String::new(),
+            positions: 1,
+            mean_kl: 0.0,
+            max_kl: 0.0,
+            top1_agreement: 1.0,
+            encoder_psnr_db: None,
+            encoder_cosine: 1.0,
+            baseline_text: String::new(),
+            candidate_text: String::new(),
+            errors_vs_baseline: 0,
+            baseline_words: words,
+            baseline_wer: Some(base as f64 / words as f64),
+            candidate_wer: Some(cand as f64 / words as f64),
+            baseline_errors: Some(base),
+            candidate_errors: Some(cand),
+            reference_words: Some(words),
+        }
+    }
+
+    #[test]
+    fn the_wer_difference_is_the_corpus_difference_and_its_interval_holds_it() {
+        // 2 extra errors in 40 words: +5 points; a clip-level change so the interval is wide.
+        let rows = vec![
+            clip(1, 3, 10),
+            clip(0, 0, 10),
+            clip(2, 2, 10),
+            clip(1, 1, 10),
+        ];
+        let d = wer_delta(&rows, 2000).unwrap();
+        assert!((d.delta_points - 5.0).abs() < 1e-9, "{d:?}");
+        assert!((d.baseline_wer_pct - 10.0).abs() < 1e-9);
+        assert!(
+            d.ci95_low <= d.delta_points && d.delta_points <= d.ci95_high,
+            "{d:?}"
+        );
+        assert!(d.ci95_low >= 0.0 && d.ci95_high > 5.0, "{d:?}");
+        // The same errors on every clip: no difference and no spread.
+        let same = vec![clip(1, 1, 10), clip(2, 2, 10)];
+        let d = wer_delta(&same, 500).unwrap();
+        assert_eq!((d.delta_points, d.ci95_low, d.ci95_high), (0.0, 0.0, 0.0));
+        let mut no_refs = clip(0, 0, 10);
+        no_refs.reference_words = None;
+        assert!(wer_delta(&[no_refs], 100).is_none());
     }
 
     #[test]

@@ -15,3 +15,4 @@ pub mod eval;
 pub mod fidelity;
 pub mod gate;
 pub mod sensitivity;
+pub mod target;
