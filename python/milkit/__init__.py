@@ -19,6 +19,7 @@ Every error milkit reports is a ``milkit.MilkitError`` carrying milkit's message
 reference is docs/python.md.
 """
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ __all__ = [
     "Feature",
     "FeatureDescription",
     "use_with_coremltools",
+    "transcribe",
     "__version__",
 ]
 
@@ -223,3 +225,32 @@ def use_with_coremltools(force=False):
 
     _coremltools.install()
     return True
+
+
+def transcribe(models, audio, **options):
+    """Transcribes a WAV file with a models folder (``milkit export --component all``), as
+    ``milkit transcribe`` does, and returns openai-whisper's result dict: ``text``,
+    ``language``, ``segments`` (each with ``words`` when ``word_timestamps=True``).
+
+    ``options`` are ``milkit transcribe``'s flags as keywords, with its defaults:
+    ``language`` (default ``"auto"``), ``task`` (``"transcribe"`` or ``"translate"``),
+    ``word_timestamps``, ``temperature`` (a number or a sequence tried in order),
+    ``compression_ratio_threshold``, ``logprob_threshold``, ``no_speech_threshold``,
+    ``condition_on_previous_text``, ``initial_prompt``, ``without_timestamps``, ``seed``,
+    ``compute``, ``mel_package``. ``True`` turns a switch on; ``False`` and ``None`` leave
+    the flag out. The GIL is released while it runs.
+    """
+    argv = [os.fspath(audio), "--models", os.fspath(models)]
+    for key, value in options.items():
+        if key == "without_timestamps":
+            key = "no_timestamps"
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, ",".join(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return json.loads(_milkit.transcribe_json(argv))

@@ -609,12 +609,50 @@ fn cli_main(py: Python<'_>, argv: Vec<String>) -> u8 {
     })
 }
 
+/// `milkit transcribe`'s arguments, parsed by the command line's own argument struct so that
+/// the Python call has exactly its defaults and checks.
+#[derive(clap::Parser)]
+#[command(name = "milkit.transcribe", no_binary_name = true)]
+struct TranscribeCall {
+    #[command(flatten)]
+    args: cli::transcribe::TranscribeArgs,
+}
+
+/// Transcribes one WAV file with a models folder, as `milkit transcribe` does; `argv` the
+/// options as that command's flags. Returns openai-whisper's result dict as JSON.
+#[pyfunction]
+fn transcribe_json(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
+    use anyhow::Context;
+    use clap::Parser;
+    let call = TranscribeCall::try_parse_from(&argv).map_err(|e| msg(e.to_string()))?;
+    let a = call.args;
+    py.detach(|| -> anyhow::Result<String> {
+        let open = milkit::transcribe::OpenOptions {
+            mel_package: a.mel_package,
+            compute: a.decode.compute,
+        };
+        let mut tr = milkit::transcribe::Transcriber::open_with(&a.models, &open)
+            .with_context(|| format!("opening models folder {}", a.models.display()))?;
+        let mut opts = a.decode.options(&a.models)?;
+        opts.word_timestamps = a.word_timestamps;
+        tr.check_options(&opts)
+            .with_context(|| format!("models folder {}", a.models.display()))?;
+        let [audio] = a.audio.as_slice() else {
+            anyhow::bail!("one audio file per call, got {}", a.audio.len())
+        };
+        let r = tr.transcribe_file_with(audio, &opts)?;
+        Ok(serde_json::to_string(&r.to_result(opts.word_timestamps))?)
+    })
+    .map_err(err)
+}
+
 #[pymodule]
 fn _milkit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Model>()?;
     m.add_class::<State>()?;
     m.add("MilkitError", m.py().get_type::<MilkitError>())?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(transcribe_json, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -114,3 +114,14 @@ def decoder(tmp_path_factory):
                         "--stateful", "--out", pkg], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return pkg
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """milkit's tiny.en WhisperKit folder, exported with the wheel's command."""
+    ckpt = need(os.path.join(fixtures(), "models", "whisper-tiny.en"))
+    out = str(tmp_path_factory.mktemp("milkit-tiny") / "tiny.en")
+    r = subprocess.run([milkit_command(), "export", "--model", ckpt, "--component", "all",
+                        "--out", out], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out

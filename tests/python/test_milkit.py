@@ -256,3 +256,22 @@ def test_the_module_and_the_command_explain_themselves():
     assert r.returncode == 0 and r.stdout.startswith("milkit ")
     r = subprocess.run([milkit_command(), "run"], capture_output=True, text=True)
     assert r.returncode == 2 and "Usage" in r.stderr
+
+
+def test_transcribe_returns_what_milkit_transcribe_writes(tiny_folder, tmp_path):
+    import json
+
+    wav = need(os.path.join(fixtures(), "audio", "jfk.wav"))
+    got = milkit.transcribe(tiny_folder, wav, word_timestamps=True)
+    r = subprocess.run([milkit_command(), "transcribe", "--models", tiny_folder, wav,
+                        "--word-timestamps", "--output-format", "json",
+                        "--output-dir", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "jfk.json") as f:
+        assert got == json.load(f)
+    assert "country" in got["text"] and got["language"] == "en"
+    assert got["segments"] and got["segments"][0]["words"]
+    with pytest.raises(milkit.MilkitError, match="temperature"):
+        milkit.transcribe(tiny_folder, wav, temperature="hot")
+    with pytest.raises(milkit.MilkitError, match="nothing.wav"):
+        milkit.transcribe(tiny_folder, str(tmp_path / "nothing.wav"))
