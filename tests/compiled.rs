@@ -750,3 +750,16 @@ fn a_compiled_folder_written_from_milkit_s_whisper_packages_transcribes_the_same
     assert!(a.to_lowercase().contains("ask not"), "{a}");
     assert_eq!(a, b);
 }
+
+#[test]
+fn a_compiled_folder_without_model_mil_is_refused_as_not_an_ml_program() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("nn.mlmodelc");
+    std::fs::create_dir(&m).unwrap();
+    std::fs::write(m.join("model.espresso.net"), "{}").unwrap();
+    let e = format!("{:#}", load_package(&m).unwrap_err());
+    assert!(
+        e.contains("without model.mil") && e.contains("not an ML Program"),
+        "{e}"
+    );
+}

@@ -17,8 +17,18 @@ pub mod save;
 pub fn load_package(path: &std::path::Path) -> anyhow::Result<crate::ir::Model> {
     if compiled::is_compiled(path) {
         compiled::load_compiled(path)
+    } else if path.is_dir()
+        && path.extension().is_some_and(|e| e == "mlmodelc")
+        && !path.join("Manifest.json").exists()
+    {
+        anyhow::bail!(
+            "{}: a compiled model without model.mil: not an ML Program (a NeuralNetwork or \
+             other model type, which milkit does not run)",
+            path.display()
+        )
     } else {
         load::load_package(path)
     }
 }
+
 pub use save::save_package;
