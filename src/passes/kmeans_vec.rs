@@ -234,6 +234,20 @@ struct Sums {
     far: (f64, usize),
 }
 
+impl Sums {
+    /// Nothing summed yet, for `used` centres of `dim` components.
+    fn zero(used: usize, dim: usize) -> Self {
+        Sums {
+            wx: vec![0.0; used * dim],
+            w: vec![0.0; used * dim],
+            count: vec![0; used],
+            sse: 0.0,
+            changed: 0,
+            far: (-1.0, 0),
+        }
+    }
+}
+
 /// k-means of `p` into `k` clusters, seeded deterministically by `seed`.
 pub fn kmeans_vectors(p: Points, k: usize, seed_value: u64) -> Result<KMeansVec> {
     check(&p, k)?;
@@ -253,14 +267,7 @@ pub fn kmeans_vectors(p: Points, k: usize, seed_value: u64) -> Result<KMeansVec>
             .map_init(
                 || vec![0f32; used],
                 |buf, (ci, dst)| {
-                    let mut s = Sums {
-                        wx: vec![0.0; used * dim],
-                        w: vec![0.0; used * dim],
-                        count: vec![0; used],
-                        sse: 0.0,
-                        changed: 0,
-                        far: (-1.0, 0),
-                    };
+                    let mut s = Sums::zero(used, dim);
                     for (t, a) in dst.iter_mut().enumerate() {
                         let i = ci * CHUNK + t;
                         let j = nearest(&p, i, &soa, buf);
@@ -284,14 +291,7 @@ pub fn kmeans_vectors(p: Points, k: usize, seed_value: u64) -> Result<KMeansVec>
                 },
             )
             .collect();
-        let mut total = Sums {
-            wx: vec![0.0; used * dim],
-            w: vec![0.0; used * dim],
-            count: vec![0; used],
-            sse: 0.0,
-            changed: 0,
-            far: (-1.0, 0),
-        };
+        let mut total = Sums::zero(used, dim);
         for s in &parts {
             for (a, b) in total.wx.iter_mut().zip(&s.wx) {
                 *a += b;

@@ -290,23 +290,9 @@ pub fn split_clips(mut clips: Vec<FidelityInput>) -> (Vec<FidelityInput>, Vec<Fi
     (stats, held)
 }
 
-/// SHA-256 of a file's bytes, hex.
+/// SHA-256 of a file's bytes, hex (the digest `verify` records for package files).
 pub fn file_digest(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(format!("{:x}", h.finalize()))
+    crate::verify::digest::sha256_file(path)
 }
 
 /// Digest of a checkpoint folder: every regular file directly inside it, by name.
