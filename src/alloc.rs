@@ -1,13 +1,16 @@
-//! A global allocator for the `milkit` binary: the system allocator, plus a transparent
-//! huge page hint (Linux `madvise(MADV_HUGEPAGE)`) on every allocation of 2 MiB or more.
+//! Global allocators for milkit's binaries: the system allocator plus a transparent huge
+//! page hint (Linux `madvise(MADV_HUGEPAGE)`) on every allocation of 2 MiB or more.
 //! Decoding streams tens of megabytes of weights (and cached keys and values) per token;
 //! on 4 KiB pages that is one TLB miss every 4 KiB, and where the kernel grants huge pages
 //! only on request (`transparent_hugepage=madvise`, a common default) streaming reads ran
 //! about 1.3× faster from 2 MiB pages on the development machine. The hint changes no
-//! value and is ignored where the kernel does not support it. It also counts the bytes it
-//! has handed out and not yet taken back, and the most at once ([`live_bytes`],
-//! [`peak_bytes`]), so tests can bound what a stage allocates; and [`one_arena`] keeps
-//! glibc from giving every worker thread a heap of its own. Uses nothing else in milkit.
+//! value and is ignored where the kernel does not support it. [`Counting`] is the same
+//! allocator that also counts the bytes it has handed out and not yet taken back, and the
+//! most at once ([`live_bytes`], [`peak_bytes`]), so tests can bound what a stage
+//! allocates; the `milkit` binary and the Python extension do not count, since every
+//! allocation would then update one shared counter and threads predicting at once would
+//! queue on its cache line. [`one_arena`] keeps glibc from giving every worker thread a
+//! heap of its own. Uses nothing else in milkit.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,8 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
-/// Bytes allocated through [`HugePageHint`] and not yet freed (0 where it is not the
-/// global allocator).
+/// Bytes allocated through [`Counting`] and not yet freed (0 where it is not the global
+/// allocator).
 pub fn live_bytes() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
@@ -91,11 +94,8 @@ unsafe impl GlobalAlloc for HugePageHint {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         // SAFETY: forwarded as is.
         let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            grew(l.size());
-            if l.size() >= HUGE {
-                advise(p, l.size());
-            }
+        if !p.is_null() && l.size() >= HUGE {
+            advise(p, l.size());
         }
         p
     }
@@ -103,11 +103,8 @@ unsafe impl GlobalAlloc for HugePageHint {
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         // SAFETY: forwarded as is.
         let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() {
-            grew(l.size());
-            if l.size() >= HUGE {
-                advise(p, l.size());
-            }
+        if !p.is_null() && l.size() >= HUGE {
+            advise(p, l.size());
         }
         p
     }
@@ -115,20 +112,57 @@ unsafe impl GlobalAlloc for HugePageHint {
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         // SAFETY: forwarded as is.
         unsafe { System.dealloc(p, l) };
-        shrank(l.size());
     }
 
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         // SAFETY: forwarded as is.
         let q = unsafe { System.realloc(p, l, new) };
+        if !q.is_null() && new >= HUGE {
+            advise(q, new);
+        }
+        q
+    }
+}
+
+/// [`HugePageHint`] that also counts live and peak bytes ([`live_bytes`], [`peak_bytes`]).
+/// Install it with `#[global_allocator] static A: milkit::alloc::Counting = milkit::alloc::Counting;`
+pub struct Counting;
+
+// SAFETY: every call is forwarded to `HugePageHint` with the same arguments; the counters
+// are plain atomics beside it.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { HugePageHint.alloc(l) };
+        if !p.is_null() {
+            grew(l.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { HugePageHint.alloc_zeroed(l) };
+        if !p.is_null() {
+            grew(l.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: forwarded as is.
+        unsafe { HugePageHint.dealloc(p, l) };
+        shrank(l.size());
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let q = unsafe { HugePageHint.realloc(p, l, new) };
         if !q.is_null() {
             if new >= l.size() {
                 grew(new - l.size());
             } else {
                 shrank(l.size() - new);
-            }
-            if new >= HUGE {
-                advise(q, new);
             }
         }
         q

@@ -1,6 +1,6 @@
 //! What loading a package costs in memory: the heap bytes the runtime allocates while it
-//! compiles a synthetic encoder (fp16 and LUT4), counted by `milkit::alloc::HugePageHint`
-//! (installed here as the `milkit` binary installs it), against the bytes of the package's
+//! compiles a synthetic encoder (fp16 and LUT4), counted by `milkit::alloc::Counting`
+//! (the `milkit` binary's allocator with counters), against the bytes of the package's
 //! weight file. Weights are copied out of the mapped file once, into their packed form;
 //! neither an fp16 weight nor a LUT4 one may be held expanded next to that copy, and
 //! (Linux) the file's pages do not stay resident next to the copies.
@@ -12,7 +12,7 @@ use milkit::alloc::{live_bytes, peak_bytes, reset_peak};
 use std::path::Path;
 
 #[global_allocator]
-static ALLOC: milkit::alloc::HugePageHint = milkit::alloc::HugePageHint;
+static ALLOC: milkit::alloc::Counting = milkit::alloc::Counting;
 
 /// Heap a load may take beyond the weights: the program, the plan, biases widened to
 /// f32, the palettes, and the shared block the small packed weights move into while
