@@ -553,6 +553,16 @@ fn described<'d>(d: &'d Description, function: &str, outputs: bool) -> &'d [Feat
 /// decoding loop), so each call finds the pool awake.
 pub fn on_awake_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let done = std::sync::atomic::AtomicBool::new(false);
+    // A call from outside the pool is one caller more until it returns (a call nested in a
+    // pool job runs inside its caller's).
+    let caller = rayon::current_thread_index()
+        .is_none()
+        .then(CallerCount::enter);
+    if caller.is_some() && CALLERS.load(std::sync::atomic::Ordering::Acquire) > 1 {
+        // Another thread's call holds a worker: this one runs on its own thread beside it,
+        // its ops' parallel loops still fork into the pool.
+        return f();
+    }
     rayon::scope(|s| {
         keep_awake(s, &done);
         let _stop = StopOnDrop(&done);
@@ -566,7 +576,8 @@ pub fn on_awake_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// long to wake as a small GEMV takes, and the caller's thread did that GEMV's share alone
 /// meanwhile (measured: 24 fp16 384×384 GEMVs 0.92 → 0.33 ms with 100 µs between them).
 /// The job does nothing when it lands on the caller's own thread: it would spin on top of
-/// the frame that sets `done`. It also gives up after [`MAX_IDLE`] without pool work: a
+/// the frame that sets `done`; and it ends as soon as another thread calls too, whose call
+/// needs the worker. It also gives up after [`MAX_IDLE`] without pool work: a
 /// worker that stole it while waiting inside another call (sessions run from parallel
 /// tasks) holds that call up for at most that long, and two such calls cannot wait on
 /// each other's helpers for ever.
@@ -581,6 +592,11 @@ fn keep_awake<'s>(s: &rayon::Scope<'s>, done: &'s std::sync::atomic::AtomicBool)
         }
         let mut last_work = Instant::now();
         while !done.load(std::sync::atomic::Ordering::Acquire) {
+            if CALLERS.load(std::sync::atomic::Ordering::Acquire) > 1 {
+                // Other threads' calls wait for this worker: taking one of them here would
+                // hold this call up until that one ends, and they keep the pool busy anyway.
+                return;
+            }
             if matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
                 last_work = Instant::now();
             } else if last_work.elapsed() > MAX_IDLE {
@@ -596,6 +612,25 @@ fn keep_awake<'s>(s: &rayon::Scope<'s>, done: &'s std::sync::atomic::AtomicBool)
 /// gap between two parallel ops of a decode step (an attention or a state update, well
 /// under a millisecond), short against a call that runs single-threaded for long.
 const MAX_IDLE: Duration = Duration::from_millis(2);
+
+/// Calls of [`on_awake_pool`] from outside the pool now running (threads predicting at once).
+static CALLERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One caller counted in [`CALLERS`] while it lives.
+struct CallerCount;
+
+impl CallerCount {
+    fn enter() -> CallerCount {
+        CALLERS.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        CallerCount
+    }
+}
+
+impl Drop for CallerCount {
+    fn drop(&mut self) {
+        CALLERS.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
 
 /// Sets the flag when dropped, so `keep_awake`'s job ends even when the run panics.
 struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
