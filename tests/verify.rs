@@ -113,7 +113,10 @@ fn expectations_pass_and_fail_with_exit_codes() {
     ]));
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("OK: every check holds"), "{out}");
-    assert!(out.contains("positional embedding: untouched"), "{out}");
+    assert!(
+        out.contains("ok   positional_embedding") && out.contains("got untouched"),
+        "{out}"
+    );
 
     let (code, out, _) = verify(&args(&[
         ps,

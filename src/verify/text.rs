@@ -1,12 +1,13 @@
 //! Human-readable `verify` output: checks, op histograms, compressed weights and what they
 //! feed, the positional embedding, the ABI, predicted (and measured) placement, the receipt's
 //! digests, and the verdict. By default a summary that fits a screen (compressed weights and
-//! placement counted per kind and unit, only material ops off the Neural Engine named);
-//! `--verbose` lists every compressed weight, every file's digest and every op's predicted
-//! unit.
+//! placement counted per kind and unit, only material ops off the Neural Engine named,
+//! constant data in two lines, nothing a passed check already says);
+//! `--verbose` lists every compressed weight, the constant data by storage kind, every
+//! file's digest and every op's predicted unit.
 
 use super::inspect::{grouped, histogram_text, weights_text};
-use crate::report::{ComputeUnit, PlacementReport, PositionalStatus, VerifyReport};
+use crate::report::{ComputeUnit, PlacementReport, PositionalStatus, VerifyReport, WeightSummary};
 use std::fmt::Write;
 
 pub fn positional_status(s: PositionalStatus) -> &'static str {
@@ -161,6 +162,34 @@ pub fn placement_text(out: &mut String, p: &PlacementReport, verbose: bool) {
     }
 }
 
+/// Constant data in two lines: the total with each storage kind's bytes and tensors, and
+/// the compression of the compressed weights (`weights_text` is the table).
+fn weights_lines(out: &mut String, w: &WeightSummary) {
+    let kinds: Vec<String> = w
+        .by_storage
+        .iter()
+        .enumerate()
+        .map(|(i, (k, s))| {
+            let unit = if i == 0 { " tensors" } else { "" };
+            format!("{k} {} ({}{unit})", grouped(s.bytes), s.tensors)
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "  constant data: {} bytes: {}",
+        grouped(w.total_bytes),
+        kinds.join(", ")
+    );
+    if let Some(r) = w.compression_ratio {
+        let _ = writeln!(
+            out,
+            "  compression: {} bytes stored for {} bytes of dense fp16 = {r:.2}x",
+            grouped(w.compressed_stored_bytes),
+            grouped(w.compressed_dense_fp16_bytes)
+        );
+    }
+}
+
 /// Human-readable verify output: a summary; `verbose` also lists every compressed weight and
 /// every op's predicted placement.
 pub fn format_verify(r: &VerifyReport, verbose: bool) -> String {
@@ -188,12 +217,20 @@ pub fn format_verify(r: &VerifyReport, verbose: bool) -> String {
     if !r.constexpr.ops.is_empty() {
         constexpr_text(&mut out, r, verbose);
     }
-    weights_text(&mut out, &m.weights);
+    if verbose {
+        weights_text(&mut out, &m.weights);
+    } else {
+        weights_lines(&mut out, &m.weights);
+    }
+    // What a passed check already says (positional embedding, ABI) is repeated only with
+    // `verbose`.
+    let checked = |name: &str| !verbose && r.checks.iter().any(|c| c.name == name && c.ok);
     let pe = &r.positional_embedding;
     let entry = |e: &crate::report::PositionalEntry| {
         format!("{} `{}` {} {:?}", e.op_type, e.name, e.dtype, e.shape)
     };
     match pe.entries.as_slice() {
+        _ if checked("positional_embedding") => {}
         [one] => {
             let _ = writeln!(
                 out,
@@ -213,7 +250,7 @@ pub fn format_verify(r: &VerifyReport, verbose: bool) -> String {
             }
         }
     }
-    if let Some(a) = &r.abi {
+    if let Some(a) = r.abi.as_ref().filter(|a| !(a.ok && checked("abi"))) {
         let dims: Vec<String> = a.dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(
             out,
