@@ -37,6 +37,7 @@ __all__ = [
     "FeatureDescription",
     "use_with_coremltools",
     "transcribe",
+    "verify",
     "__version__",
 ]
 
@@ -227,6 +228,65 @@ def use_with_coremltools(force=False):
     return True
 
 
+def _flags(options, renames=None):
+    """Keywords as command-line flags: True a switch, False/None left out, a sequence
+    comma-joined."""
+    argv = []
+    for key, value in options.items():
+        key = (renames or {}).get(key, key)
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, ",".join(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def export(model, out, **options):
+    """Exports a Whisper checkpoint as ``milkit export`` does, in this process, and returns
+    what it wrote: ``{"out": path, "files": [names], "bytes": total}``.
+
+    ``model`` is a Hugging Face checkpoint folder (or a Hub id when the Hub is reachable);
+    ``out`` the package (one component) or folder (``component="all"``, the default being
+    that command's). ``options`` are ``milkit export``'s flags as keywords, with its defaults:
+    ``component`` (``"encoder"``, ``"decoder"``, ``"mel"``, ``"all"``, ...), ``target``
+    (``"ios18"``), ``recipe`` (a recipe file such as ``models/whisperkit-faithful.toml``),
+    ``palettize="kmeans"`` with ``nbits=4``, ``quantize="int8"``, ``stateful``, ``force``,
+    ``quiet``, ``calibrate_on``, ``target_quality`` (docs/cli.md lists them all). ``True`` turns
+    a switch on; ``False`` and ``None`` leave the flag out. Progress goes to stderr; the GIL
+    is released while it runs. Raises :class:`MilkitError` with the command's message.
+    """
+    argv = ["--model", os.fspath(model), "--out", os.fspath(out), *_flags(options)]
+    _milkit.export_run(argv)
+    out = os.fspath(out)
+    if os.path.isdir(out) and not out.endswith(".mlpackage"):
+        files = sorted(os.listdir(out))
+    else:
+        files = [os.path.basename(out)]
+    total = 0
+    for root, _, names in os.walk(out):
+        total += sum(os.path.getsize(os.path.join(root, n)) for n in names)
+    return {"out": out, "files": files, "bytes": total}
+
+
+def verify(package, **expectations):
+    """Checks a package's claims as ``milkit verify --json`` does and returns its report
+    (schemas/verify.schema.json) as a dict: ``ok``, ``mismatches``, the I/O, op counts,
+    weights and, with ``placement=True``, the predicted compute unit of every op.
+
+    ``expectations`` are that command's flags as keywords: ``expect_lut_ops=26``,
+    ``expect_ops=["linear=24", "conv=2"]``, ``expect_abi="whisperkit"``, ``placement=True``.
+    A mismatch is reported (``ok`` False), not raised; an unreadable package raises
+    :class:`MilkitError`.
+    """
+    argv = [os.fspath(package), *_flags(expectations)]
+    return json.loads(_milkit.verify_json(argv))
+
+
 def transcribe(models, audio, **options):
     """Transcribes a WAV file with a models folder (``milkit export --component all``), as
     ``milkit transcribe`` does, and returns openai-whisper's result dict: ``text``,
@@ -240,17 +300,6 @@ def transcribe(models, audio, **options):
     ``compute``, ``mel_package``. ``True`` turns a switch on; ``False`` and ``None`` leave
     the flag out. The GIL is released while it runs.
     """
-    argv = [os.fspath(audio), "--models", os.fspath(models)]
-    for key, value in options.items():
-        if key == "without_timestamps":
-            key = "no_timestamps"
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, (list, tuple)):
-            argv += [flag, ",".join(str(v) for v in value)]
-        else:
-            argv += [flag, str(value)]
+    argv = [os.fspath(audio), "--models", os.fspath(models),
+            *_flags(options, {"without_timestamps": "no_timestamps"})]
     return json.loads(_milkit.transcribe_json(argv))

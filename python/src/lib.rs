@@ -646,6 +646,65 @@ fn transcribe_json(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
     .map_err(err)
 }
 
+/// `milkit verify`'s arguments, parsed by the library's own argument struct.
+#[derive(clap::Parser)]
+#[command(name = "milkit.verify", no_binary_name = true)]
+struct VerifyCall {
+    #[command(flatten)]
+    args: milkit::verify::cli::VerifyArgs,
+}
+
+/// Verifies a package as `milkit verify --json` does; `argv` the package and that command's
+/// flags. Returns the report as JSON (schemas/verify.schema.json); mismatches are in it
+/// (`ok` false), an unreadable package is an error.
+#[pyfunction]
+fn verify_json(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
+    use clap::Parser;
+    let call = VerifyCall::try_parse_from(&argv).map_err(|e| msg(e.to_string()))?;
+    let a = call.args;
+    if a.measured {
+        return Err(msg(
+            "measured: Core ML's MLComputePlan is asked through xcrun by the `milkit verify \
+             --measured` command (macOS)"
+                .into(),
+        ));
+    }
+    let command_line: Vec<String> = std::iter::once("milkit.verify".to_string())
+        .chain(argv)
+        .collect();
+    py.detach(|| -> anyhow::Result<String> {
+        let report = milkit::verify::cli::verify_package(&a.package, &a.options(), &command_line)
+            .map_err(|e| e.context(format!("cannot verify {}", a.package.display())))?;
+        Ok(serde_json::to_string(&report)?)
+    })
+    .map_err(err)
+}
+
+/// `milkit export`'s arguments, parsed by the command line's own argument struct so that the
+/// Python call has exactly its defaults and checks.
+#[derive(clap::Parser)]
+#[command(name = "milkit.export", no_binary_name = true)]
+struct ExportCall {
+    #[command(flatten)]
+    args: cli::export::ExportArgs,
+}
+
+/// Exports a checkpoint as `milkit export` does, in this process; `argv` that command's
+/// flags. Progress and the report go to stderr (none with `--quiet`).
+#[pyfunction]
+fn export_run(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
+    use clap::Parser;
+    let call = ExportCall::try_parse_from(&argv).map_err(|e| msg(e.to_string()))?;
+    let a = call.args;
+    match py.detach(|| cli::export::run(&a)).map_err(err)? {
+        0 => Ok(()),
+        status => Err(msg(format!(
+            "export of {} ended with status {status}",
+            a.out.display()
+        ))),
+    }
+}
+
 #[pymodule]
 fn _milkit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Model>()?;
@@ -653,6 +712,8 @@ fn _milkit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MilkitError", m.py().get_type::<MilkitError>())?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(transcribe_json, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_json, m)?)?;
+    m.add_function(wrap_pyfunction!(export_run, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -68,8 +68,8 @@ def ct():
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory, ct):
-    """Small packages made by coremltools: a stateful accumulator and a flexible-shape
-    model. {name: path}."""
+    """Small packages made by coremltools: a stateful accumulator, a chain of many small ops
+    and a flexible-shape model. {name: path}."""
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import types
 
@@ -88,6 +88,18 @@ def built(tmp_path_factory, ct):
     out["stateful"] = str(d / "stateful.mlpackage")
     ct.convert(acc, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
                skip_model_load=True).save(out["stateful"])
+
+    @mb.program(input_specs=[mb.TensorSpec((1, 32), dtype=types.fp32)],
+                opset_version=ct.target.iOS17)
+    def chain(x):
+        # Many ops on a few numbers: a prediction too small to be split across cores.
+        for k in range(300):
+            x = mb.mul(x=x, y=np.float32(0.999)) if k % 2 else mb.add(x=x, y=np.float32(1e-3))
+        return mb.identity(x=x, name="y")
+
+    out["chain"] = str(d / "chain.mlpackage")
+    ct.convert(chain, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS17,
+               compute_precision=ct.precision.FLOAT32, skip_model_load=True).save(out["chain"])
 
     torch = pytest.importorskip("torch")
 
