@@ -4,7 +4,8 @@
 coremltools ships its op tests in its wheel (`coremltools/converters/mil/mil/ops/tests/`,
 one folder per opset). On macOS each test converts a small program and compares Core ML's
 prediction with the test's expected numbers; elsewhere the predictions are skipped. With the
-plugin in tests/coremltools_suite (milkit_coreml.py) they run through `milkit run`.
+plugin in tests/coremltools_suite (milkit_coreml.py) they run through the `milkit` module
+(`milkit.use_with_coremltools()`), which --python must have installed (`pip install .`).
 
   coreml_suite.py run   [--sample N] [--jobs J] [--report FILE] [PATH-FILTER ...]
         runs the suite (mlprogram target, fp16 and fp32) and writes one JSON line per test
@@ -80,7 +81,17 @@ def suite_dir(python):
     return os.path.join(out, "converters", "mil", "mil", "ops", "tests")
 
 
+def need_module(python):
+    """Exits with the reason when `python` cannot import the milkit module."""
+    r = subprocess.run([python, "-c", "import milkit"], capture_output=True, text=True)
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or ["?"])[-1]
+        sys.exit(f"{python} cannot import milkit ({why}): install the wheel into it "
+                 f"(`{python} -m pip install .` in {REPO}), or pass --python")
+
+
 def run(args):
+    need_module(args.python)
     tests = suite_dir(args.python)
     paths = [os.path.join(tests, p) for p in args.paths] or [tests]
     os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)

@@ -19,7 +19,7 @@ and for an fp16 output also milkit vs the float64 reference rounded to fp16, in 
 
   fp32_evidence.py [--json FILE] [TEST-ID ...]     (ids relative to coremltools' ops/tests)
 
-The binary is $MILKIT_BIN (default target/release/milkit).
+milkit is the installed `milkit` module (`pip install .` from the repository).
 """
 
 import argparse
@@ -210,7 +210,6 @@ def main():
     ap.add_argument("tests", nargs="*", default=DEFAULT_TESTS)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    os.environ.setdefault("MILKIT_BIN", os.path.join(REPO, "target", "release", "milkit"))
     import milkit_coreml
     import pytest
 

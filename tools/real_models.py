@@ -6,8 +6,8 @@ Each model is built with random weights (torch.manual_seed) and small inputs, tr
 torch.jit.trace, converted with `ct.convert(..., convert_to="mlprogram")` once with
 compute_precision FLOAT32 and once with FLOAT16, and predicted with coremltools'
 `MLModel.predict` (and `make_state` for stateful models), which the plugin
-tests/coremltools_suite/milkit_coreml.py routes through `milkit run` off macOS. The binary
-is $MILKIT_BIN (default target/release/milkit).
+tests/coremltools_suite/milkit_coreml.py routes through the installed `milkit` module
+(`milkit.use_with_coremltools()`; `pip install .` from the repository) off macOS.
 
 What is measured, per model and precision, worst over every output and every test input:
 - fp32 packages: relative L2 error ||y - ref|| / ||ref||, bound 1e-4;
@@ -54,7 +54,6 @@ import warnings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "coremltools_suite"))
-os.environ.setdefault("MILKIT_BIN", os.path.join(REPO, "target", "release", "milkit"))
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -920,9 +919,11 @@ def main():
             ap.error(f"unknown model(s) {', '.join(unknown)}; --list shows them")
     precisions = [p.strip() for p in args.precision.split(",")]
 
+    import milkit
     import milkit_coreml
 
     milkit_coreml.install()
+    runtime = f"milkit {milkit.__version__} ({os.path.dirname(milkit.__file__)})"
     import logging
 
     logging.getLogger("coremltools").setLevel(logging.ERROR)
@@ -955,10 +956,10 @@ def main():
     print(table(rows))
     n_pass = sum(1 for r in rows if r.get("pass"))
     print(f"\n{n_pass} of {len(rows)} pass; {time.time() - t_start:.0f} s; "
-          f"milkit {os.environ['MILKIT_BIN']}")
+          f"{runtime}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"milkit": os.environ["MILKIT_BIN"], "rows": rows}, fh, indent=1,
+            json.dump({"milkit": runtime, "rows": rows}, fh, indent=1,
                       default=float)
     return 0 if n_pass == len(rows) else 1
 
