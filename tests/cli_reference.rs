@@ -1,7 +1,8 @@
 //! docs/cli.md is the command-line reference `milkit help-markdown` generates from the clap
 //! definition: a test fails when the file and the code differ (`MILKIT_BLESS=1 cargo test
 //! --test cli_reference` regenerates it), and the reference names every command `--help`
-//! lists, every flag of a command's `--help`, and nothing hidden.
+//! lists, every flag of a command's `--help`, and nothing hidden; every command and flag
+//! README.md shows exists.
 
 use std::path::Path;
 use std::process::Command;
@@ -111,4 +112,66 @@ fn hidden_commands_and_flags_stay_out_of_the_reference() {
         !doc.contains("`--help`:"),
         "clap's own flags are described once, at the top"
     );
+}
+
+/// The `milkit …` command lines of README.md's shell blocks: the Tour's lines, and each
+/// `$M …` step of the main job.
+fn readme_command_lines() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let mut out = Vec::new();
+    let mut in_sh = false;
+    for line in readme.lines() {
+        if line.starts_with("```") {
+            in_sh = line == "```sh";
+            continue;
+        }
+        if !in_sh {
+            continue;
+        }
+        let line = line.split("  #").next().unwrap().trim();
+        if let Some(rest) = line.strip_prefix("milkit ") {
+            out.push(rest.to_string());
+        }
+        for step in line.split("&&").map(str::trim) {
+            if let Some(rest) = step.strip_prefix("$M ") {
+                out.push(rest.to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_command_and_flag_the_readme_shows_exists() {
+    let lines = readme_command_lines();
+    assert!(
+        lines.len() >= 10,
+        "README's command lines not found: {lines:?}"
+    );
+    for line in &lines {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        // Descend through subcommands as long as the next word is one.
+        let mut path: Vec<&str> = Vec::new();
+        let mut help = milkit(&["--help"]);
+        for w in &words {
+            if !commands_of(&help).iter().any(|c| c == w) {
+                break;
+            }
+            path.push(w);
+            let mut args = path.clone();
+            args.push("--help");
+            help = milkit(&args);
+        }
+        assert!(!path.is_empty(), "README: `milkit {line}` names no command");
+        let flags = flags_of(&help);
+        for w in words.iter().filter(|w| w.starts_with("--")) {
+            let flag = w.split('=').next().unwrap();
+            assert!(
+                flags.iter().any(|f| f == &flag[2..]),
+                "README: `milkit {line}`: `milkit {}` has no flag {flag}",
+                path.join(" ")
+            );
+        }
+    }
 }
