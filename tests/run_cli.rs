@@ -167,6 +167,104 @@ fn run_round_trips_numpy_with_boundary_conversions() {
     );
 }
 
+/// `reduce_sum`'s calls in a `--profile` table.
+fn reduce_sum_calls(stderr: &str) -> usize {
+    let row = stderr
+        .lines()
+        .find(|l| l.starts_with("| reduce_sum | "))
+        .unwrap_or_else(|| panic!("no reduce_sum row: {stderr}"));
+    row.split('|').nth(2).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn with_no_memo_every_repeated_prediction_computes_every_op() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pkg = package(d);
+    let t = candle_core::Tensor::ones((2, 3), candle_core::DType::F32, &candle_core::Device::Cpu)
+        .unwrap();
+    let input = d.join("ones.npy");
+    milkit::runtime::io::write_npy(&input, &t).unwrap();
+    let calls = |extra: &[&str]| {
+        let o = common::milkit()
+            .arg("run")
+            .arg(&pkg)
+            .arg("--input")
+            .arg(format!("x={}", input.display()))
+            .arg("--input")
+            .arg(format!("mask={}", input.display()))
+            .args([
+                "--out",
+                d.join("out").to_str().unwrap(),
+                "--quiet",
+                "--profile",
+            ])
+            .args(["--repeat", "3"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        reduce_sum_calls(&err)
+    };
+    // The same inputs three times: by default the later predictions reuse the sum.
+    assert!(calls(&[]) < 3);
+    assert_eq!(calls(&["--no-memo"]), 3);
+}
+
+#[test]
+fn several_files_for_one_input_are_taken_in_turn_by_repeated_predictions() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pkg = package(d);
+    let cpu = candle_core::Device::Cpu;
+    let write = |name: &str, v: f32| {
+        let t = candle_core::Tensor::full(v, (2, 3), &cpu).unwrap();
+        let p = d.join(format!("{name}.npy"));
+        milkit::runtime::io::write_npy(&p, &t).unwrap();
+        p
+    };
+    let (one, two) = (write("one", 1.0), write("two", 2.0));
+    let out = d.join("out");
+    let o = common::milkit()
+        .arg("run")
+        .arg(&pkg)
+        .arg("--input")
+        .arg(format!("x={}", one.display()))
+        .arg("--input")
+        .arg(format!("x={}", two.display()))
+        .arg("--input")
+        .arg(format!("mask={}", one.display()))
+        .args([
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+            "--profile",
+            "--repeat",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    // y = x * mask + 1: predictions 0 and 2 read `one`, prediction 1 reads `two`.
+    let y = |k: usize| {
+        let t = milkit::runtime::io::read_tensor(out.join(format!("y.{k}.npy")).to_str().unwrap())
+            .unwrap();
+        t.to_dtype(candle_core::DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    assert_eq!(y(0), vec![2.0; 6]);
+    assert_eq!(y(1), vec![3.0; 6]);
+    assert_eq!(y(2), vec![2.0; 6]);
+    // The input changed every time: nothing was reused.
+    assert_eq!(reduce_sum_calls(&err), 3, "{err}");
+}
+
 fn run_err(pkg: &Path, inputs: &[String], out: &Path) -> String {
     let mut c = common::milkit();
     c.arg("run").arg(pkg).arg("--out").arg(out);

@@ -5,6 +5,7 @@
 //! `--state` files) across the `--repeat` predictions; `--save-states` writes the final ones.
 
 use anyhow::{bail, ensure, Context, Result};
+use candle_core::Tensor;
 use clap::Args;
 use milkit::runtime::{io, DictKeys, Output, Session};
 use std::path::PathBuf;
@@ -15,7 +16,8 @@ pub struct RunArgs {
     pub package: PathBuf,
     /// An input as NAME=FILE, where FILE is `x.npy` or `x.safetensors:TENSOR`; repeat for each
     /// input. Data is converted at the boundary as Core ML does (fp32 data for an fp16 input,
-    /// int32 for an fp16 mask); shapes must match.
+    /// int32 for an fp16 mask); shapes must match. Several files for one input are taken in
+    /// turn by --repeat's predictions (prediction k reads the (k mod n)-th).
     #[arg(long = "input", value_name = "NAME=FILE")]
     pub inputs: Vec<String>,
     /// Output directory; each output is written as DIR/NAME.npy in the package's output dtype;
@@ -28,8 +30,9 @@ pub struct RunArgs {
     /// else main).
     #[arg(long)]
     pub function: Option<String>,
-    /// Number of predictions, all with the same inputs and sharing the package's states;
-    /// with N > 1 prediction k's outputs are written as DIR/NAME.k.npy (or .k.json).
+    /// Number of predictions, sharing the package's states, all with the same inputs (or
+    /// each input's files in turn); with N > 1 prediction k's outputs are written as
+    /// DIR/NAME.k.npy (or .k.json).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
     /// A state's initial value as NAME=FILE (default: zeros, as Core ML's makeState()).
@@ -64,6 +67,11 @@ pub struct RunArgs {
     /// each prediction, and per op type the calls and time summed over the predictions.
     #[arg(long)]
     pub profile: bool,
+    /// Compute every op on every prediction: by default a value that depends only on inputs
+    /// fed unchanged since the previous prediction is reused (a decoder's projection of the
+    /// encoder output). For timing a model's full work with --repeat.
+    #[arg(long)]
+    pub no_memo: bool,
 }
 
 /// `4096`, `512K`, `64M`, `4G`, `1T` (powers of 1024; `iB`/`B` suffixes allowed).
@@ -140,6 +148,9 @@ pub fn run(a: &RunArgs) -> Result<u8> {
         .with_context(|| format!("cannot load {}", a.package.display()))?;
     let load = t_load.elapsed();
     session.enable_profiling(a.profile);
+    if a.no_memo {
+        session.set_memoize(false);
+    }
     let mut predicted = vec![];
     let fname = a.function.as_deref();
     let expected = session.inputs(fname)?;
@@ -183,16 +194,28 @@ pub fn run(a: &RunArgs) -> Result<u8> {
             .set_state(name, t)
             .with_context(|| format!("state `{name}` from {file}"))?;
     }
-    let named: Vec<(&str, _)> = feeds
-        .iter()
-        .map(|(n, _, t)| (n.as_str(), t.clone()))
-        .collect();
+    // Each input's files, in the order given: prediction k takes the (k mod n)-th.
+    let mut turns: Vec<(&str, Vec<(&str, &Tensor)>)> = Vec::new();
+    for (n, f, t) in &feeds {
+        match turns.iter_mut().find(|(m, _)| m == n) {
+            Some((_, files)) => files.push((f.as_str(), t)),
+            None => turns.push((n.as_str(), vec![(f.as_str(), t)])),
+        }
+    }
     for k in 0..a.repeat {
+        let this: Vec<(&str, &str, &Tensor)> = turns
+            .iter()
+            .map(|(n, files)| {
+                let (f, t) = files[k as usize % files.len()];
+                (*n, f, t)
+            })
+            .collect();
+        let named: Vec<(&str, Tensor)> = this.iter().map(|(n, _, t)| (*n, (*t).clone())).collect();
         let t_run = std::time::Instant::now();
         let outs = session.predict_values(fname, &named).map_err(|e| {
             // Name the file behind an input the runtime rejected.
             let msg = format!("{e:#}");
-            let e = match feeds
+            let e = match this
                 .iter()
                 .find(|(n, _, _)| msg.contains(&format!("input `{n}`")))
             {
