@@ -476,7 +476,13 @@ impl Session {
             {
                 match f.kind {
                     FeatureKind::Image(c) => t = image_input(f, c, &i.ty, t)?,
-                    _ => f.check_shape(t.dims()).map_err(|e| anyhow!(e))?,
+                    _ => {
+                        // A 0-d scalar for an input of one element takes its shape.
+                        if t.rank() == 0 && f.shape.iter().product::<usize>() == 1 {
+                            t = t.reshape(f.shape.as_slice())?;
+                        }
+                        f.check_shape(t.dims()).map_err(|e| anyhow!(e))?
+                    }
                 }
             }
             slots[i.slot] = Some(RValue::T(conform(&i.name, &i.ty, t)?));

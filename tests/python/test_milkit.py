@@ -344,3 +344,26 @@ def test_export_writes_what_milkit_export_writes(tmp_path):
     with pytest.raises(milkit.MilkitError, match="quantize"):
         milkit.export(ckpt, tmp_path / "other.mlpackage", component="encoder", quantize="int3")
     assert not os.path.exists(tmp_path / "other.mlpackage")
+
+
+def test_a_scalar_feeds_an_input_of_one_element_as_milkit_run_feeds_a_0_d_array(ct, tmp_path):
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    @mb.program(input_specs=[mb.TensorSpec((1,), dtype=types.fp32)],
+                opset_version=ct.target.iOS17)
+    def twice(x):
+        return mb.mul(x=x, y=np.float32(2.0), name="y")
+
+    pkg = str(tmp_path / "twice.mlpackage")
+    ct.convert(twice, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS17,
+               compute_precision=ct.precision.FLOAT32, skip_model_load=True).save(pkg)
+    model = milkit.MLModel(pkg)
+    for v in (np.float32(3.0), 3.0, 3, np.array(3.0)):
+        got = model.predict({"x": v})["y"]
+        assert got.shape == (1,) and got[0] == 6.0, (v, got)
+    milkit_run(pkg, {"x": np.array(3.0, dtype=np.float32)}, tmp_path)
+    assert np.load(tmp_path / "y.npy").tolist() == [6.0]
+    # More than one element is not a scalar: the shape must match.
+    with pytest.raises(milkit.MilkitError, match=r"shape \[2\]"):
+        model.predict({"x": np.array([3.0, 4.0], dtype=np.float32)})
