@@ -10,6 +10,7 @@ mod common;
 use common::programs::f32s;
 use common::rng::Rng;
 use milkit::package::compiled::{is_compiled, open_compiled};
+use milkit::package::coremldata::{parse_coremldata, read_coremldata};
 use milkit::package::load_package;
 use milkit::package::mil_text::{parse_float, parse_program, Weights};
 use milkit::runtime::precision::Compute;
@@ -293,6 +294,24 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// What `milkit inspect PATH` prints (it must succeed).
+fn inspect_text(m: &Path) -> String {
+    let (mut out, mut err) = (vec![], vec![]);
+    let args = milkit::verify::cli::InspectArgs {
+        package: m.to_path_buf(),
+        json: false,
+        mil: false,
+        model_mil: false,
+    };
+    assert_eq!(
+        milkit::verify::cli::run_inspect_to(&args, &mut out, &mut err),
+        0,
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
+    String::from_utf8(out).unwrap()
+}
+
 #[test]
 fn a_git_lfs_pointer_for_weights_is_inspected_but_not_run() {
     let Some(dir) = compiled_dir() else { return };
@@ -309,18 +328,8 @@ fn a_git_lfs_pointer_for_weights_is_inspected_but_not_run() {
     .unwrap();
     let c = open_compiled(&m).unwrap();
     assert!(c.weights_absent.unwrap().contains("Git LFS pointer"));
-    let (mut out, mut err) = (vec![], vec![]);
-    let args = milkit::verify::cli::InspectArgs {
-        package: m.clone(),
-        json: false,
-        mil: false,
-        model_mil: false,
-    };
-    assert_eq!(
-        milkit::verify::cli::run_inspect_to(&args, &mut out, &mut err),
-        0
-    );
-    assert!(String::from_utf8(out).unwrap().contains("Git LFS pointer"));
+    let out = inspect_text(&m);
+    assert!(out.contains("Git LFS pointer"), "{out}");
     let e = format!("{:#}", Session::load(&m).err().unwrap());
     assert!(
         e.contains("weights are absent") && e.contains("Git LFS pointer"),
@@ -347,18 +356,7 @@ fn where_metadata_disagrees_with_the_program_the_program_wins_and_inspect_says_s
         "{:?}",
         c.notes
     );
-    let (mut out, mut err) = (vec![], vec![]);
-    let args = milkit::verify::cli::InspectArgs {
-        package: m.clone(),
-        json: false,
-        mil: false,
-        model_mil: false,
-    };
-    assert_eq!(
-        milkit::verify::cli::run_inspect_to(&args, &mut out, &mut err),
-        0
-    );
-    let out = String::from_utf8(out).unwrap();
+    let out = inspect_text(&m);
     assert!(out.contains("the program wins"), "{out}");
     // And it runs with the program's shape.
     let mut s = Session::load(&m).unwrap();
@@ -761,5 +759,199 @@ fn a_compiled_folder_without_model_mil_is_refused_as_not_an_ml_program() {
     assert!(
         e.contains("without model.mil") && e.contains("not an ML Program"),
         "{e}"
+    );
+}
+
+/// The compiled models of the fixtures that have a `coremldata.bin`.
+fn with_coremldata(dir: &Path) -> Vec<PathBuf> {
+    let mut all = vec![];
+    mlmodelc_folders(dir, &mut all);
+    all.retain(|p| p.join("coremldata.bin").is_file());
+    all
+}
+
+fn metadata(p: &Path) -> serde_json::Value {
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p.join("metadata.json")).unwrap()).unwrap();
+    j[0].clone()
+}
+
+#[test]
+fn coremldata_bin_holds_the_description_metadata_json_gives() {
+    use milkit::proto::specification::array_feature_type::ShapeFlexibility;
+    use milkit::proto::specification::feature_type::Type;
+    let Some(dir) = compiled_dir() else { return };
+    let all = with_coremldata(&dir);
+    assert_eq!(all.len(), 5, "{all:?}");
+    for p in &all {
+        let c = read_coremldata(p).unwrap().unwrap();
+        let m = metadata(p);
+        assert_eq!(c.kind, "generic", "{}", p.display());
+        assert_eq!(
+            c.spec_version,
+            m["specificationVersion"].as_u64().unwrap(),
+            "{}",
+            p.display()
+        );
+        let names = |key: &str| -> Vec<String> {
+            m[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|j| j["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let d = &c.description;
+        let ours = |fs: &[milkit::proto::specification::FeatureDescription]| -> Vec<String> {
+            fs.iter().map(|f| f.name.clone()).collect()
+        };
+        assert_eq!(ours(&d.input), names("inputSchema"), "{}", p.display());
+        assert_eq!(ours(&d.output), names("outputSchema"), "{}", p.display());
+        assert_eq!(
+            d.metadata.as_ref().unwrap().author,
+            m["author"].as_str().unwrap_or(""),
+            "{}",
+            p.display()
+        );
+    }
+    // TransposeEncoder's flexible input: the same ranges as metadata.json's shapeRange.
+    let t = dir.join("FluidInference-FluidAudio__TransposeEncoder.mlmodelc");
+    let c = read_coremldata(&t).unwrap().unwrap();
+    let Some(Type::MultiArrayType(a)) = c.description.input[0]
+        .r#type
+        .as_ref()
+        .and_then(|t| t.r#type.clone())
+    else {
+        panic!("x is not a multi-array")
+    };
+    let Some(ShapeFlexibility::ShapeRange(r)) = a.shape_flexibility else {
+        panic!("x has no shape range")
+    };
+    let ranges: Vec<[i64; 2]> = r
+        .size_ranges
+        .iter()
+        .map(|s| [s.lower_bound as i64, s.upper_bound])
+        .collect();
+    let theirs: Vec<[i64; 2]> = serde_json::from_str(
+        metadata(&t)["inputSchema"][0]["shapeRange"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ranges, theirs);
+    assert_eq!(ranges, [[1, 1], [1, 2048], [1, 2048]]);
+}
+
+#[test]
+fn without_metadata_json_the_description_comes_from_coremldata_bin() {
+    let Some(dir) = compiled_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("t.mlmodelc");
+    copy_dir(
+        &dir.join("FluidInference-FluidAudio__TransposeEncoder.mlmodelc"),
+        &m,
+    );
+    std::fs::remove_file(m.join("metadata.json")).unwrap();
+    // Without the function attribute either, only coremldata.bin knows the ranges.
+    let text = std::fs::read_to_string(m.join("model.mil")).unwrap();
+    let start = text.find(" [FlexibleShapeInformation").unwrap();
+    let end = start + text[start..].find(")))] {").unwrap() + ")))]".len();
+    std::fs::write(
+        m.join("model.mil"),
+        format!("{}{}", &text[..start], &text[end..]),
+    )
+    .unwrap();
+    let c = open_compiled(&m).unwrap();
+    let x = &c.model.description.inputs[0];
+    assert_eq!(x.shape, [1, 1, 1]);
+    assert_eq!(x.flex.to_string(), "[1, 1..=2048, 1..=2048]");
+    assert_eq!(c.model.description.author, "FluidAudio");
+    assert_eq!(c.model.spec_version, 7);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert_eq!(c.notes.len(), 1, "{:?}", c.notes);
+    assert!(c.notes[0].contains("from coremldata.bin and the program"));
+}
+
+/// Argmax's `coremldata.bin` with its input's size 1025 (varint `81 08`) made 1024.
+fn argmax_with_a_wrong_coremldata(dir: &Path, to: &Path) {
+    copy_dir(&dir.join("FluidInference-FluidAudio__Argmax.mlmodelc"), to);
+    let mut b = std::fs::read(to.join("coremldata.bin")).unwrap();
+    let at = b.windows(3).position(|w| w == [0x0a, 0x02, 0x81]).unwrap();
+    b[at + 2] = 0x80;
+    std::fs::write(to.join("coremldata.bin"), b).unwrap();
+}
+
+#[test]
+fn where_coremldata_bin_disagrees_with_the_program_the_program_wins_and_inspect_says_so() {
+    let Some(dir) = compiled_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("argmax.mlmodelc");
+    argmax_with_a_wrong_coremldata(&dir, &m);
+    let c = open_compiled(&m).unwrap();
+    assert_eq!(c.model.description.inputs[0].shape, [1025]);
+    assert_eq!(c.notes.len(), 1, "{:?}", c.notes);
+    assert!(
+        c.notes[0].contains("input `input`: coremldata.bin says")
+            && c.notes[0].contains("[1024]")
+            && c.notes[0].contains("[1025]"),
+        "{:?}",
+        c.notes
+    );
+    let out = inspect_text(&m);
+    assert!(
+        out.contains("coremldata.bin says") && out.contains("the program wins"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_damaged_coremldata_bin_is_a_named_warning_never_a_panic() {
+    let Some(dir) = compiled_dir() else { return };
+    let mut rng = Rng(5);
+    for p in with_coremldata(&dir) {
+        let bytes = std::fs::read(p.join("coremldata.bin")).unwrap();
+        assert!(parse_coremldata(&bytes).is_ok());
+        // Every cut before the closing tag's end; the 12 zeros after it are not read.
+        for cut in 0..bytes.len() - 12 {
+            let e = parse_coremldata(&bytes[..cut]).unwrap_err();
+            assert!(format!("{e:#}").contains("byte"), "{cut}: {e:#}");
+        }
+        for _ in 0..2000 {
+            let mut b = bytes.clone();
+            let i = rng.below(b.len());
+            b[i] = rng.below(256) as u8;
+            let _ = parse_coremldata(&b);
+        }
+        // A length of 2^64 - 1 is refused before anything is allocated.
+        let mut b = bytes.clone();
+        b[75..83].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = format!("{:#}", parse_coremldata(&b).unwrap_err());
+        assert!(e.contains("the description needs"), "{e}");
+    }
+    // The folder still opens, from metadata.json, and inspect shows the warning.
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("t.mlmodelc");
+    copy_dir(
+        &dir.join("FluidInference-FluidAudio__TransposeEncoder.mlmodelc"),
+        &m,
+    );
+    let b = std::fs::read(m.join("coremldata.bin")).unwrap();
+    std::fs::write(m.join("coremldata.bin"), &b[..200]).unwrap();
+    let c = open_compiled(&m).unwrap();
+    assert_eq!(
+        c.model.description.inputs[0].flex.to_string(),
+        "[1, 1..=2048, 1..=2048]"
+    );
+    assert_eq!(c.warnings.len(), 1);
+    assert!(
+        c.warnings[0].contains("coremldata.bin: at byte 83: the description needs 293 bytes")
+            && c.warnings[0].contains("comes from metadata.json"),
+        "{:?}",
+        c.warnings
+    );
+    let out = inspect_text(&m);
+    assert!(
+        out.contains("warning:") && out.contains("coremldata.bin"),
+        "{out}"
     );
 }
