@@ -702,51 +702,206 @@ fn every_truncation_and_byte_flip_of_a_program_is_an_error_or_a_program_never_a_
     }
 }
 
+/// Runs a milkit command that must succeed; its stdout.
+fn ok(c: &mut std::process::Command) -> String {
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// milkit's fp16 tiny.en folder (`export --component all`), and beside it the same folder
+/// with every package converted to a compiled `NAME.mlmodelc` (json files copied); made
+/// once per test run.
+fn whisper_folders(fx: &Path) -> &'static (PathBuf, PathBuf) {
+    static DIRS: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    DIRS.get_or_init(|| {
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compiled-whisper");
+        let (pkgs, compiled) = (root.join("pkgs"), root.join("compiled"));
+        let _ = std::fs::remove_dir_all(&root);
+        ok(common::milkit()
+            .args(["export", "--quiet", "--component", "all", "--model"])
+            .arg(fx.join("models/whisper-tiny.en"))
+            .arg("--out")
+            .arg(&pkgs));
+        std::fs::create_dir(&compiled).unwrap();
+        let mut n = 0;
+        for e in std::fs::read_dir(&pkgs).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(".mlpackage") {
+                ok(common::milkit()
+                    .arg("convert")
+                    .arg(&p)
+                    .arg("--out")
+                    .arg(compiled.join(format!("{stem}.mlmodelc"))));
+                n += 1;
+            } else if p.is_file() {
+                std::fs::copy(&p, compiled.join(&name)).unwrap();
+            }
+        }
+        assert!(n >= 2, "{n} packages exported");
+        (pkgs, compiled)
+    })
+}
+
 #[test]
 fn a_compiled_folder_written_from_milkit_s_whisper_packages_transcribes_the_same_text() {
     let Some(fx) = common::fixtures() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let (pkgs, compiled) = (tmp.path().join("pkgs"), tmp.path().join("compiled"));
-    let ok = |c: &mut std::process::Command| {
-        let o = c.output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8(o.stdout).unwrap()
-    };
-    ok(common::milkit()
-        .args(["export", "--component", "all", "--model"])
-        .arg(fx.join("models/whisper-tiny.en"))
-        .arg("--out")
-        .arg(&pkgs));
-    std::fs::create_dir(&compiled).unwrap();
-    let mut n = 0;
-    for e in std::fs::read_dir(&pkgs).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if let Some(stem) = name.strip_suffix(".mlpackage") {
-            ok(common::milkit()
-                .arg("convert")
-                .arg(&p)
-                .arg("--out")
-                .arg(compiled.join(format!("{stem}.mlmodelc"))));
-            n += 1;
-        } else if p.is_file() {
-            std::fs::copy(&p, compiled.join(&name)).unwrap();
-        }
-    }
-    assert!(n >= 2, "{n} packages exported");
+    let (pkgs, compiled) = whisper_folders(&fx);
     let clip = fx.join("audio/jfk.wav");
     let a = ok(common::milkit()
         .arg("transcribe")
         .arg("--models")
-        .arg(&pkgs)
+        .arg(pkgs)
         .arg(&clip));
     let b = ok(common::milkit()
         .arg("transcribe")
         .arg("--models")
-        .arg(&compiled)
+        .arg(compiled)
         .arg(&clip));
     assert!(a.to_lowercase().contains("ask not"), "{a}");
     assert_eq!(a, b);
+}
+
+#[test]
+fn gate_takes_a_compiled_candidate_against_its_packages_and_goes() {
+    let Some(fx) = common::fixtures() else { return };
+    let (pkgs, compiled) = whisper_folders(&fx);
+    let o = common::milkit()
+        .arg("gate")
+        .arg(compiled)
+        .arg("--baseline")
+        .arg(pkgs)
+        .arg("--audio")
+        .arg(fx.join("audio/jfk.wav"))
+        .args(["--json", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["verdict"], "go");
+    let n = std::fs::read_dir(pkgs)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "mlpackage")
+        })
+        .count();
+    assert_eq!(
+        r["packages"].as_array().unwrap().len(),
+        n,
+        "{:#}",
+        r["packages"]
+    );
+    for p in r["packages"].as_array().unwrap() {
+        assert_eq!(p["abi_equal"], true, "{p}");
+    }
+    for p in r["parity"].as_array().unwrap() {
+        assert_eq!(p["max_abs_error"], 0.0, "{p}");
+    }
+}
+
+#[test]
+fn compress_and_eval_take_a_compiled_model_as_they_take_its_package() {
+    let Some(fx) = common::fixtures() else { return };
+    let (pkgs, compiled) = whisper_folders(&fx);
+    let tmp = tempfile::tempdir().unwrap();
+    // compress: the compiled encoder and its package compress to the same package.
+    let lut = |input: &Path, out: &Path| {
+        ok(common::milkit()
+            .arg("compress")
+            .arg(input)
+            .arg("--out")
+            .arg(out)
+            .args(["--quiet", "--palettize", "uniform", "--nbits", "4"]))
+    };
+    let (from_pkg, from_c) = (
+        tmp.path().join("from-pkg.mlpackage"),
+        tmp.path().join("from-compiled.mlpackage"),
+    );
+    lut(&pkgs.join("AudioEncoder.mlpackage"), &from_pkg);
+    lut(&compiled.join("AudioEncoder.mlmodelc"), &from_c);
+    let weights =
+        |p: &Path| std::fs::read(p.join("Data/com.apple.CoreML/weights/weight.bin")).unwrap();
+    assert!(
+        weights(&from_c) == weights(&from_pkg),
+        "the weight files differ"
+    );
+    let (a, b) = (
+        load_package(&from_pkg).unwrap(),
+        load_package(&from_c).unwrap(),
+    );
+    assert_eq!(a.program, b.program);
+    assert_eq!(a.description.inputs, b.description.inputs);
+    assert_eq!(a.description.outputs, b.description.outputs);
+    // An .mlmodelc output is refused, naming what to do.
+    let o = common::milkit()
+        .arg("compress")
+        .arg(compiled.join("AudioEncoder.mlmodelc"))
+        .arg("--out")
+        .arg(tmp.path().join("x.mlmodelc"))
+        .args(["--quiet", "--palettize", "uniform", "--nbits", "4"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("x.mlmodelc") && e.contains("milkit convert"),
+        "{e}"
+    );
+    // eval: bits per compressed weight of a folder whose encoder is compiled.
+    let (pkg_dir, c_dir) = (tmp.path().join("p"), tmp.path().join("c"));
+    copy_dir(pkgs, &pkg_dir);
+    copy_dir(compiled, &c_dir);
+    std::fs::remove_dir_all(pkg_dir.join("AudioEncoder.mlpackage")).unwrap();
+    copy_dir(&from_pkg, &pkg_dir.join("AudioEncoder.mlpackage"));
+    std::fs::remove_dir_all(c_dir.join("AudioEncoder.mlmodelc")).unwrap();
+    ok(common::milkit()
+        .arg("convert")
+        .arg(&from_c)
+        .arg("--out")
+        .arg(c_dir.join("AudioEncoder.mlmodelc")));
+    let bits = |d: &Path| -> serde_json::Value {
+        serde_json::from_str(&ok(common::milkit()
+            .args(["eval", "--json", "--models"])
+            .arg(d)))
+        .unwrap()
+    };
+    let (bp, bc) = (bits(&pkg_dir), bits(&c_dir));
+    assert!(bp["avg_bits"].as_f64().unwrap() > 4.0, "{bp:#}");
+    assert_eq!(bp["avg_bits"], bc["avg_bits"]);
+    assert_eq!(bp["compressed_elements"], bc["compressed_elements"]);
+    let names: Vec<_> = bc["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["package"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        names.contains(&"AudioEncoder.mlmodelc".to_string()),
+        "{names:?}"
+    );
+    // eval --against: the compiled folder against its packages, identical next tokens.
+    let f: serde_json::Value = serde_json::from_str(&ok(common::milkit()
+        .args(["eval", "--json", "--quiet", "--models"])
+        .arg(compiled)
+        .arg("--against")
+        .arg(pkgs)
+        .arg("--audio")
+        .arg(fx.join("audio/jfk.wav"))))
+    .unwrap();
+    assert_eq!(f["mean_kl"], 0.0, "{f:#}");
+    assert_eq!(f["top1_agreement"], 1.0, "{f:#}");
+    assert_eq!(f["wer_vs_baseline"], 0.0, "{f:#}");
 }
 
 #[test]
