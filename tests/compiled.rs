@@ -3,7 +3,10 @@
 //! same random inputs (fp16 and fp32 compute); the text-only WhisperKit tiny.en programs
 //! type-check and count their ops as their metadata.json does; hand-written programs with
 //! states and nested blocks run to hand-computed values; malformed text fails naming the
-//! file, line and column; absent weights are inspected but not run.
+//! file, line and column; absent weights are inspected but not run; `coremldata.bin`'s
+//! description agrees with metadata.json and a damaged one is a warning; milkit's own tiny.en
+//! compiled (also in whisperkit-coreml's layout) transcribes, gates, evaluates and
+//! compresses as its packages do.
 
 mod common;
 
@@ -761,6 +764,77 @@ fn a_compiled_folder_written_from_milkit_s_whisper_packages_transcribes_the_same
         .arg(&clip));
     assert!(a.to_lowercase().contains("ask not"), "{a}");
     assert_eq!(a, b);
+}
+
+/// The files of a whisperkit-coreml model folder as WhisperKit downloads it: the compiled
+/// components and `config.json`, `generation_config.json` (no tokenizer).
+const WHISPERKIT_FILES: [&str; 5] = [
+    "AudioEncoder.mlmodelc",
+    "TextDecoder.mlmodelc",
+    "MelSpectrogram.mlmodelc",
+    "config.json",
+    "generation_config.json",
+];
+
+#[test]
+fn a_folder_laid_out_as_whisperkit_coreml_ships_it_transcribes_once_given_a_tokenizer() {
+    let Some(fx) = common::fixtures() else { return };
+    let (pkgs, compiled) = whisper_folders(&fx);
+    let tmp = tempfile::tempdir().unwrap();
+    let wk = tmp.path().join("openai_whisper-tiny.en");
+    std::fs::create_dir(&wk).unwrap();
+    for f in WHISPERKIT_FILES {
+        let from = compiled.join(f);
+        if from.is_dir() {
+            copy_dir(&from, &wk.join(f));
+        } else {
+            std::fs::copy(&from, wk.join(f)).unwrap();
+        }
+    }
+    let clip = fx.join("audio/jfk.wav");
+    let o = common::milkit()
+        .arg("transcribe")
+        .arg("--models")
+        .arg(&wk)
+        .arg(&clip)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("lacks tokenizer.json") && e.contains("whisperkit-coreml"),
+        "{e}"
+    );
+    std::fs::copy(
+        fx.join("models/whisper-tiny.en/tokenizer.json"),
+        wk.join("tokenizer.json"),
+    )
+    .unwrap();
+    for mel in [&[][..], &["--mel-package"][..]] {
+        let a = ok(common::milkit()
+            .arg("transcribe")
+            .args(mel)
+            .arg("--models")
+            .arg(pkgs)
+            .arg(&clip));
+        let b = ok(common::milkit()
+            .arg("transcribe")
+            .args(mel)
+            .arg("--models")
+            .arg(&wk)
+            .arg(&clip));
+        assert!(a.to_lowercase().contains("ask not"), "{mel:?}: {a}");
+        assert_eq!(a, b, "{mel:?}");
+    }
+    // With --mel-package the log-mel comes from MelSpectrogram.mlmodelc.
+    let o = common::milkit()
+        .args(["transcribe", "--mel-package", "-v", "--models"])
+        .arg(&wk)
+        .arg(&clip)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("mel package"), "{e}");
 }
 
 #[test]

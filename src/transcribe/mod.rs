@@ -352,10 +352,14 @@ impl Transcriber {
                 component(dir, need).exists(),
                 "{} lacks {need}{}",
                 dir.display(),
-                if need.ends_with(".mlpackage") {
-                    " (or its compiled .mlmodelc)"
-                } else {
-                    ""
+                match need {
+                    "tokenizer.json" => {
+                        " (folders from argmaxinc/whisperkit-coreml leave it out; WhisperKit \
+                         fetches it from the checkpoint's repository: put that repository's \
+                         tokenizer.json, e.g. openai/whisper-tiny.en's, beside the models)"
+                    }
+                    n if n.ends_with(".mlpackage") => " (or its compiled .mlmodelc)",
+                    _ => "",
                 }
             );
         }
