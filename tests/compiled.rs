@@ -16,6 +16,7 @@ use milkit::package::compiled::{is_compiled, open_compiled};
 use milkit::package::coremldata::{parse_coremldata, read_coremldata};
 use milkit::package::load_package;
 use milkit::package::mil_text::{parse_float, parse_program, Weights};
+use milkit::proto::specification::{FeatureDescription, ModelDescription};
 use milkit::runtime::precision::Compute;
 use milkit::runtime::{Options, Session, Tensor};
 use std::collections::BTreeMap;
@@ -1071,6 +1072,155 @@ fn coremldata_bin_holds_the_description_metadata_json_gives() {
     assert_eq!(ranges, [[1, 1], [1, 2048], [1, 2048]]);
 }
 
+/// A `coremldata.bin` in the layout `milkit::package::coremldata` documents, around `d`.
+fn coremldata_bytes(second_word: u32, spec_version: u64, d: &ModelDescription) -> Vec<u8> {
+    use prost::Message;
+    let body = d.encode_to_vec();
+    let mut b = vec![];
+    b.extend(502u32.to_le_bytes());
+    b.extend(second_word.to_le_bytes());
+    b.extend([0u8; 20]);
+    b.extend(7u64.to_le_bytes());
+    b.extend(b"generic");
+    b.extend(spec_version.to_le_bytes());
+    b.extend([0u8; 24]);
+    b.extend((body.len() as u64).to_le_bytes());
+    b.extend(body);
+    b.extend(502u32.to_le_bytes());
+    b.extend([0u8; 12]);
+    b
+}
+
+#[test]
+fn the_documented_layout_rebuilds_each_coremldata_bin_header_byte_for_byte() {
+    let Some(dir) = compiled_dir() else { return };
+    for p in with_coremldata(&dir) {
+        let bytes = std::fs::read(p.join("coremldata.bin")).unwrap();
+        let c = parse_coremldata(&bytes).unwrap();
+        let second = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
+        let ours = coremldata_bytes(second, c.spec_version, &c.description);
+        // The header up to the description, the description's length and the closing tag;
+        // the description itself only as decoded (Apple does not sort userDefined's keys).
+        assert_eq!(ours.len(), bytes.len(), "{}", p.display());
+        assert_eq!(ours[..83], bytes[..83], "{}", p.display());
+        assert_eq!(
+            ours[ours.len() - 16..],
+            bytes[bytes.len() - 16..],
+            "{}",
+            p.display()
+        );
+    }
+}
+
+const TWO_FUNCTIONS: &str = r#"program(1.3)
+[buildInfo = dict<string, string>({{"coremlc-version", "hand-written"}})]
+{
+    func main<ios18>(tensor<fp16, [1, 4]> x) {
+            tensor<fp16, [1, 4]> y = mul(x = x, y = fp16(0x1p+1))[name = string("y")];
+        } -> (y);
+    func twice<ios18>(tensor<fp16, [1, ?]> x) {
+            tensor<fp16, [1, ?]> z = add(x = x, y = x)[name = string("z")];
+        } -> (z);
+}"#;
+
+fn array(name: &str, shape: &[i64], ranges: Option<&[(u64, i64)]>) -> FeatureDescription {
+    use milkit::proto::specification::array_feature_type::{
+        ArrayDataType, ShapeFlexibility, ShapeRange,
+    };
+    use milkit::proto::specification::{feature_type, ArrayFeatureType, FeatureType, SizeRange};
+    FeatureDescription {
+        name: name.into(),
+        r#type: Some(FeatureType {
+            is_optional: false,
+            r#type: Some(feature_type::Type::MultiArrayType(ArrayFeatureType {
+                shape: shape.to_vec(),
+                data_type: ArrayDataType::Float16 as i32,
+                shape_flexibility: ranges.map(|r| {
+                    ShapeFlexibility::ShapeRange(ShapeRange {
+                        size_ranges: r
+                            .iter()
+                            .map(|&(lower_bound, upper_bound)| SizeRange {
+                                lower_bound,
+                                upper_bound,
+                            })
+                            .collect(),
+                    })
+                }),
+                default_optional_value: None,
+            })),
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn coremldata_bin_gives_a_multifunction_model_its_function_list_and_default() {
+    use milkit::proto::specification::FunctionDescription;
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("two.mlmodelc");
+    std::fs::create_dir(&m).unwrap();
+    std::fs::write(m.join("model.mil"), TWO_FUNCTIONS).unwrap();
+    // The program alone: `main` is the default, `twice`'s `?` unbounded.
+    let c = open_compiled(&m).unwrap();
+    assert_eq!(c.model.description.default_function, "main");
+    assert_eq!(
+        c.model.description.functions["twice"].inputs[0]
+            .flex
+            .to_string(),
+        "[1, 1..]"
+    );
+    let d = ModelDescription {
+        functions: vec![
+            FunctionDescription {
+                name: "main".into(),
+                input: vec![array("x", &[1, 4], None)],
+                output: vec![array("y", &[], None)],
+                ..Default::default()
+            },
+            FunctionDescription {
+                name: "twice".into(),
+                input: vec![array("x", &[1, 8], Some(&[(1, 1), (1, 64)]))],
+                output: vec![array("z", &[], None)],
+                ..Default::default()
+            },
+        ],
+        default_function_name: "twice".into(),
+        ..Default::default()
+    };
+    std::fs::write(m.join("coremldata.bin"), coremldata_bytes(9, 9, &d)).unwrap();
+    let c = open_compiled(&m).unwrap();
+    let desc = &c.model.description;
+    assert_eq!(desc.default_function, "twice");
+    assert_eq!(desc.functions.keys().collect::<Vec<_>>(), ["main", "twice"]);
+    assert_eq!(desc.inputs[0].shape, [1, 8]);
+    assert_eq!(desc.inputs[0].flex.to_string(), "[1, 1..=64]");
+    assert_eq!(c.model.spec_version, 9);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    // It runs `twice` by default, at a size the range allows.
+    let mut s = Session::load(&m).unwrap();
+    let x = Tensor::from_vec(vec![1f32, 2.0, 3.0], (1, 3), &cpu())
+        .unwrap()
+        .to_dtype(candle_core::DType::F16)
+        .unwrap();
+    let out = s.predict(&[("x", x)]).unwrap();
+    assert_eq!(out[0].0, "z");
+    assert_eq!(f32s(&out[0].1), [2.0, 4.0, 6.0]);
+    // A function coremldata.bin lists that the program lacks is a note.
+    let mut d2 = d.clone();
+    d2.functions[1].name = "thrice".into();
+    d2.default_function_name = "main".into();
+    std::fs::write(m.join("coremldata.bin"), coremldata_bytes(9, 9, &d2)).unwrap();
+    let c = open_compiled(&m).unwrap();
+    assert!(
+        c.notes.iter().any(|n| n.contains("function `thrice`"))
+            && c.notes
+                .iter()
+                .any(|n| n.contains("twice: not in coremldata.bin's function list")),
+        "{:?}",
+        c.notes
+    );
+}
+
 #[test]
 fn without_metadata_json_the_description_comes_from_coremldata_bin() {
     let Some(dir) = compiled_dir() else { return };
@@ -1182,5 +1332,17 @@ fn a_damaged_coremldata_bin_is_a_named_warning_never_a_panic() {
     assert!(
         out.contains("warning:") && out.contains("coremldata.bin"),
         "{out}"
+    );
+    // A Git LFS pointer (what a clone without `git lfs pull` holds) is named as one.
+    std::fs::write(
+        m.join("coremldata.bin"),
+        "version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 392\n",
+    )
+    .unwrap();
+    let c = open_compiled(&m).unwrap();
+    assert!(
+        c.warnings.len() == 1 && c.warnings[0].contains("coremldata.bin is a Git LFS pointer"),
+        "{:?}",
+        c.warnings
     );
 }

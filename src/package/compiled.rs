@@ -60,7 +60,8 @@ pub fn load_compiled(path: &Path) -> Result<Model> {
     Ok(c.model)
 }
 
-const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/";
+/// How a Git LFS pointer file (a repository copy without `git lfs pull`) starts.
+pub(crate) const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/";
 
 /// The weight file of a compiled folder, or why it cannot be read.
 fn weights(path: &Path) -> Result<Weights> {

@@ -20,6 +20,7 @@
 //! `analytics/coremldata.bin` beside it is a different file (build details, a model hash)
 //! and is not read.
 
+use super::compiled::LFS_POINTER;
 use crate::proto::specification as spec;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use prost::Message;
@@ -126,6 +127,12 @@ pub fn read_coremldata(dir: &Path) -> Result<Option<CoremlData>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
     };
+    if bytes.starts_with(LFS_POINTER) {
+        bail!(
+            "{} is a Git LFS pointer, not the file (fetch it with `git lfs pull`)",
+            file.display()
+        );
+    }
     match parse_coremldata(&bytes) {
         Ok(d) => Ok(Some(d)),
         Err(e) => bail!("{}: {e:#}", file.display()),
