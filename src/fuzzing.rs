@@ -1,5 +1,6 @@
 //! Fuzz harnesses: one function per hostile-input class (safetensors header, shard index,
-//! config.json, generation_config.json, Manifest.json, model.mlmodel, model.mil, weight.bin,
+//! config.json, generation_config.json, Manifest.json, model.mlmodel, model.mil,
+//! coremldata.bin, weight.bin,
 //! WAV, tokenizer.json, recipe, pytorch_model.bin), each feeding arbitrary bytes to milkit's
 //! real parsing entry point. The `fuzz/` crate's libFuzzer targets and the corpus replay test
 //! (`tests/fuzz_corpus.rs`) call the same functions, so a crash the fuzzer finds is a test
@@ -33,6 +34,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("manifest", manifest),
     ("mlmodel", mlmodel),
     ("model_mil", model_mil),
+    ("coremldata", coremldata),
     ("weight_bin", weight_bin),
     ("wav", wav),
     ("tokenizer", tokenizer),
@@ -181,6 +183,14 @@ pub fn mlmodel(data: &[u8]) -> Result<()> {
     }
     std::fs::write(pkg.join("Data/com.apple.CoreML/model.mlmodel"), data)?;
     crate::package::load_package(&pkg)?;
+    Ok(())
+}
+
+/// A compiled model's `coremldata.bin`: the header followed, the `ModelDescription`
+/// decoded and turned into the IR's description.
+pub fn coremldata(data: &[u8]) -> Result<()> {
+    let c = crate::package::coremldata::parse_coremldata(data)?;
+    crate::package::load::description_from_proto(&c.description)?;
     Ok(())
 }
 

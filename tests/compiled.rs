@@ -3,15 +3,20 @@
 //! same random inputs (fp16 and fp32 compute); the text-only WhisperKit tiny.en programs
 //! type-check and count their ops as their metadata.json does; hand-written programs with
 //! states and nested blocks run to hand-computed values; malformed text fails naming the
-//! file, line and column; absent weights are inspected but not run.
+//! file, line and column; absent weights are inspected but not run; `coremldata.bin`'s
+//! description agrees with metadata.json and a damaged one is a warning; milkit's own tiny.en
+//! compiled (also in whisperkit-coreml's layout) transcribes, gates, evaluates and
+//! compresses as its packages do.
 
 mod common;
 
 use common::programs::f32s;
 use common::rng::Rng;
 use milkit::package::compiled::{is_compiled, open_compiled};
+use milkit::package::coremldata::{parse_coremldata, read_coremldata};
 use milkit::package::load_package;
 use milkit::package::mil_text::{parse_float, parse_program, Weights};
+use milkit::proto::specification::{FeatureDescription, ModelDescription};
 use milkit::runtime::precision::Compute;
 use milkit::runtime::{Options, Session, Tensor};
 use std::collections::BTreeMap;
@@ -293,6 +298,24 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// What `milkit inspect PATH` prints (it must succeed).
+fn inspect_text(m: &Path) -> String {
+    let (mut out, mut err) = (vec![], vec![]);
+    let args = milkit::verify::cli::InspectArgs {
+        package: m.to_path_buf(),
+        json: false,
+        mil: false,
+        model_mil: false,
+    };
+    assert_eq!(
+        milkit::verify::cli::run_inspect_to(&args, &mut out, &mut err),
+        0,
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
+    String::from_utf8(out).unwrap()
+}
+
 #[test]
 fn a_git_lfs_pointer_for_weights_is_inspected_but_not_run() {
     let Some(dir) = compiled_dir() else { return };
@@ -309,18 +332,8 @@ fn a_git_lfs_pointer_for_weights_is_inspected_but_not_run() {
     .unwrap();
     let c = open_compiled(&m).unwrap();
     assert!(c.weights_absent.unwrap().contains("Git LFS pointer"));
-    let (mut out, mut err) = (vec![], vec![]);
-    let args = milkit::verify::cli::InspectArgs {
-        package: m.clone(),
-        json: false,
-        mil: false,
-        model_mil: false,
-    };
-    assert_eq!(
-        milkit::verify::cli::run_inspect_to(&args, &mut out, &mut err),
-        0
-    );
-    assert!(String::from_utf8(out).unwrap().contains("Git LFS pointer"));
+    let out = inspect_text(&m);
+    assert!(out.contains("Git LFS pointer"), "{out}");
     let e = format!("{:#}", Session::load(&m).err().unwrap());
     assert!(
         e.contains("weights are absent") && e.contains("Git LFS pointer"),
@@ -347,18 +360,7 @@ fn where_metadata_disagrees_with_the_program_the_program_wins_and_inspect_says_s
         "{:?}",
         c.notes
     );
-    let (mut out, mut err) = (vec![], vec![]);
-    let args = milkit::verify::cli::InspectArgs {
-        package: m.clone(),
-        json: false,
-        mil: false,
-        model_mil: false,
-    };
-    assert_eq!(
-        milkit::verify::cli::run_inspect_to(&args, &mut out, &mut err),
-        0
-    );
-    let out = String::from_utf8(out).unwrap();
+    let out = inspect_text(&m);
     assert!(out.contains("the program wins"), "{out}");
     // And it runs with the program's shape.
     let mut s = Session::load(&m).unwrap();
@@ -704,51 +706,277 @@ fn every_truncation_and_byte_flip_of_a_program_is_an_error_or_a_program_never_a_
     }
 }
 
+/// Runs a milkit command that must succeed; its stdout.
+fn ok(c: &mut std::process::Command) -> String {
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// milkit's fp16 tiny.en folder (`export --component all`), and beside it the same folder
+/// with every package converted to a compiled `NAME.mlmodelc` (json files copied); made
+/// once per test run.
+fn whisper_folders(fx: &Path) -> &'static (PathBuf, PathBuf) {
+    static DIRS: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    DIRS.get_or_init(|| {
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compiled-whisper");
+        let (pkgs, compiled) = (root.join("pkgs"), root.join("compiled"));
+        let _ = std::fs::remove_dir_all(&root);
+        ok(common::milkit()
+            .args(["export", "--quiet", "--component", "all", "--model"])
+            .arg(fx.join("models/whisper-tiny.en"))
+            .arg("--out")
+            .arg(&pkgs));
+        std::fs::create_dir(&compiled).unwrap();
+        let mut n = 0;
+        for e in std::fs::read_dir(&pkgs).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(".mlpackage") {
+                ok(common::milkit()
+                    .arg("convert")
+                    .arg(&p)
+                    .arg("--out")
+                    .arg(compiled.join(format!("{stem}.mlmodelc"))));
+                n += 1;
+            } else if p.is_file() {
+                std::fs::copy(&p, compiled.join(&name)).unwrap();
+            }
+        }
+        assert!(n >= 2, "{n} packages exported");
+        (pkgs, compiled)
+    })
+}
+
 #[test]
 fn a_compiled_folder_written_from_milkit_s_whisper_packages_transcribes_the_same_text() {
     let Some(fx) = common::fixtures() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let (pkgs, compiled) = (tmp.path().join("pkgs"), tmp.path().join("compiled"));
-    let ok = |c: &mut std::process::Command| {
-        let o = c.output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8(o.stdout).unwrap()
-    };
-    ok(common::milkit()
-        .args(["export", "--component", "all", "--model"])
-        .arg(fx.join("models/whisper-tiny.en"))
-        .arg("--out")
-        .arg(&pkgs));
-    std::fs::create_dir(&compiled).unwrap();
-    let mut n = 0;
-    for e in std::fs::read_dir(&pkgs).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if let Some(stem) = name.strip_suffix(".mlpackage") {
-            ok(common::milkit()
-                .arg("convert")
-                .arg(&p)
-                .arg("--out")
-                .arg(compiled.join(format!("{stem}.mlmodelc"))));
-            n += 1;
-        } else if p.is_file() {
-            std::fs::copy(&p, compiled.join(&name)).unwrap();
-        }
-    }
-    assert!(n >= 2, "{n} packages exported");
+    let (pkgs, compiled) = whisper_folders(&fx);
     let clip = fx.join("audio/jfk.wav");
     let a = ok(common::milkit()
         .arg("transcribe")
         .arg("--models")
-        .arg(&pkgs)
+        .arg(pkgs)
         .arg(&clip));
     let b = ok(common::milkit()
         .arg("transcribe")
         .arg("--models")
-        .arg(&compiled)
+        .arg(compiled)
         .arg(&clip));
     assert!(a.to_lowercase().contains("ask not"), "{a}");
     assert_eq!(a, b);
+}
+
+/// The files of a whisperkit-coreml model folder as WhisperKit downloads it: the compiled
+/// components and `config.json`, `generation_config.json` (no tokenizer).
+const WHISPERKIT_FILES: [&str; 5] = [
+    "AudioEncoder.mlmodelc",
+    "TextDecoder.mlmodelc",
+    "MelSpectrogram.mlmodelc",
+    "config.json",
+    "generation_config.json",
+];
+
+#[test]
+fn a_folder_laid_out_as_whisperkit_coreml_ships_it_transcribes_once_given_a_tokenizer() {
+    let Some(fx) = common::fixtures() else { return };
+    let (pkgs, compiled) = whisper_folders(&fx);
+    let tmp = tempfile::tempdir().unwrap();
+    let wk = tmp.path().join("openai_whisper-tiny.en");
+    std::fs::create_dir(&wk).unwrap();
+    for f in WHISPERKIT_FILES {
+        let from = compiled.join(f);
+        if from.is_dir() {
+            copy_dir(&from, &wk.join(f));
+        } else {
+            std::fs::copy(&from, wk.join(f)).unwrap();
+        }
+    }
+    let clip = fx.join("audio/jfk.wav");
+    let o = common::milkit()
+        .arg("transcribe")
+        .arg("--models")
+        .arg(&wk)
+        .arg(&clip)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("lacks tokenizer.json") && e.contains("whisperkit-coreml"),
+        "{e}"
+    );
+    std::fs::copy(
+        fx.join("models/whisper-tiny.en/tokenizer.json"),
+        wk.join("tokenizer.json"),
+    )
+    .unwrap();
+    for mel in [&[][..], &["--mel-package"][..]] {
+        let a = ok(common::milkit()
+            .arg("transcribe")
+            .args(mel)
+            .arg("--models")
+            .arg(pkgs)
+            .arg(&clip));
+        let b = ok(common::milkit()
+            .arg("transcribe")
+            .args(mel)
+            .arg("--models")
+            .arg(&wk)
+            .arg(&clip));
+        assert!(a.to_lowercase().contains("ask not"), "{mel:?}: {a}");
+        assert_eq!(a, b, "{mel:?}");
+    }
+    // With --mel-package the log-mel comes from MelSpectrogram.mlmodelc.
+    let o = common::milkit()
+        .args(["transcribe", "--mel-package", "-v", "--models"])
+        .arg(&wk)
+        .arg(&clip)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("mel package"), "{e}");
+}
+
+#[test]
+fn gate_takes_a_compiled_candidate_against_its_packages_and_goes() {
+    let Some(fx) = common::fixtures() else { return };
+    let (pkgs, compiled) = whisper_folders(&fx);
+    let o = common::milkit()
+        .arg("gate")
+        .arg(compiled)
+        .arg("--baseline")
+        .arg(pkgs)
+        .arg("--audio")
+        .arg(fx.join("audio/jfk.wav"))
+        .args(["--json", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["verdict"], "go");
+    let n = std::fs::read_dir(pkgs)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "mlpackage")
+        })
+        .count();
+    assert_eq!(
+        r["packages"].as_array().unwrap().len(),
+        n,
+        "{:#}",
+        r["packages"]
+    );
+    for p in r["packages"].as_array().unwrap() {
+        assert_eq!(p["abi_equal"], true, "{p}");
+    }
+    for p in r["parity"].as_array().unwrap() {
+        assert_eq!(p["max_abs_error"], 0.0, "{p}");
+    }
+}
+
+#[test]
+fn compress_and_eval_take_a_compiled_model_as_they_take_its_package() {
+    let Some(fx) = common::fixtures() else { return };
+    let (pkgs, compiled) = whisper_folders(&fx);
+    let tmp = tempfile::tempdir().unwrap();
+    // compress: the compiled encoder and its package compress to the same package.
+    let lut = |input: &Path, out: &Path| {
+        ok(common::milkit()
+            .arg("compress")
+            .arg(input)
+            .arg("--out")
+            .arg(out)
+            .args(["--quiet", "--palettize", "uniform", "--nbits", "4"]))
+    };
+    let (from_pkg, from_c) = (
+        tmp.path().join("from-pkg.mlpackage"),
+        tmp.path().join("from-compiled.mlpackage"),
+    );
+    lut(&pkgs.join("AudioEncoder.mlpackage"), &from_pkg);
+    lut(&compiled.join("AudioEncoder.mlmodelc"), &from_c);
+    let weights =
+        |p: &Path| std::fs::read(p.join("Data/com.apple.CoreML/weights/weight.bin")).unwrap();
+    assert!(
+        weights(&from_c) == weights(&from_pkg),
+        "the weight files differ"
+    );
+    let (a, b) = (
+        load_package(&from_pkg).unwrap(),
+        load_package(&from_c).unwrap(),
+    );
+    assert_eq!(a.program, b.program);
+    assert_eq!(a.description.inputs, b.description.inputs);
+    assert_eq!(a.description.outputs, b.description.outputs);
+    // An .mlmodelc output is refused, naming what to do.
+    let o = common::milkit()
+        .arg("compress")
+        .arg(compiled.join("AudioEncoder.mlmodelc"))
+        .arg("--out")
+        .arg(tmp.path().join("x.mlmodelc"))
+        .args(["--quiet", "--palettize", "uniform", "--nbits", "4"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("x.mlmodelc") && e.contains("milkit convert"),
+        "{e}"
+    );
+    // eval: bits per compressed weight of a folder whose encoder is compiled.
+    let (pkg_dir, c_dir) = (tmp.path().join("p"), tmp.path().join("c"));
+    copy_dir(pkgs, &pkg_dir);
+    copy_dir(compiled, &c_dir);
+    std::fs::remove_dir_all(pkg_dir.join("AudioEncoder.mlpackage")).unwrap();
+    copy_dir(&from_pkg, &pkg_dir.join("AudioEncoder.mlpackage"));
+    std::fs::remove_dir_all(c_dir.join("AudioEncoder.mlmodelc")).unwrap();
+    ok(common::milkit()
+        .arg("convert")
+        .arg(&from_c)
+        .arg("--out")
+        .arg(c_dir.join("AudioEncoder.mlmodelc")));
+    let bits = |d: &Path| -> serde_json::Value {
+        serde_json::from_str(&ok(common::milkit()
+            .args(["eval", "--json", "--models"])
+            .arg(d)))
+        .unwrap()
+    };
+    let (bp, bc) = (bits(&pkg_dir), bits(&c_dir));
+    assert!(bp["avg_bits"].as_f64().unwrap() > 4.0, "{bp:#}");
+    assert_eq!(bp["avg_bits"], bc["avg_bits"]);
+    assert_eq!(bp["compressed_elements"], bc["compressed_elements"]);
+    let names: Vec<_> = bc["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["package"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        names.contains(&"AudioEncoder.mlmodelc".to_string()),
+        "{names:?}"
+    );
+    // eval --against: the compiled folder against its packages, identical next tokens.
+    let f: serde_json::Value = serde_json::from_str(&ok(common::milkit()
+        .args(["eval", "--json", "--quiet", "--models"])
+        .arg(compiled)
+        .arg("--against")
+        .arg(pkgs)
+        .arg("--audio")
+        .arg(fx.join("audio/jfk.wav"))))
+    .unwrap();
+    assert_eq!(f["mean_kl"], 0.0, "{f:#}");
+    assert_eq!(f["top1_agreement"], 1.0, "{f:#}");
+    assert_eq!(f["wer_vs_baseline"], 0.0, "{f:#}");
 }
 
 #[test]
@@ -761,5 +989,360 @@ fn a_compiled_folder_without_model_mil_is_refused_as_not_an_ml_program() {
     assert!(
         e.contains("without model.mil") && e.contains("not an ML Program"),
         "{e}"
+    );
+}
+
+/// The compiled models of the fixtures that have a `coremldata.bin`.
+fn with_coremldata(dir: &Path) -> Vec<PathBuf> {
+    let mut all = vec![];
+    mlmodelc_folders(dir, &mut all);
+    all.retain(|p| p.join("coremldata.bin").is_file());
+    all
+}
+
+fn metadata(p: &Path) -> serde_json::Value {
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p.join("metadata.json")).unwrap()).unwrap();
+    j[0].clone()
+}
+
+#[test]
+fn coremldata_bin_holds_the_description_metadata_json_gives() {
+    use milkit::proto::specification::array_feature_type::ShapeFlexibility;
+    use milkit::proto::specification::feature_type::Type;
+    let Some(dir) = compiled_dir() else { return };
+    let all = with_coremldata(&dir);
+    assert_eq!(all.len(), 5, "{all:?}");
+    for p in &all {
+        let c = read_coremldata(p).unwrap().unwrap();
+        let m = metadata(p);
+        assert_eq!(c.kind, "generic", "{}", p.display());
+        assert_eq!(
+            c.spec_version,
+            m["specificationVersion"].as_u64().unwrap(),
+            "{}",
+            p.display()
+        );
+        let names = |key: &str| -> Vec<String> {
+            m[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|j| j["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let d = &c.description;
+        let ours = |fs: &[milkit::proto::specification::FeatureDescription]| -> Vec<String> {
+            fs.iter().map(|f| f.name.clone()).collect()
+        };
+        assert_eq!(ours(&d.input), names("inputSchema"), "{}", p.display());
+        assert_eq!(ours(&d.output), names("outputSchema"), "{}", p.display());
+        assert_eq!(
+            d.metadata.as_ref().unwrap().author,
+            m["author"].as_str().unwrap_or(""),
+            "{}",
+            p.display()
+        );
+    }
+    // TransposeEncoder's flexible input: the same ranges as metadata.json's shapeRange.
+    let t = dir.join("FluidInference-FluidAudio__TransposeEncoder.mlmodelc");
+    let c = read_coremldata(&t).unwrap().unwrap();
+    let Some(Type::MultiArrayType(a)) = c.description.input[0]
+        .r#type
+        .as_ref()
+        .and_then(|t| t.r#type.clone())
+    else {
+        panic!("x is not a multi-array")
+    };
+    let Some(ShapeFlexibility::ShapeRange(r)) = a.shape_flexibility else {
+        panic!("x has no shape range")
+    };
+    let ranges: Vec<[i64; 2]> = r
+        .size_ranges
+        .iter()
+        .map(|s| [s.lower_bound as i64, s.upper_bound])
+        .collect();
+    let theirs: Vec<[i64; 2]> = serde_json::from_str(
+        metadata(&t)["inputSchema"][0]["shapeRange"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ranges, theirs);
+    assert_eq!(ranges, [[1, 1], [1, 2048], [1, 2048]]);
+}
+
+/// A `coremldata.bin` in the layout `milkit::package::coremldata` documents, around `d`.
+fn coremldata_bytes(second_word: u32, spec_version: u64, d: &ModelDescription) -> Vec<u8> {
+    use prost::Message;
+    let body = d.encode_to_vec();
+    let mut b = vec![];
+    b.extend(502u32.to_le_bytes());
+    b.extend(second_word.to_le_bytes());
+    b.extend([0u8; 20]);
+    b.extend(7u64.to_le_bytes());
+    b.extend(b"generic");
+    b.extend(spec_version.to_le_bytes());
+    b.extend([0u8; 24]);
+    b.extend((body.len() as u64).to_le_bytes());
+    b.extend(body);
+    b.extend(502u32.to_le_bytes());
+    b.extend([0u8; 12]);
+    b
+}
+
+#[test]
+fn the_documented_layout_rebuilds_each_coremldata_bin_header_byte_for_byte() {
+    let Some(dir) = compiled_dir() else { return };
+    for p in with_coremldata(&dir) {
+        let bytes = std::fs::read(p.join("coremldata.bin")).unwrap();
+        let c = parse_coremldata(&bytes).unwrap();
+        let second = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
+        let ours = coremldata_bytes(second, c.spec_version, &c.description);
+        // The header up to the description, the description's length and the closing tag;
+        // the description itself only as decoded (Apple does not sort userDefined's keys).
+        assert_eq!(ours.len(), bytes.len(), "{}", p.display());
+        assert_eq!(ours[..83], bytes[..83], "{}", p.display());
+        assert_eq!(
+            ours[ours.len() - 16..],
+            bytes[bytes.len() - 16..],
+            "{}",
+            p.display()
+        );
+    }
+}
+
+const TWO_FUNCTIONS: &str = r#"program(1.3)
+[buildInfo = dict<string, string>({{"coremlc-version", "hand-written"}})]
+{
+    func main<ios18>(tensor<fp16, [1, 4]> x) {
+            tensor<fp16, [1, 4]> y = mul(x = x, y = fp16(0x1p+1))[name = string("y")];
+        } -> (y);
+    func twice<ios18>(tensor<fp16, [1, ?]> x) {
+            tensor<fp16, [1, ?]> z = add(x = x, y = x)[name = string("z")];
+        } -> (z);
+}"#;
+
+fn array(name: &str, shape: &[i64], ranges: Option<&[(u64, i64)]>) -> FeatureDescription {
+    use milkit::proto::specification::array_feature_type::{
+        ArrayDataType, ShapeFlexibility, ShapeRange,
+    };
+    use milkit::proto::specification::{feature_type, ArrayFeatureType, FeatureType, SizeRange};
+    FeatureDescription {
+        name: name.into(),
+        r#type: Some(FeatureType {
+            is_optional: false,
+            r#type: Some(feature_type::Type::MultiArrayType(ArrayFeatureType {
+                shape: shape.to_vec(),
+                data_type: ArrayDataType::Float16 as i32,
+                shape_flexibility: ranges.map(|r| {
+                    ShapeFlexibility::ShapeRange(ShapeRange {
+                        size_ranges: r
+                            .iter()
+                            .map(|&(lower_bound, upper_bound)| SizeRange {
+                                lower_bound,
+                                upper_bound,
+                            })
+                            .collect(),
+                    })
+                }),
+                default_optional_value: None,
+            })),
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn coremldata_bin_gives_a_multifunction_model_its_function_list_and_default() {
+    use milkit::proto::specification::FunctionDescription;
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("two.mlmodelc");
+    std::fs::create_dir(&m).unwrap();
+    std::fs::write(m.join("model.mil"), TWO_FUNCTIONS).unwrap();
+    // The program alone: `main` is the default, `twice`'s `?` unbounded.
+    let c = open_compiled(&m).unwrap();
+    assert_eq!(c.model.description.default_function, "main");
+    assert_eq!(
+        c.model.description.functions["twice"].inputs[0]
+            .flex
+            .to_string(),
+        "[1, 1..]"
+    );
+    let d = ModelDescription {
+        functions: vec![
+            FunctionDescription {
+                name: "main".into(),
+                input: vec![array("x", &[1, 4], None)],
+                output: vec![array("y", &[], None)],
+                ..Default::default()
+            },
+            FunctionDescription {
+                name: "twice".into(),
+                input: vec![array("x", &[1, 8], Some(&[(1, 1), (1, 64)]))],
+                output: vec![array("z", &[], None)],
+                ..Default::default()
+            },
+        ],
+        default_function_name: "twice".into(),
+        ..Default::default()
+    };
+    std::fs::write(m.join("coremldata.bin"), coremldata_bytes(9, 9, &d)).unwrap();
+    let c = open_compiled(&m).unwrap();
+    let desc = &c.model.description;
+    assert_eq!(desc.default_function, "twice");
+    assert_eq!(desc.functions.keys().collect::<Vec<_>>(), ["main", "twice"]);
+    assert_eq!(desc.inputs[0].shape, [1, 8]);
+    assert_eq!(desc.inputs[0].flex.to_string(), "[1, 1..=64]");
+    assert_eq!(c.model.spec_version, 9);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    // It runs `twice` by default, at a size the range allows.
+    let mut s = Session::load(&m).unwrap();
+    let x = Tensor::from_vec(vec![1f32, 2.0, 3.0], (1, 3), &cpu())
+        .unwrap()
+        .to_dtype(candle_core::DType::F16)
+        .unwrap();
+    let out = s.predict(&[("x", x)]).unwrap();
+    assert_eq!(out[0].0, "z");
+    assert_eq!(f32s(&out[0].1), [2.0, 4.0, 6.0]);
+    // A function coremldata.bin lists that the program lacks is a note.
+    let mut d2 = d.clone();
+    d2.functions[1].name = "thrice".into();
+    d2.default_function_name = "main".into();
+    std::fs::write(m.join("coremldata.bin"), coremldata_bytes(9, 9, &d2)).unwrap();
+    let c = open_compiled(&m).unwrap();
+    assert!(
+        c.notes.iter().any(|n| n.contains("function `thrice`"))
+            && c.notes
+                .iter()
+                .any(|n| n.contains("twice: not in coremldata.bin's function list")),
+        "{:?}",
+        c.notes
+    );
+}
+
+#[test]
+fn without_metadata_json_the_description_comes_from_coremldata_bin() {
+    let Some(dir) = compiled_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("t.mlmodelc");
+    copy_dir(
+        &dir.join("FluidInference-FluidAudio__TransposeEncoder.mlmodelc"),
+        &m,
+    );
+    std::fs::remove_file(m.join("metadata.json")).unwrap();
+    // Without the function attribute either, only coremldata.bin knows the ranges.
+    let text = std::fs::read_to_string(m.join("model.mil")).unwrap();
+    let start = text.find(" [FlexibleShapeInformation").unwrap();
+    let end = start + text[start..].find(")))] {").unwrap() + ")))]".len();
+    std::fs::write(
+        m.join("model.mil"),
+        format!("{}{}", &text[..start], &text[end..]),
+    )
+    .unwrap();
+    let c = open_compiled(&m).unwrap();
+    let x = &c.model.description.inputs[0];
+    assert_eq!(x.shape, [1, 1, 1]);
+    assert_eq!(x.flex.to_string(), "[1, 1..=2048, 1..=2048]");
+    assert_eq!(c.model.description.author, "FluidAudio");
+    assert_eq!(c.model.spec_version, 7);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert_eq!(c.notes.len(), 1, "{:?}", c.notes);
+    assert!(c.notes[0].contains("from coremldata.bin and the program"));
+}
+
+/// Argmax's `coremldata.bin` with its input's size 1025 (varint `81 08`) made 1024.
+fn argmax_with_a_wrong_coremldata(dir: &Path, to: &Path) {
+    copy_dir(&dir.join("FluidInference-FluidAudio__Argmax.mlmodelc"), to);
+    let mut b = std::fs::read(to.join("coremldata.bin")).unwrap();
+    let at = b.windows(3).position(|w| w == [0x0a, 0x02, 0x81]).unwrap();
+    b[at + 2] = 0x80;
+    std::fs::write(to.join("coremldata.bin"), b).unwrap();
+}
+
+#[test]
+fn where_coremldata_bin_disagrees_with_the_program_the_program_wins_and_inspect_says_so() {
+    let Some(dir) = compiled_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("argmax.mlmodelc");
+    argmax_with_a_wrong_coremldata(&dir, &m);
+    let c = open_compiled(&m).unwrap();
+    assert_eq!(c.model.description.inputs[0].shape, [1025]);
+    assert_eq!(c.notes.len(), 1, "{:?}", c.notes);
+    assert!(
+        c.notes[0].contains("input `input`: coremldata.bin says")
+            && c.notes[0].contains("[1024]")
+            && c.notes[0].contains("[1025]"),
+        "{:?}",
+        c.notes
+    );
+    let out = inspect_text(&m);
+    assert!(
+        out.contains("coremldata.bin says") && out.contains("the program wins"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_damaged_coremldata_bin_is_a_named_warning_never_a_panic() {
+    let Some(dir) = compiled_dir() else { return };
+    let mut rng = Rng(5);
+    for p in with_coremldata(&dir) {
+        let bytes = std::fs::read(p.join("coremldata.bin")).unwrap();
+        assert!(parse_coremldata(&bytes).is_ok());
+        // Every cut before the closing tag's end; the 12 zeros after it are not read.
+        for cut in 0..bytes.len() - 12 {
+            let e = parse_coremldata(&bytes[..cut]).unwrap_err();
+            assert!(format!("{e:#}").contains("byte"), "{cut}: {e:#}");
+        }
+        for _ in 0..2000 {
+            let mut b = bytes.clone();
+            let i = rng.below(b.len());
+            b[i] = rng.below(256) as u8;
+            let _ = parse_coremldata(&b);
+        }
+        // A length of 2^64 - 1 is refused before anything is allocated.
+        let mut b = bytes.clone();
+        b[75..83].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = format!("{:#}", parse_coremldata(&b).unwrap_err());
+        assert!(e.contains("the description needs"), "{e}");
+    }
+    // The folder still opens, from metadata.json, and inspect shows the warning.
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("t.mlmodelc");
+    copy_dir(
+        &dir.join("FluidInference-FluidAudio__TransposeEncoder.mlmodelc"),
+        &m,
+    );
+    let b = std::fs::read(m.join("coremldata.bin")).unwrap();
+    std::fs::write(m.join("coremldata.bin"), &b[..200]).unwrap();
+    let c = open_compiled(&m).unwrap();
+    assert_eq!(
+        c.model.description.inputs[0].flex.to_string(),
+        "[1, 1..=2048, 1..=2048]"
+    );
+    assert_eq!(c.warnings.len(), 1);
+    assert!(
+        c.warnings[0].contains("coremldata.bin: at byte 83: the description needs 293 bytes")
+            && c.warnings[0].contains("comes from metadata.json"),
+        "{:?}",
+        c.warnings
+    );
+    let out = inspect_text(&m);
+    assert!(
+        out.contains("warning:") && out.contains("coremldata.bin"),
+        "{out}"
+    );
+    // A Git LFS pointer (what a clone without `git lfs pull` holds) is named as one.
+    std::fs::write(
+        m.join("coremldata.bin"),
+        "version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 392\n",
+    )
+    .unwrap();
+    let c = open_compiled(&m).unwrap();
+    assert!(
+        c.warnings.len() == 1 && c.warnings[0].contains("coremldata.bin is a Git LFS pointer"),
+        "{:?}",
+        c.warnings
     );
 }

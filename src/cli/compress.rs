@@ -11,9 +11,10 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct CompressArgs {
-    /// Input .mlpackage (iOS18 target).
+    /// Input .mlpackage, or compiled .mlmodelc folder (iOS18 target).
     pub input: PathBuf,
-    /// Output .mlpackage.
+    /// Output .mlpackage (a package whatever the input; `milkit convert` compiles it to
+    /// model.mil text).
     #[arg(long)]
     pub out: PathBuf,
     /// Replace an existing output.
@@ -70,6 +71,13 @@ pub fn run(a: &CompressArgs) -> Result<u8> {
     if a.out.exists() && !a.force {
         bail!(
             "{} already exists; pass --force to replace it",
+            a.out.display()
+        );
+    }
+    if a.out.extension().is_some_and(|e| e == "mlmodelc") {
+        bail!(
+            "{}: compress writes a package; name the output .mlpackage (and `milkit convert` \
+             it to an .mlmodelc)",
             a.out.display()
         );
     }

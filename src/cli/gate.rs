@@ -32,9 +32,10 @@ use std::path::PathBuf;
 /// line. Method: docs/quality.md.
 #[derive(Args)]
 pub struct GateArgs {
-    /// The candidate models folder.
+    /// The candidate models folder (.mlpackage components, or compiled .mlmodelc where
+    /// the package is absent).
     pub candidate: PathBuf,
-    /// The baseline models folder it must hold up against.
+    /// The baseline models folder it must hold up against (the same kinds of component).
     #[arg(long)]
     pub baseline: PathBuf,
     /// Held-out clips: WAV files and/or JSON-lines manifests (`audio`, optional `text`,

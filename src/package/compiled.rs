@@ -1,15 +1,19 @@
 //! Compiled models (`.mlmodelc` folders, what `coremlc` and Xcode write and apps ship):
 //! `model.mil` (the program as text, read by [`super::mil_text`]), `weights/weight.bin`
 //! (the package blob format), `metadata.json` (I/O schemas, op histogram, metadata) and
-//! `coremldata.bin` (not read). The I/O description comes from `metadata.json`, with shape
-//! ranges from it or from the function attribute `FlexibleShapeInformation`; where the two
-//! disagree with the program, the program wins and [`Compiled::notes`] says so.
+//! `coremldata.bin` (the `ModelDescription`, read by [`super::coremldata`]). The I/O
+//! description comes from `coremldata.bin` (shape ranges, enumerated and default shapes,
+//! state types, the function list), then `metadata.json`, then the function attribute
+//! `FlexibleShapeInformation` and the program; where a file disagrees with the program, the
+//! program wins and [`Compiled::notes`] says so. A `coremldata.bin` milkit cannot read is a
+//! warning ([`Compiled::warnings`]), not an error.
 //!
 //! A model whose `weight.bin` is missing or a Git LFS pointer still opens (its blob
 //! constants read as zeros) for inspection and verification; [`load_compiled`] refuses it.
 
 use super::blob::BlobReader;
-use super::load::{check_abi, fits};
+use super::coremldata::read_coremldata;
+use super::load::{check_abi, description_from_proto, fits};
 use super::mil_text::{parse_program, ParsedProgram, Weights};
 use crate::ir::{
     ArrayDType, Description, Dim, Feature, FeatureKind, Function, FunctionIo, Model, Opset,
@@ -26,8 +30,11 @@ pub struct Compiled {
     /// Why the weights the program references cannot be read (their constants are then
     /// zeros); `None` when they were read or the program references none.
     pub weights_absent: Option<String>,
-    /// Where `metadata.json` and the program disagree, and what was used.
+    /// Where `coremldata.bin` or `metadata.json` and the program disagree, and what was
+    /// used.
     pub notes: Vec<String>,
+    /// What could not be read (a damaged `coremldata.bin`), and what was used instead.
+    pub warnings: Vec<String>,
     /// The printer dialect of `model.mil`: `1.0` or `1.3`.
     pub dialect: String,
     /// `model.mil` and `weights/weight.bin` of the folder.
@@ -53,7 +60,8 @@ pub fn load_compiled(path: &Path) -> Result<Model> {
     Ok(c.model)
 }
 
-const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/";
+/// How a Git LFS pointer file (a repository copy without `git lfs pull`) starts.
+pub(crate) const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/";
 
 /// The weight file of a compiled folder, or why it cannot be read.
 fn weights(path: &Path) -> Result<Weights> {
@@ -100,11 +108,34 @@ pub fn open_compiled(path: &Path) -> Result<Compiled> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", meta_file.display())),
     };
+    // coremldata.bin is secondary: one milkit cannot read leaves a warning, not an error.
+    let mut warnings = vec![];
+    let data = match read_coremldata(path) {
+        Ok(Some(c)) => match description_from_proto(&c.description) {
+            Ok(d) => Some((c.spec_version, d)),
+            Err(e) => {
+                warnings.push(format!(
+                    "{}: its ModelDescription is not one milkit reads ({e:#}); the description \
+                     comes from metadata.json and the program",
+                    path.join("coremldata.bin").display()
+                ));
+                None
+            }
+        },
+        Ok(None) => None,
+        Err(e) => {
+            warnings.push(format!(
+                "{e:#}; the description comes from metadata.json and the program"
+            ));
+            None
+        }
+    };
     let spec_version = meta
         .as_ref()
         .and_then(|m| m.get("specificationVersion"))
         .and_then(|v| v.as_i64())
-        .map(|v| v as i32);
+        .or_else(|| data.as_ref().and_then(|(v, _)| i64::try_from(*v).ok()))
+        .and_then(|v| i32::try_from(v).ok());
     let max_opset = spec_version
         .map(|v| {
             // A later specification version than milkit knows still allows every opset.
@@ -130,12 +161,22 @@ pub fn open_compiled(path: &Path) -> Result<Compiled> {
     let mut notes = vec![];
     if meta.is_none() {
         notes.push(format!(
-            "{} does not exist: the I/O description comes from the program",
-            meta_file.display()
+            "{} does not exist: the I/O description comes from {}the program",
+            meta_file.display(),
+            if data.is_some() {
+                "coremldata.bin and "
+            } else {
+                ""
+            }
         ));
     }
-    let description = describe(&parsed, meta.as_ref(), &mut notes)
-        .with_context(|| format!("{}", path.display()))?;
+    let description = describe(
+        &parsed,
+        meta.as_ref(),
+        data.as_ref().map(|(_, d)| d),
+        &mut notes,
+    )
+    .with_context(|| format!("{}", path.display()))?;
     let top = parsed
         .program
         .functions
@@ -152,6 +193,7 @@ pub fn open_compiled(path: &Path) -> Result<Compiled> {
         },
         weights_absent,
         notes,
+        warnings,
         dialect: parsed.version,
         program_file,
         weights_file,
@@ -305,27 +347,88 @@ fn feature_from_program(name: &str, t: &TensorType, info: &FlexInfo) -> Result<F
     Ok(fe)
 }
 
-fn schema<'a>(meta: Option<&'a Json>, key: &str) -> Vec<&'a Json> {
-    meta.and_then(|m| m.get(key))
+/// An entry of a description: its name, and the feature, or why milkit cannot read it.
+type Entry = (String, Result<Feature, String>);
+
+/// One file's word on a function's interface: `coremldata.bin`'s `ModelDescription` or
+/// `metadata.json`'s schemas.
+struct Source {
+    file: &'static str,
+    /// What the file calls its lists of inputs, outputs and states, as notes name them.
+    lists: [&'static str; 3],
+    inputs: Vec<Entry>,
+    outputs: Vec<Entry>,
+    states: Vec<Entry>,
+}
+
+fn find<'a>(entries: &'a [Entry], name: &str) -> Option<(usize, &'a Result<Feature, String>)> {
+    entries
+        .iter()
+        .position(|(n, _)| n == name)
+        .map(|p| (p, &entries[p].1))
+}
+
+fn schema(meta: &Json, key: &str) -> Vec<Entry> {
+    meta.get(key)
         .and_then(|v| v.as_array())
-        .map(|a| a.iter().collect())
+        .map(|a| {
+            a.iter()
+                .map(|j| (str_of(j, "name").to_string(), schema_feature(j)))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
-/// One function's inputs, outputs and states: `metadata.json`'s where they fit the
-/// program, the program's otherwise (with a note).
+fn metadata_source(meta: &Json) -> Source {
+    Source {
+        file: "metadata.json",
+        lists: [
+            "metadata.json's inputSchema",
+            "metadata.json's outputSchema",
+            "metadata.json's stateSchema",
+        ],
+        inputs: schema(meta, "inputSchema"),
+        outputs: schema(meta, "outputSchema"),
+        states: schema(meta, "stateSchema"),
+    }
+}
+
+fn coremldata_source(inputs: &[Feature], outputs: &[Feature], states: &[Feature]) -> Source {
+    let entries = |fs: &[Feature]| fs.iter().map(|f| (f.name.clone(), Ok(f.clone()))).collect();
+    Source {
+        file: "coremldata.bin",
+        lists: [
+            "coremldata.bin's inputs",
+            "coremldata.bin's outputs",
+            "coremldata.bin's states",
+        ],
+        inputs: entries(inputs),
+        outputs: entries(outputs),
+        states: entries(states),
+    }
+}
+
+/// `" (accepting …)"` for a flexible feature, empty for a fixed one.
+fn accepting(f: &Feature) -> String {
+    match &f.flex {
+        ShapeFlex::Fixed => String::new(),
+        f => format!(" (accepting {f})"),
+    }
+}
+
+/// One function's inputs, outputs and states: from the first of `sources` (in order of
+/// preference) whose entry fits the program, the program's otherwise; every source that
+/// disagrees with the program gets a note.
 fn function_io(
     fname: &str,
     f: &Function,
-    meta: Option<&Json>,
+    sources: &[Source],
     info: &FlexInfo,
     notes: &mut Vec<String>,
 ) -> Result<FunctionIo> {
-    let m_inputs = schema(meta, "inputSchema");
-    let m_outputs = schema(meta, "outputSchema");
-    let m_states = schema(meta, "stateSchema");
     let mut io = FunctionIo::default();
-    let mut by_meta: Vec<(usize, Feature)> = vec![];
+    // Described inputs, keyed by (source, position there): the order the model's users see.
+    let mut described: Vec<((usize, usize), Feature)> = vec![];
     for v in &f.inputs {
         match &v.ty {
             ValueType::State(t) => {
@@ -339,75 +442,67 @@ fn function_io(
                     anyhow!("state `{}` is {t}: a state's shape must be known", v.name)
                 })?;
                 let fe = Feature::new(&v.name, dtype, &shape);
-                if let Some(j) = m_states.iter().find(|j| str_of(j, "name") == v.name) {
-                    match schema_feature(j) {
-                        Ok(m) if m.dtype == fe.dtype && m.shape == fe.shape => {}
-                        Ok(m) => notes.push(format!(
-                            "{fname}: state `{}`: metadata.json says {}, the program says {t}; \
-                             the program's is used",
+                for s in sources {
+                    match find(&s.states, &v.name) {
+                        Some((_, Ok(m))) if m.dtype == fe.dtype && m.shape == fe.shape => {}
+                        Some((_, Ok(m))) => notes.push(format!(
+                            "{fname}: state `{}`: {} says {}, the program says {t}; the \
+                             program's is used",
                             v.name,
+                            s.file,
                             m.tensor_type()
                         )),
-                        Err(e) => notes.push(format!(
-                            "{fname}: state `{}`: metadata.json describes {e}; the program's {t} is used",
-                            v.name
+                        Some((_, Err(e))) => notes.push(format!(
+                            "{fname}: state `{}`: {} describes {e}; the program's {t} is used",
+                            v.name, s.file
+                        )),
+                        None => notes.push(format!(
+                            "{fname}: state `{}` is not in {}",
+                            v.name, s.lists[2]
                         )),
                     }
-                } else if meta.is_some() {
-                    notes.push(format!(
-                        "{fname}: state `{}` is not in metadata.json's stateSchema",
-                        v.name
-                    ));
                 }
                 io.states.push(fe);
             }
             ValueType::Tensor(t) => {
-                let pos = m_inputs.iter().position(|j| str_of(j, "name") == v.name);
-                let from_meta = pos.map(|p| (p, schema_feature(m_inputs[p])));
-                let fe = match from_meta {
-                    Some((p, Ok(mut fe))) if fits(t, &fe) => {
-                        // metadata.json may leave out ranges the function attribute gives.
+                let mut chosen: Option<((usize, usize), Feature)> = None;
+                for (k, s) in sources.iter().enumerate() {
+                    match find(&s.inputs, &v.name) {
+                        Some((p, Ok(fe))) if fits(t, fe) => {
+                            if chosen.is_none() {
+                                chosen = Some(((k, p), fe.clone()));
+                            }
+                        }
+                        Some((_, Ok(m))) => notes.push(format!(
+                            "{fname}: input `{}`: {} says {}{}, the program says {t}; the \
+                             program's is used",
+                            v.name,
+                            s.file,
+                            m.tensor_type(),
+                            accepting(m)
+                        )),
+                        Some((_, Err(e))) => notes.push(format!(
+                            "{fname}: input `{}`: {} describes {e}; the program's {t} is used",
+                            v.name, s.file
+                        )),
+                        None => notes.push(format!(
+                            "{fname}: input `{}` is not in {}",
+                            v.name, s.lists[0]
+                        )),
+                    }
+                }
+                match chosen {
+                    Some((key, mut fe)) => {
+                        // A description may leave out ranges the function attribute gives.
                         if fe.flex == ShapeFlex::Fixed && t.fixed_shape().is_none() {
                             if let Some(f) = info.flex.get(&v.name) {
                                 fe.flex = f.clone();
                             }
                         }
-                        by_meta.push((p, fe));
-                        continue;
+                        described.push((key, fe));
                     }
-                    Some((_, Ok(m))) => {
-                        notes.push(format!(
-                            "{fname}: input `{}`: metadata.json says {}{}, the program says {t}; \
-                             the program's is used",
-                            v.name,
-                            m.tensor_type(),
-                            match &m.flex {
-                                ShapeFlex::Fixed => String::new(),
-                                f => format!(" (accepting {f})"),
-                            }
-                        ));
-                        feature_from_program(&v.name, t, info)?
-                    }
-                    Some((_, Err(e))) => {
-                        notes.push(format!(
-                            "{fname}: input `{}`: metadata.json describes {e}; the program's {t} \
-                             is used",
-                            v.name
-                        ));
-                        feature_from_program(&v.name, t, info)?
-                    }
-                    None => {
-                        if meta.is_some() {
-                            notes.push(format!(
-                                "{fname}: input `{}` is not in metadata.json's inputSchema; the \
-                                 program's {t} is used",
-                                v.name
-                            ));
-                        }
-                        feature_from_program(&v.name, t, info)?
-                    }
-                };
-                io.inputs.push(fe);
+                    None => io.inputs.push(feature_from_program(&v.name, t, info)?),
+                }
             }
             other => bail!(
                 "function `{fname}` takes `{}` of type {other}, which Core ML inputs cannot be",
@@ -415,16 +510,20 @@ fn function_io(
             ),
         }
     }
-    // metadata.json's order first (the order the model's users see), then the rest.
-    by_meta.sort_by_key(|(p, _)| *p);
+    // The descriptions' order first, then the rest.
+    described.sort_by_key(|(k, _)| *k);
     let rest = std::mem::take(&mut io.inputs);
-    io.inputs = by_meta.into_iter().map(|(_, f)| f).chain(rest).collect();
-    for j in &m_inputs {
-        let n = str_of(j, "name");
-        if !f.inputs.iter().any(|v| v.name == n) {
-            notes.push(format!(
-                "{fname}: metadata.json lists input `{n}`, which the program does not take"
-            ));
+    io.inputs = described.into_iter().map(|(_, f)| f).chain(rest).collect();
+    for s in sources {
+        for (what, entries) in [("input", &s.inputs), ("state", &s.states)] {
+            for (n, _) in entries {
+                if !f.inputs.iter().any(|v| v.name == *n) {
+                    notes.push(format!(
+                        "{fname}: {} lists {what} `{n}`, which the program does not take",
+                        s.file
+                    ));
+                }
+            }
         }
     }
     // Outputs: the block's, typed by the program.
@@ -440,10 +539,9 @@ fn function_io(
         let ty = types
             .get(o.as_str())
             .ok_or_else(|| anyhow!("output `{o}` is never defined"))?;
-        let meta_fe = m_outputs
+        let first = sources
             .iter()
-            .find(|j| str_of(j, "name") == o)
-            .map(|j| schema_feature(j));
+            .find_map(|s| find(&s.outputs, o).and_then(|(_, r)| r.as_ref().ok()));
         let fe = match ty {
             // A classifier's label: an int64 or string scalar.
             ValueType::Tensor(t) if t.shape.is_empty() && t.dtype == crate::ir::DType::I64 => {
@@ -455,44 +553,50 @@ fn function_io(
             ValueType::Tensor(t) => {
                 // Other element types (bool, 8- and 16-bit integers) are converted at the
                 // boundary into the type the description gives (int32 unless it says).
-                let dtype = match (ArrayDType::from_dtype(t.dtype), &meta_fe) {
+                let dtype = match (ArrayDType::from_dtype(t.dtype), first) {
                     (Some(d), _) => d,
-                    (None, Some(Ok(m))) => m.dtype,
-                    (None, _) => ArrayDType::I32,
+                    (None, Some(m)) => m.dtype,
+                    (None, None) => ArrayDType::I32,
                 };
-                let shape = match (t.fixed_shape(), &meta_fe) {
+                let shape = match (t.fixed_shape(), first) {
                     (Some(s), _) => s,
-                    (None, Some(Ok(m))) if m.shape.len() == t.rank() => m.shape.clone(),
+                    (None, Some(m)) if m.shape.len() == t.rank() => m.shape.clone(),
                     _ => vec![],
                 };
                 let mut fe = Feature::new(o, dtype, &shape);
-                match &meta_fe {
-                    Some(Ok(m)) => {
-                        fe.doc = m.doc.clone();
-                        // An empty shape in metadata.json means "not known", not a scalar.
-                        let same_type = m.dtype.to_dtype() == t.dtype
-                            || ArrayDType::from_dtype(t.dtype).is_none();
-                        let same_shape = m.shape.is_empty()
-                            || (m.shape.len() == t.rank()
-                                && m.shape.iter().zip(&t.shape).all(|(a, d)| match d {
-                                    Dim::Fixed(n) => n == a,
-                                    Dim::Unknown => true,
-                                }));
-                        if !same_type || !same_shape {
-                            notes.push(format!(
-                                "{fname}: output `{o}`: metadata.json says {}, the program says \
-                                 {t}; the program's is used",
-                                m.tensor_type()
-                            ));
+                if let Some(m) = first {
+                    fe.doc = m.doc.clone();
+                }
+                for s in sources {
+                    match find(&s.outputs, o) {
+                        Some((_, Ok(m))) => {
+                            // An empty shape in a description means "not known", not a
+                            // scalar.
+                            let same_type = m.dtype.to_dtype() == t.dtype
+                                || ArrayDType::from_dtype(t.dtype).is_none();
+                            let same_shape = m.shape.is_empty()
+                                || (m.shape.len() == t.rank()
+                                    && m.shape.iter().zip(&t.shape).all(|(a, d)| match d {
+                                        Dim::Fixed(n) => n == a,
+                                        Dim::Unknown => true,
+                                    }));
+                            if !same_type || !same_shape {
+                                notes.push(format!(
+                                    "{fname}: output `{o}`: {} says {}, the program says {t}; \
+                                     the program's is used",
+                                    s.file,
+                                    m.tensor_type()
+                                ));
+                            }
+                        }
+                        Some((_, Err(e))) => notes.push(format!(
+                            "{fname}: output `{o}`: {} describes {e}; the program's {t} is used",
+                            s.file
+                        )),
+                        None => {
+                            notes.push(format!("{fname}: output `{o}` is not in {}", s.lists[1]))
                         }
                     }
-                    Some(Err(e)) => notes.push(format!(
-                        "{fname}: output `{o}`: metadata.json describes {e}; the program's {t} is used"
-                    )),
-                    None if meta.is_some() => notes.push(format!(
-                        "{fname}: output `{o}` is not in metadata.json's outputSchema"
-                    )),
-                    None => {}
                 }
                 fe
             }
@@ -512,12 +616,14 @@ fn function_io(
         };
         io.outputs.push(fe);
     }
-    for j in &m_outputs {
-        let n = str_of(j, "name");
-        if !f.block.outputs.iter().any(|o| o == n) {
-            notes.push(format!(
-                "{fname}: metadata.json lists output `{n}`, which the program does not return"
-            ));
+    for s in sources {
+        for (n, _) in &s.outputs {
+            if !f.block.outputs.iter().any(|o| o == n) {
+                notes.push(format!(
+                    "{fname}: {} lists output `{n}`, which the program does not return",
+                    s.file
+                ));
+            }
         }
     }
     check_abi(&io.inputs, &io.outputs, &io.states, f)
@@ -525,14 +631,24 @@ fn function_io(
     Ok(io)
 }
 
+/// The model's description: each function's interface from `coremldata.bin`'s
+/// `ModelDescription` where it fits the program (it alone has default shapes, state types
+/// and a multifunction model's function list), then `metadata.json`'s (which describes the
+/// default function), then the program's; the model's metadata from the first that has it.
 fn describe(
     parsed: &ParsedProgram,
     meta: Option<&Json>,
+    data: Option<&Description>,
     notes: &mut Vec<String>,
 ) -> Result<Description> {
     let p = &parsed.program;
     let mut d = Description::default();
-    if let Some(m) = meta {
+    if let Some(c) = data {
+        d.short_description = c.short_description.clone();
+        d.author = c.author.clone();
+        d.version = c.version.clone();
+        d.user_defined = c.user_defined.clone();
+    } else if let Some(m) = meta {
         d.short_description = str_of(m, "shortDescription").to_string();
         d.author = str_of(m, "author").to_string();
         d.version = str_of(m, "version").to_string();
@@ -545,26 +661,46 @@ fn describe(
         }
     }
     let single = p.functions.len() == 1;
-    // metadata.json describes the default function (`main`, else the only one).
-    let default = if p.functions.contains_key("main") || single {
-        p.main().map(|_| {
-            if p.functions.contains_key("main") {
-                "main".to_string()
-            } else {
-                p.functions.keys().next().cloned().unwrap_or_default()
-            }
-        })
-    } else {
-        None
-    };
+    // The default function: coremldata.bin's, else `main`, else the only one.
+    let named = data
+        .map(|c| c.default_function.clone())
+        .filter(|n| !n.is_empty());
+    if let Some(n) = named.as_ref().filter(|n| !p.functions.contains_key(*n)) {
+        notes.push(format!(
+            "coremldata.bin names `{n}` the default function, which the program does not have"
+        ));
+    }
+    let default = named
+        .filter(|n| p.functions.contains_key(n))
+        .or_else(|| p.functions.contains_key("main").then(|| "main".to_string()))
+        .or_else(|| single.then(|| p.functions.keys().next().cloned()).flatten());
+    if let Some(c) = data.filter(|c| !c.functions.is_empty()) {
+        for n in c.functions.keys().filter(|n| !p.functions.contains_key(*n)) {
+            notes.push(format!(
+                "coremldata.bin lists function `{n}`, which the program does not have"
+            ));
+        }
+    }
     for (name, f) in &p.functions {
         let info = flex_info(parsed.function_attributes.get(name));
-        let m = if Some(name) == default.as_ref() {
-            meta
-        } else {
-            None
-        };
-        let io = function_io(name, f, m, &info, notes)?;
+        let is_default = Some(name) == default.as_ref();
+        let mut sources = vec![];
+        if let Some(c) = data {
+            if let Some(io) = c.functions.get(name) {
+                sources.push(coremldata_source(&io.inputs, &io.outputs, &io.states));
+            } else if !c.functions.is_empty() {
+                notes.push(format!(
+                    "{name}: not in coremldata.bin's function list; its interface comes from \
+                     the program"
+                ));
+            } else if is_default {
+                sources.push(coremldata_source(&c.inputs, &c.outputs, &c.states));
+            }
+        }
+        if let Some(m) = meta.filter(|_| is_default) {
+            sources.push(metadata_source(m));
+        }
+        let io = function_io(name, f, &sources, &info, notes)?;
         if single {
             (d.inputs, d.outputs, d.states) = (io.inputs, io.outputs, io.states);
         } else {
@@ -577,6 +713,32 @@ fn describe(
         (d.inputs, d.outputs, d.states) =
             (io.inputs.clone(), io.outputs.clone(), io.states.clone());
         d.default_function = def;
+    }
+    // A classifier's label and probabilities outputs, where the program returns them.
+    if let Some(c) = data {
+        for (what, name, to) in [
+            (
+                "predictedFeatureName",
+                &c.predicted_feature,
+                &mut d.predicted_feature,
+            ),
+            (
+                "predictedProbabilitiesName",
+                &c.predicted_probabilities,
+                &mut d.predicted_probabilities,
+            ),
+        ] {
+            if name.is_empty() {
+                continue;
+            }
+            if d.outputs.iter().any(|o| o.name == *name) {
+                *to = name.clone();
+            } else {
+                notes.push(format!(
+                    "coremldata.bin's {what} `{name}` is not an output of the program"
+                ));
+            }
+        }
     }
     Ok(d)
 }

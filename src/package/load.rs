@@ -514,6 +514,38 @@ pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model
         .description
         .as_ref()
         .ok_or_else(|| anyhow!("model has no description"))?;
+    let description = description_from_proto(d)?;
+    if description.functions.is_empty() {
+        let f = program
+            .main()
+            .ok_or_else(|| anyhow!("the program has no functions"))?;
+        check_abi(
+            &description.inputs,
+            &description.outputs,
+            &description.states,
+            f,
+        )?;
+    }
+    for (name, io) in &description.functions {
+        let f = program
+            .functions
+            .get(name)
+            .ok_or_else(|| anyhow!("the description's function `{name}` is not in the program"))?;
+        check_abi(&io.inputs, &io.outputs, &io.states, f)
+            .with_context(|| format!("function `{name}`"))?;
+    }
+    Ok(Model {
+        spec_version: m.specification_version,
+        description,
+        program,
+    })
+}
+
+/// A `ModelDescription` (a package's, or the copy in a compiled model's `coremldata.bin`)
+/// as the IR's, checked on its own, not against a program: inputs are arrays or images, a
+/// multifunction description (iOS18) lists each function once, none at the top level, and
+/// names its default among them; the predicted feature names are outputs.
+pub(crate) fn description_from_proto(d: &spec::ModelDescription) -> Result<Description> {
     let mut description = Description::default();
     let (inputs, outputs, states) = function_io(&d.input, &d.output, &d.state)?;
     (description.inputs, description.outputs, description.states) = (inputs, outputs, states);
@@ -525,32 +557,13 @@ pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model
         description.author = md.author.clone();
         description.user_defined = md.user_defined.clone();
     }
-    if d.functions.is_empty() {
-        let f = program
-            .main()
-            .ok_or_else(|| anyhow!("the program has no functions"))?;
-        check_abi(
-            &description.inputs,
-            &description.outputs,
-            &description.states,
-            f,
-        )?;
-    } else {
-        // A multifunction model (iOS18): one interface per function, none at the top level.
+    if !d.functions.is_empty() {
         ensure!(
             description.inputs.is_empty() && description.outputs.is_empty(),
             "the description lists both functions and top-level inputs/outputs"
         );
         for fd in &d.functions {
-            let f = program.functions.get(&fd.name).ok_or_else(|| {
-                anyhow!(
-                    "the description's function `{}` is not in the program",
-                    fd.name
-                )
-            })?;
             let (inputs, outputs, states) = function_io(&fd.input, &fd.output, &fd.state)
-                .with_context(|| format!("function `{}`", fd.name))?;
-            check_abi(&inputs, &outputs, &states, f)
                 .with_context(|| format!("function `{}`", fd.name))?;
             let io = FunctionIo {
                 inputs,
@@ -583,11 +596,7 @@ pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model
             "{what} `{name}` is not an output of the description"
         );
     }
-    Ok(Model {
-        spec_version: m.specification_version,
-        description,
-        program,
-    })
+    Ok(description)
 }
 
 /// A description's (or one function's) inputs, outputs and states; inputs must be arrays.

@@ -5,6 +5,7 @@
 pub mod blob;
 pub mod compiled;
 pub mod convert;
+pub mod coremldata;
 pub mod fsio;
 pub mod load;
 pub mod manifest;

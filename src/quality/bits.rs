@@ -5,6 +5,7 @@
 //! whole-model budget such as "≤ 4.25 bits per compressed weight" is stated in.
 
 use crate::package::load_package;
+use crate::transcribe::{component, components};
 use crate::verify::analysis::constant_data;
 use anyhow::{Context, Result};
 use std::path::Path;
@@ -33,18 +34,13 @@ pub fn package_bits(path: &Path) -> Result<PackageBits> {
     })
 }
 
-/// Counts every `.mlpackage` directly inside `dir` (sorted by name).
+/// Counts every component directly inside `dir` (sorted by name): each `.mlpackage`, or
+/// the compiled `.mlmodelc` where the package is absent.
 pub fn folder_bits(dir: &Path) -> Result<FolderBits> {
-    let mut paths = Vec::new();
-    for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-        let p = e
-            .with_context(|| format!("listing {}", dir.display()))?
-            .path();
-        if p.is_dir() && p.extension().is_some_and(|x| x == "mlpackage") {
-            paths.push(p);
-        }
-    }
-    paths.sort();
+    let paths: Vec<_> = components(dir)?
+        .iter()
+        .map(|name| component(dir, name))
+        .collect();
     let packages = paths
         .iter()
         .map(|p| package_bits(p))

@@ -1,6 +1,9 @@
 //! `milkit gate`: the cheapest-falsifier ladder for a compressed models folder against its
 //! baseline, rung by rung, stopping at the first failed rung unless asked to run them all.
 //!
+//! Components may be packages or compiled `.mlmodelc` models, matched by name
+//! (`AudioEncoder.mlpackage` and `AudioEncoder.mlmodelc` are one component).
+//!
 //! 1. Package physics (no model run): the same packages with the same I/O (inputs, outputs,
 //!    states), op histograms side by side, the candidate's constexpr ops by kind and a stated
 //!    LUT count, the positional embedding a plain fp16 constant, the compressed weights at
@@ -28,7 +31,7 @@ use crate::report::{
 };
 use crate::runtime::Tensor;
 use crate::transcribe::decoder::Cross;
-use crate::transcribe::{TranscribeOptions, Transcriber, Transcript};
+use crate::transcribe::{component, components, TranscribeOptions, Transcriber, Transcript};
 use crate::verify::cli::verify_package;
 use crate::verify::VerifyOptions;
 use crate::whisper::audio::{load_wav, N_SAMPLES};
@@ -119,22 +122,15 @@ fn clips_of(paths: &[PathBuf], smoke: bool) -> Result<(Vec<Clip>, Vec<ManifestCl
     Ok((out, manifest_clips))
 }
 
-/// The `.mlpackage` file names of a models folder, sorted.
+/// The components of a models folder (packages, or compiled models where the package is
+/// absent), each named as its package.
 fn packages(dir: &Path) -> Result<Vec<String>> {
+    let out = components(dir)?;
     ensure!(
-        dir.is_dir(),
-        "models folder {} does not exist",
+        !out.is_empty(),
+        "{} holds no .mlpackage or .mlmodelc",
         dir.display()
     );
-    let mut out = vec![];
-    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let name = e?.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".mlpackage") {
-            out.push(name);
-        }
-    }
-    out.sort();
-    ensure!(!out.is_empty(), "{} holds no .mlpackage", dir.display());
     Ok(out)
 }
 
@@ -609,8 +605,8 @@ pub fn gate(o: &GateOptions, progress: &mut dyn FnMut(&str)) -> Result<GateRepor
             reasons1.push(format!("{name}: missing in the candidate"));
             continue;
         }
-        let b = verify_package(&o.baseline.join(name), &opts, &o.command_line)?;
-        let c = verify_package(&o.candidate.join(name), &opts, &o.command_line)?;
+        let b = verify_package(&component(&o.baseline, name), &opts, &o.command_line)?;
+        let c = verify_package(&component(&o.candidate, name), &opts, &o.command_line)?;
         let p = physics(name, &b, &c, &o.thresholds);
         reasons1.extend(physics_reasons(&p, &o.thresholds));
         packages_out.push(p);

@@ -264,6 +264,37 @@ pub fn component(dir: &Path, file: &str) -> PathBuf {
     }
 }
 
+/// The components of a models folder, sorted: every `NAME.mlpackage` folder, and every
+/// `NAME.mlmodelc` whose package is absent, each named `NAME.mlpackage` ([`component`]
+/// gives its path).
+pub fn components(dir: &Path) -> Result<Vec<String>> {
+    ensure!(
+        dir.is_dir(),
+        "models folder {} does not exist",
+        dir.display()
+    );
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let p = e
+            .with_context(|| format!("reading {}", dir.display()))?
+            .path();
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if let Some(stem) = name
+            .strip_suffix(".mlpackage")
+            .or_else(|| name.strip_suffix(".mlmodelc"))
+            .filter(|_| p.is_dir())
+        {
+            out.push(format!("{stem}.mlpackage"));
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
 fn load(dir: &Path, file: &str, compute: Compute) -> Result<Session> {
     let opts = crate::runtime::Options {
         compute,
@@ -321,10 +352,14 @@ impl Transcriber {
                 component(dir, need).exists(),
                 "{} lacks {need}{}",
                 dir.display(),
-                if need.ends_with(".mlpackage") {
-                    " (or its compiled .mlmodelc)"
-                } else {
-                    ""
+                match need {
+                    "tokenizer.json" => {
+                        " (folders from argmaxinc/whisperkit-coreml leave it out; WhisperKit \
+                         fetches it from the checkpoint's repository: put that repository's \
+                         tokenizer.json, e.g. openai/whisper-tiny.en's, beside the models)"
+                    }
+                    n if n.ends_with(".mlpackage") => " (or its compiled .mlmodelc)",
+                    _ => "",
                 }
             );
         }

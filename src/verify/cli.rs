@@ -171,6 +171,7 @@ pub fn open_model(path: &Path) -> Result<Opened> {
                  checked, weight values are not; `run` refuses this model"
             ));
         }
+        notes.extend(c.warnings.iter().map(|w| format!("warning: {w}")));
         notes.extend(c.notes.iter().map(|n| format!("{n} (the program wins)")));
         return Ok(Opened {
             model: c.model,
