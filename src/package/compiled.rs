@@ -13,6 +13,7 @@
 
 use super::blob::BlobReader;
 use super::coremldata::read_coremldata;
+use super::fsio::LFS_POINTER;
 use super::load::{check_abi, description_from_proto, fits};
 use super::mil_text::{parse_program, ParsedProgram, Weights};
 use crate::ir::{
@@ -59,9 +60,6 @@ pub fn load_compiled(path: &Path) -> Result<Model> {
     }
     Ok(c.model)
 }
-
-/// How a Git LFS pointer file (a repository copy without `git lfs pull`) starts.
-pub(crate) const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/";
 
 /// The weight file of a compiled folder, or why it cannot be read.
 fn weights(path: &Path) -> Result<Weights> {

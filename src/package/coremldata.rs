@@ -20,7 +20,7 @@
 //! `analytics/coremldata.bin` beside it is a different file (build details, a model hash)
 //! and is not read.
 
-use super::compiled::LFS_POINTER;
+use super::fsio::LFS_POINTER;
 use crate::proto::specification as spec;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use prost::Message;

@@ -13,6 +13,9 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// How a Git LFS pointer file (a repository copy without `git lfs pull`) starts.
+pub(crate) const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/";
+
 /// Distinguishes temporary names made by several calls within one process.
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
