@@ -249,14 +249,8 @@ fn several_files_for_one_input_are_taken_in_turn_by_repeated_predictions() {
     assert!(o.status.success(), "{err}");
     // y = x * mask + 1: predictions 0 and 2 read `one`, prediction 1 reads `two`.
     let y = |k: usize| {
-        let t = milkit::runtime::io::read_tensor(out.join(format!("y.{k}.npy")).to_str().unwrap())
-            .unwrap();
-        t.to_dtype(candle_core::DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
+        let path = out.join(format!("y.{k}.npy"));
+        common::programs::f32s(&milkit::runtime::io::read_tensor(path.to_str().unwrap()).unwrap())
     };
     assert_eq!(y(0), vec![2.0; 6]);
     assert_eq!(y(1), vec![3.0; 6]);
