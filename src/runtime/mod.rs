@@ -561,14 +561,9 @@ pub fn on_awake_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let done = std::sync::atomic::AtomicBool::new(false);
     // A call from outside the pool is one caller more until it returns (a call nested in a
     // pool job runs inside its caller's).
-    let caller = rayon::current_thread_index()
+    let _caller = rayon::current_thread_index()
         .is_none()
         .then(CallerCount::enter);
-    if caller.is_some() && CALLERS.load(std::sync::atomic::Ordering::Acquire) > 1 {
-        // Another thread's call holds a worker: this one runs on its own thread beside it,
-        // its ops' parallel loops still fork into the pool.
-        return f();
-    }
     rayon::scope(|s| {
         keep_awake(s, &done);
         let _stop = StopOnDrop(&done);

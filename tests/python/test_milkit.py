@@ -223,7 +223,7 @@ def test_two_threads_predict_at_once_without_waiting_for_each_other(decoder):
     # 2-core machine one step already fills both cores.
     serial, parallel, overlap = two_threads_against_serial(decoder, 20)
     assert overlap > 0.5, overlap
-    assert parallel < 1.15 * serial, (parallel, serial)
+    assert parallel < 1.3 * serial, (parallel, serial)
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores")
@@ -232,7 +232,7 @@ def test_two_threads_predicting_small_models_finish_sooner_than_one_after_the_ot
     # predictions at once keep two cores busy.
     serial, parallel, overlap = two_threads_against_serial(built["chain"], 300, rounds=7)
     assert overlap > 0.5, overlap
-    assert parallel < 0.8 * serial, (parallel, serial)
+    assert parallel < 0.9 * serial, (parallel, serial)
 
 
 def test_use_with_coremltools_makes_a_converted_model_predict_off_macos(ct, built):
