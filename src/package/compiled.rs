@@ -414,6 +414,34 @@ fn accepting(f: &Feature) -> String {
     }
 }
 
+/// The note for an input or state (`what`) of the program that source `s` describes
+/// otherwise (`found`: its entry) or leaves out.
+fn disagreement(
+    fname: &str,
+    what: &str,
+    name: &str,
+    s: &Source,
+    t: &TensorType,
+    found: Option<(usize, &Result<Feature, String>)>,
+) -> String {
+    let file = s.file;
+    match found {
+        Some((_, Ok(m))) => format!(
+            "{fname}: {what} `{name}`: {file} says {}{}, the program says {t}; the program's \
+             is used",
+            m.tensor_type(),
+            accepting(m)
+        ),
+        Some((_, Err(e))) => {
+            format!("{fname}: {what} `{name}`: {file} describes {e}; the program's {t} is used")
+        }
+        None => {
+            let list = s.lists[if what == "state" { 2 } else { 0 }];
+            format!("{fname}: {what} `{name}` is not in {list}")
+        }
+    }
+}
+
 /// One function's inputs, outputs and states: from the first of `sources` (in order of
 /// preference) whose entry fits the program, the program's otherwise; every source that
 /// disagrees with the program gets a note.
@@ -443,21 +471,7 @@ fn function_io(
                 for s in sources {
                     match find(&s.states, &v.name) {
                         Some((_, Ok(m))) if m.dtype == fe.dtype && m.shape == fe.shape => {}
-                        Some((_, Ok(m))) => notes.push(format!(
-                            "{fname}: state `{}`: {} says {}, the program says {t}; the \
-                             program's is used",
-                            v.name,
-                            s.file,
-                            m.tensor_type()
-                        )),
-                        Some((_, Err(e))) => notes.push(format!(
-                            "{fname}: state `{}`: {} describes {e}; the program's {t} is used",
-                            v.name, s.file
-                        )),
-                        None => notes.push(format!(
-                            "{fname}: state `{}` is not in {}",
-                            v.name, s.lists[2]
-                        )),
+                        found => notes.push(disagreement(fname, "state", &v.name, s, t, found)),
                     }
                 }
                 io.states.push(fe);
@@ -471,22 +485,7 @@ fn function_io(
                                 chosen = Some(((k, p), fe.clone()));
                             }
                         }
-                        Some((_, Ok(m))) => notes.push(format!(
-                            "{fname}: input `{}`: {} says {}{}, the program says {t}; the \
-                             program's is used",
-                            v.name,
-                            s.file,
-                            m.tensor_type(),
-                            accepting(m)
-                        )),
-                        Some((_, Err(e))) => notes.push(format!(
-                            "{fname}: input `{}`: {} describes {e}; the program's {t} is used",
-                            v.name, s.file
-                        )),
-                        None => notes.push(format!(
-                            "{fname}: input `{}` is not in {}",
-                            v.name, s.lists[0]
-                        )),
+                        found => notes.push(disagreement(fname, "input", &v.name, s, t, found)),
                     }
                 }
                 match chosen {
