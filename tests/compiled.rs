@@ -13,7 +13,7 @@ mod common;
 use common::programs::f32s;
 use common::rng::Rng;
 use milkit::package::compiled::{is_compiled, open_compiled};
-use milkit::package::coremldata::{parse_coremldata, read_coremldata};
+use milkit::package::coremldata::{coremldata_bytes, parse_coremldata, read_coremldata};
 use milkit::package::load_package;
 use milkit::package::mil_text::{parse_float, parse_program, Weights};
 use milkit::proto::specification::{FeatureDescription, ModelDescription};
@@ -676,6 +676,34 @@ fn convert_writes_a_valid_package_and_a_compiled_folder_that_run_alike() {
             .collect();
         assert_eq!(outs[0], outs[1], "{name}: package");
         assert_eq!(outs[0], outs[2], "{name}: compiled folder written back");
+        // The coremldata.bin written from Apple's package holds the description Apple's
+        // compiler wrote, in a header equal to Apple's byte for byte (the description's bytes
+        // may differ only in the order of userDefined's keys, which Apple does not sort).
+        let direct = tmp.path().join(format!("{name}-direct.mlmodelc"));
+        let package = src.with_extension("mlpackage");
+        let (code, e) = run(&[package.as_os_str(), "--out".as_ref(), direct.as_os_str()]);
+        assert_eq!(code, Some(0), "{e}");
+        let apple = std::fs::read(src.join("coremldata.bin")).unwrap();
+        let ours = std::fs::read(direct.join("coremldata.bin")).unwrap();
+        let (a, o) = (
+            parse_coremldata(&apple).unwrap(),
+            parse_coremldata(&ours).unwrap(),
+        );
+        assert_eq!(o, a, "{name}: coremldata.bin");
+        assert_eq!(ours[..83], apple[..83], "{name}: coremldata.bin's header");
+        assert_eq!(ours.len(), apple.len(), "{name}: coremldata.bin's length");
+        assert_eq!(ours[ours.len() - 16..], apple[apple.len() - 16..], "{name}");
+        if a.description.metadata.as_ref().unwrap().user_defined.len() < 2 {
+            assert_eq!(ours, apple, "{name}: coremldata.bin");
+        }
+        // And the folder opens with the description from it alone.
+        std::fs::remove_file(back.join("metadata.json")).unwrap();
+        let c = open_compiled(&back).unwrap();
+        assert_eq!(
+            c.model.description,
+            load_package(&pkg).unwrap().description,
+            "{name}"
+        );
     }
 }
 
@@ -1072,33 +1100,13 @@ fn coremldata_bin_holds_the_description_metadata_json_gives() {
     assert_eq!(ranges, [[1, 1], [1, 2048], [1, 2048]]);
 }
 
-/// A `coremldata.bin` in the layout `milkit::package::coremldata` documents, around `d`.
-fn coremldata_bytes(second_word: u32, spec_version: u64, d: &ModelDescription) -> Vec<u8> {
-    use prost::Message;
-    let body = d.encode_to_vec();
-    let mut b = vec![];
-    b.extend(502u32.to_le_bytes());
-    b.extend(second_word.to_le_bytes());
-    b.extend([0u8; 20]);
-    b.extend(7u64.to_le_bytes());
-    b.extend(b"generic");
-    b.extend(spec_version.to_le_bytes());
-    b.extend([0u8; 24]);
-    b.extend((body.len() as u64).to_le_bytes());
-    b.extend(body);
-    b.extend(502u32.to_le_bytes());
-    b.extend([0u8; 12]);
-    b
-}
-
 #[test]
-fn the_documented_layout_rebuilds_each_coremldata_bin_header_byte_for_byte() {
+fn the_writer_rebuilds_each_coremldata_bin_header_byte_for_byte() {
     let Some(dir) = compiled_dir() else { return };
     for p in with_coremldata(&dir) {
         let bytes = std::fs::read(p.join("coremldata.bin")).unwrap();
         let c = parse_coremldata(&bytes).unwrap();
-        let second = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
-        let ours = coremldata_bytes(second, c.spec_version, &c.description);
+        let ours = coremldata_bytes(c.spec_version, &c.description);
         // The header up to the description, the description's length and the closing tag;
         // the description itself only as decoded (Apple does not sort userDefined's keys).
         assert_eq!(ours.len(), bytes.len(), "{}", p.display());
@@ -1187,7 +1195,7 @@ fn coremldata_bin_gives_a_multifunction_model_its_function_list_and_default() {
         default_function_name: "twice".into(),
         ..Default::default()
     };
-    std::fs::write(m.join("coremldata.bin"), coremldata_bytes(9, 9, &d)).unwrap();
+    std::fs::write(m.join("coremldata.bin"), coremldata_bytes(9, &d)).unwrap();
     let c = open_compiled(&m).unwrap();
     let desc = &c.model.description;
     assert_eq!(desc.default_function, "twice");
@@ -1209,7 +1217,7 @@ fn coremldata_bin_gives_a_multifunction_model_its_function_list_and_default() {
     let mut d2 = d.clone();
     d2.functions[1].name = "thrice".into();
     d2.default_function_name = "main".into();
-    std::fs::write(m.join("coremldata.bin"), coremldata_bytes(9, 9, &d2)).unwrap();
+    std::fs::write(m.join("coremldata.bin"), coremldata_bytes(9, &d2)).unwrap();
     let c = open_compiled(&m).unwrap();
     assert!(
         c.notes.iter().any(|n| n.contains("function `thrice`"))

@@ -14,8 +14,9 @@ use std::path::PathBuf;
 pub struct ConvertArgs {
     /// The model to read: an .mlpackage, .mlmodel or compiled .mlmodelc folder.
     pub input: PathBuf,
-    /// The output: an .mlpackage, or an .mlmodelc folder (model.mil text, weights and
-    /// metadata.json; without coremldata.bin, so for milkit and for reading, not Core ML).
+    /// The output: an .mlpackage, or an .mlmodelc folder (model.mil text, weights,
+    /// metadata.json and coremldata.bin; the program as written, not optimised as Apple's
+    /// compiler does, and not checked against Core ML).
     #[arg(long)]
     pub out: PathBuf,
     /// Replace an existing output.

@@ -6,7 +6,7 @@
 //! | bytes | what |
 //! |---|---|
 //! | 4 | `502`: the `Model.Type` field number of an ML Program (`mlProgram = 502`) |
-//! | 4 | 5, or 9 in the iOS18 sample (not read) |
+//! | 4 | 5, or 9 in the iOS18 sample (not read; see [`coremldata_bytes`]) |
 //! | 20 | zeros |
 //! | 8 + n | `u64` n, then the model kind in n bytes: `generic` |
 //! | 8 | `u64` the specification version (`metadata.json`'s `specificationVersion`) |
@@ -18,7 +18,7 @@
 //! description decodes; anything else is an error naming the file, the offset and what was
 //! found (a compiled folder then opens with `metadata.json` and the program alone).
 //! `analytics/coremldata.bin` beside it is a different file (build details, a model hash)
-//! and is not read.
+//! and is neither read nor written. [`coremldata_bytes`] writes the same layout.
 
 use super::fsio::LFS_POINTER;
 use crate::proto::specification as spec;
@@ -76,6 +76,41 @@ impl<'a> Cursor<'a> {
         let b = self.take(8, what)?;
         Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
     }
+}
+
+/// The model kind every sample's header names.
+const KIND: &str = "generic";
+
+/// The second header word for a specification version: 9 in the one sample of version 9
+/// (iOS18, coremlc 3520), 5 in the four of versions 6 and 7 (coremlc 3404 and 3500).
+/// Version 8 is in no sample; it is given 5. Its meaning is unknown: milkit's reader
+/// ignores it, and what Core ML does with another value is unknown.
+fn second_word(spec_version: u64) -> u32 {
+    if spec_version >= 9 {
+        9
+    } else {
+        5
+    }
+}
+
+/// A `coremldata.bin` holding `description` (the layout of the module doc). The header of
+/// every sample is rebuilt byte for byte from its specification version and description
+/// (tests/compiled.rs).
+pub fn coremldata_bytes(spec_version: u64, description: &spec::ModelDescription) -> Vec<u8> {
+    let body = description.encode_to_vec();
+    let mut b = Vec::with_capacity(body.len() + 100);
+    b.extend(ML_PROGRAM_TAG.to_le_bytes());
+    b.extend(second_word(spec_version).to_le_bytes());
+    b.resize(KIND_AT, 0);
+    b.extend((KIND.len() as u64).to_le_bytes());
+    b.extend(KIND.as_bytes());
+    b.extend(spec_version.to_le_bytes());
+    b.resize(b.len() + GAP, 0);
+    b.extend((body.len() as u64).to_le_bytes());
+    b.extend(body);
+    b.extend(ML_PROGRAM_TAG.to_le_bytes());
+    b.resize(b.len() + 12, 0);
+    b
 }
 
 /// Reads `coremldata.bin`'s bytes (see the module doc for the layout).

@@ -436,9 +436,10 @@ pub fn metadata_json(m: &Model) -> String {
 }
 
 /// Writes `m` as a compiled folder at `dir` (which must exist and be empty): `model.mil`,
-/// `weights/weight.bin` when a constant goes to the weight file, and `metadata.json`.
-/// Core ML itself also needs `coremldata.bin`, which is not written: the folder is for
-/// milkit and for reading.
+/// `weights/weight.bin` when a constant goes to the weight file, `metadata.json` and
+/// `coremldata.bin` (the description, in the layout read off Apple's files; whether Core
+/// ML loads such a folder is untested: Apple's compiler also optimises the program and
+/// writes `analytics/`).
 pub fn write_compiled_dir(m: &Model, dir: &Path) -> Result<()> {
     let wdir = dir.join("weights");
     std::fs::create_dir_all(&wdir)?;
@@ -457,5 +458,12 @@ pub fn write_compiled_dir(m: &Model, dir: &Path) -> Result<()> {
     }
     std::fs::write(dir.join("model.mil"), text)?;
     std::fs::write(dir.join("metadata.json"), metadata_json(m))?;
+    std::fs::write(
+        dir.join("coremldata.bin"),
+        super::coremldata::coremldata_bytes(
+            m.spec_version as u64,
+            &super::save::description_to_proto(m),
+        ),
+    )?;
     Ok(())
 }

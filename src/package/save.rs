@@ -288,8 +288,9 @@ fn feature(f: &Feature, state: bool) -> spec::FeatureDescription {
     }
 }
 
-/// Builds the top-level message; blob-bound tensors go through `blobs`.
-pub fn model_to_proto(m: &Model, blobs: &mut dyn BlobSink) -> Result<spec::Model> {
+/// The `ModelDescription` of `m`: what a package's `model.mlmodel` and a compiled model's
+/// `coremldata.bin` hold.
+pub fn description_to_proto(m: &Model) -> spec::ModelDescription {
     let d = &m.description;
     // A multifunction model describes each function and leaves the top level empty.
     let multi = !d.functions.is_empty();
@@ -300,7 +301,7 @@ pub fn model_to_proto(m: &Model, blobs: &mut dyn BlobSink) -> Result<spec::Model
             fs.iter().map(|f| feature(f, state)).collect()
         }
     };
-    let description = spec::ModelDescription {
+    spec::ModelDescription {
         input: features(&d.inputs, false),
         output: features(&d.outputs, false),
         state: features(&d.states, true),
@@ -326,10 +327,14 @@ pub fn model_to_proto(m: &Model, blobs: &mut dyn BlobSink) -> Result<spec::Model
         predicted_feature_name: d.predicted_feature.clone(),
         predicted_probabilities_name: d.predicted_probabilities.clone(),
         ..Default::default()
-    };
+    }
+}
+
+/// Builds the top-level message; blob-bound tensors go through `blobs`.
+pub fn model_to_proto(m: &Model, blobs: &mut dyn BlobSink) -> Result<spec::Model> {
     Ok(spec::Model {
         specification_version: m.spec_version,
-        description: Some(description),
+        description: Some(description_to_proto(m)),
         is_updatable: false,
         r#type: Some(spec::model::Type::MlProgram(program_to_proto(
             &m.program, blobs,
