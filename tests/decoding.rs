@@ -2,8 +2,9 @@
 //! (`../shared/reference/*.timestamps.json`): fp16 tiny.en and whisper-base folders reproduce
 //! the greedy texts with and without timestamps, the detected languages and their
 //! probabilities, the no-speech probabilities and the translations; silence yields no
-//! segment; sequential long-form decoding loses no more than the reference's; the CLI
-//! refuses options the model cannot honour.
+//! segment; sequential long-form decoding loses no more than the reference's; WhisperKit's
+//! context prefill, compiled, stands in for the language call; the CLI refuses options the
+//! model cannot honour.
 
 mod common;
 
@@ -247,6 +248,109 @@ fn base_detects_the_language_and_reproduces_the_references_on_13_clips() {
     );
     assert!(same_ts >= 11, "{same_ts} of 13 timestamped sequences equal");
     assert!(rate((errors, words)) <= 0.01);
+}
+
+/// WhisperKit's context prefill, compiled as the Hub ships it, stands in for the language
+/// call: base with `prefill` makes one decoder call fewer per pass (the prompt
+/// `<|startoftranscript|> <|lang|> <|transcribe|>` keeps its first and last call). Its
+/// caches are estimated without the audio, and the texts show it: 8 of the 13 clips give
+/// the same text, 5 change a word or two (jfk loses a comma), with 13 word errors against
+/// Hugging Face's references where the exact decoding makes 15 (373 words). The bounds
+/// leave room for another CPU's rounding.
+#[test]
+fn base_with_its_compiled_context_prefill_skips_a_call_a_pass_and_keeps_the_texts() {
+    use milkit::package::mil_write::write_compiled_dir;
+    let Some(fx) = common::fixtures() else { return };
+    let Some(dir) = base() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = tmp.path().join("base-compiled-prefill");
+    std::fs::create_dir(&folder).unwrap();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_owned();
+        if name == "TextDecoderContextPrefill.mlpackage" {
+            let m = milkit::package::load_package(&p).unwrap();
+            let out = folder.join("TextDecoderContextPrefill.mlmodelc");
+            std::fs::create_dir(&out).unwrap();
+            write_compiled_dir(&m, &out).unwrap();
+        } else {
+            std::os::unix::fs::symlink(&p, folder.join(name)).unwrap();
+        }
+    }
+    let open = |prefill| {
+        Transcriber::open_with(
+            &folder,
+            &OpenOptions {
+                prefill,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let (mut plain, mut pre) = (open(false), open(true));
+    assert!(pre.uses_prefill() && !plain.uses_prefill());
+    let (mut same, mut n) = (0, 0);
+    let (mut errs, mut words) = ([0, 0], 0);
+    for (r, wav) in base_clips(&fx) {
+        let a = plain
+            .transcribe_file_with(&wav, &greedy_timestamps())
+            .unwrap();
+        let b = pre
+            .transcribe_file_with(&wav, &greedy_timestamps())
+            .unwrap();
+        let want = r["text"].as_str().unwrap();
+        for (k, got) in [&a.text, &b.text].into_iter().enumerate() {
+            let (e, w) = word_errors_with(want, got, Normalization::Ascii);
+            errs[k] += e;
+            words = if k == 0 { words + w } else { words };
+        }
+        let (ta, tb) = (&a.timings, &b.timings);
+        assert_eq!(ta.decoder_passes, tb.decoder_passes, "{}", wav.display());
+        assert!(tb.decoder_passes > 0);
+        if a.text == b.text {
+            same += 1;
+            // Greedy: one decoding pass a window (language detection is a pass of one call).
+            assert_eq!(
+                ta.decoder_steps - tb.decoder_steps,
+                b.windows.len(),
+                "{}: decoder calls",
+                wav.display()
+            );
+        } else {
+            println!(
+                "{}:\n  plain   {}\n  prefill {}",
+                wav.display(),
+                a.text,
+                b.text
+            );
+        }
+        n += 1;
+    }
+    println!(
+        "context prefill: {same} of {n} texts equal; word errors against the references \
+         {} without, {} with ({words} words)",
+        errs[0], errs[1]
+    );
+    assert_eq!(n, 13);
+    assert!(same >= 6, "{same} of {n} texts equal");
+    assert!(errs[1] <= errs[0] + 6, "{errs:?} word errors of {words}");
+}
+
+/// `prefill` needs the component and a cache-I/O decoder, and says which is missing.
+#[test]
+fn prefill_is_refused_for_a_folder_without_one_naming_the_file() {
+    let Some(fx) = common::fixtures() else { return };
+    let e = Transcriber::open_with(
+        tiny(&fx),
+        &OpenOptions {
+            prefill: true,
+            ..Default::default()
+        },
+    )
+    .err()
+    .map(|e| format!("{e:#}"))
+    .unwrap();
+    assert!(e.contains("TextDecoderContextPrefill"), "{e}");
 }
 
 /// WER of base's translations of the 12 multilingual clips against Hugging Face's

@@ -630,6 +630,7 @@ fn transcribe_json(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
         let open = milkit::transcribe::OpenOptions {
             mel_package: a.mel_package,
             compute: a.decode.compute,
+            prefill: a.prefill,
         };
         let mut tr = milkit::transcribe::Transcriber::open_with(&a.models, &open)
             .with_context(|| format!("opening models folder {}", a.models.display()))?;

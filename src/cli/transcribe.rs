@@ -59,6 +59,12 @@ pub struct TranscribeArgs {
     /// instead of milkit's Rust front end (the default, which matches Hugging Face's).
     #[arg(long)]
     pub mel_package: bool,
+    /// Take the language and task tokens' self-attention caches from the folder's
+    /// TextDecoderContextPrefill, as WhisperKit does (multilingual models, cache-I/O
+    /// decoders): one or two decoder calls fewer per window. Its caches are estimated
+    /// without the audio, so the text can differ from the exact decoding (the default).
+    #[arg(long)]
+    pub prefill: bool,
     /// Timings and model details on stderr.
     #[arg(long, short)]
     pub verbose: bool,
@@ -145,6 +151,7 @@ pub fn run(a: &TranscribeArgs) -> Result<u8> {
     let open = OpenOptions {
         mel_package: a.mel_package,
         compute: a.decode.compute,
+        prefill: a.prefill,
     };
     let mut tr = Transcriber::open_with(&a.models, &open)
         .with_context(|| format!("opening models folder {}", a.models.display()))?;
@@ -162,7 +169,7 @@ pub fn run(a: &TranscribeArgs) -> Result<u8> {
     }
     if a.verbose {
         eprintln!(
-            "loaded {} in {:.0} ms (decoder: {}{}{}; {})",
+            "loaded {} in {:.0} ms (decoder: {}{}{}{}; {})",
             a.models.display(),
             t0.elapsed().as_secs_f64() * 1e3,
             if tr.stateful_decoder() {
@@ -173,6 +180,11 @@ pub fn run(a: &TranscribeArgs) -> Result<u8> {
             if tr.uses_cross_kv() { ", CrossKV" } else { "" },
             if tr.uses_mel_package() {
                 ", mel package"
+            } else {
+                ""
+            },
+            if tr.uses_prefill() {
+                ", context prefill"
             } else {
                 ""
             },

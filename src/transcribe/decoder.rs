@@ -70,6 +70,24 @@ impl HostCache {
         Ok(self.0.reshape(self.0.dims())?)
     }
 
+    /// Writes positions `at` of a [1, c, 1, n] block (a prefill's output) into the same
+    /// positions of the cache.
+    fn set_columns(&mut self, name: &str, t: &Tensor, at: std::ops::Range<usize>) -> Result<()> {
+        let (c, n) = (self.0.dims()[1], t.dims().last().copied().unwrap_or(0));
+        ensure!(
+            t.dims() == [1, c, 1, n] && at.end <= n,
+            "`{name}` has shape {:?}, expected [1, {c}, 1, at least {}]",
+            t.dims(),
+            at.end
+        );
+        let cols = t
+            .narrow(3, at.start, at.len())?
+            .to_dtype(self.0.dtype())?
+            .contiguous()?;
+        self.0.slice_set(&cols, 3, at.start)?;
+        Ok(())
+    }
+
     /// Writes a `*_cache_updates` output (`c` channels) into position `pos`.
     fn set_column(&mut self, name: &str, t: &Tensor, c: usize, pos: usize) -> Result<()> {
         ensure!(
@@ -83,6 +101,104 @@ impl HostCache {
             .contiguous()?;
         self.0.slice_set(&col, 3, pos)?;
         Ok(())
+    }
+}
+
+/// WhisperKit's `TextDecoderContextPrefill`: `task` (0 transcribe, 1 translate) and
+/// `language` (a language token id) → `key_cache_prefill`/`value_cache_prefill`
+/// [1, d·layers, 1, 3], the self-attention caches of `<|startoftranscript|> <|lang|>
+/// <|task|>` at positions 0–2, estimated without the audio (milkit's from a zero encoder
+/// output, argmax's from a mean over random ones).
+pub struct Prefill {
+    session: Session,
+    channels: usize,
+    positions: usize,
+}
+
+impl Prefill {
+    /// Loads `path` and checks its inputs and outputs against the ABI above.
+    pub fn load_with(path: &Path, compute: crate::runtime::precision::Compute) -> Result<Prefill> {
+        let opts = crate::runtime::Options {
+            compute,
+            ..Default::default()
+        };
+        let session = Session::load_with(path, &opts)?;
+        Prefill::new(session)
+            .with_context(|| format!("{}: not a usable context prefill", path.display()))
+    }
+
+    pub fn new(session: Session) -> Result<Prefill> {
+        let ins = session.inputs(None)?;
+        for need in ["task", "language"] {
+            let (n, ty) = ins
+                .iter()
+                .find(|(n, _)| n == need)
+                .ok_or_else(|| anyhow!("it lacks the input `{need}`"))?;
+            ensure!(
+                fixed_shape(n, ty)?.iter().product::<usize>() == 1,
+                "input `{n}` is {ty}, expected one int32"
+            );
+        }
+        ensure!(
+            ins.len() == 2,
+            "it takes {} inputs, expected task and language",
+            ins.len()
+        );
+        let outs = session.outputs(None)?;
+        let mut shapes = vec![];
+        for need in ["key_cache_prefill", "value_cache_prefill"] {
+            let (n, ty) = outs
+                .iter()
+                .find(|(n, _)| n == need)
+                .ok_or_else(|| anyhow!("it lacks the output `{need}`"))?;
+            let s = fixed_shape(n, ty)?;
+            ensure!(
+                s.len() == 4 && s[0] == 1 && s[2] == 1,
+                "`{n}` has shape {s:?}, expected [1, d_model·layers, 1, positions]"
+            );
+            shapes.push(s);
+        }
+        ensure!(
+            shapes[0] == shapes[1],
+            "key_cache_prefill {:?} and value_cache_prefill {:?} differ",
+            shapes[0],
+            shapes[1]
+        );
+        Ok(Prefill {
+            session,
+            channels: shapes[0][1],
+            positions: shapes[0][3],
+        })
+    }
+
+    /// Cache positions it fills (3).
+    pub fn positions(&self) -> usize {
+        self.positions
+    }
+
+    /// Cache channels (d_model · layers).
+    pub fn channels(&self) -> usize {
+        self.channels
+    }
+
+    /// The key and value caches of the prefix of `task` (0/1) and `language` (token id).
+    pub fn caches(&mut self, task: u32, language: u32) -> Result<(Tensor, Tensor)> {
+        let one = |v: u32| -> Result<Tensor> {
+            let v = i32::try_from(v).context("token id out of range")?;
+            Ok(Tensor::from_vec(vec![v], 1, &Device::Cpu)?)
+        };
+        let out = self
+            .session
+            .predict(&[("task", one(task)?), ("language", one(language)?)])
+            .context("context prefill")?;
+        let get = |name: &str| -> Result<Tensor> {
+            let i = out
+                .iter()
+                .position(|(n, _)| n == name)
+                .ok_or_else(|| anyhow!("the context prefill returned no `{name}`"))?;
+            Ok(out[i].1.clone())
+        };
+        Ok((get("key_cache_prefill")?, get("value_cache_prefill")?))
     }
 }
 
@@ -303,6 +419,11 @@ impl TextDecoder {
         self.positions
     }
 
+    /// Cache channels (d_model · layers).
+    pub fn channels(&self) -> usize {
+        self.channels
+    }
+
     pub fn vocab(&self) -> usize {
         self.vocab
     }
@@ -331,6 +452,27 @@ impl TextDecoder {
         self.session.reset_states()?;
         self.cross = Some(cross);
         Ok(())
+    }
+
+    /// Writes positions `at` of a context prefill's caches ([`Prefill::caches`]) into this
+    /// window's caches (after [`Self::begin`]); those positions are then not fed. Only a
+    /// cache-I/O decoder's caches can be written from outside.
+    pub fn prefill(
+        &mut self,
+        key: &Tensor,
+        value: &Tensor,
+        at: std::ops::Range<usize>,
+    ) -> Result<()> {
+        ensure!(
+            self.kind == CacheKind::Io,
+            "a stateful decoder's caches cannot be prefilled"
+        );
+        ensure!(
+            at.end <= self.positions,
+            "prefill past the cache's positions"
+        );
+        self.key.set_columns("key_cache_prefill", key, at.clone())?;
+        self.value.set_columns("value_cache_prefill", value, at)
     }
 
     fn host<T: candle_core::WithDType>(v: Vec<T>, shape: &[usize]) -> Result<Tensor> {

@@ -1,8 +1,9 @@
 //! End-to-end transcription with the bundled runtime, over a folder laid out as WhisperKit
 //! (and `milkit export --component all`) lays it out: `AudioEncoder.mlpackage`,
 //! `TextDecoder.mlpackage` (cache I/O or stateful), optional `CrossKV.mlpackage`, optional
-//! `MelSpectrogram.mlpackage` (each may be the compiled `.mlmodelc` instead, as WhisperKit's
-//! Hub repositories ship them), and the model's `generation_config.json`, `tokenizer.json`,
+//! `MelSpectrogram.mlpackage`, optional `TextDecoderContextPrefill.mlpackage` (used only when
+//! asked: [`OpenOptions::prefill`]), each of which may be the compiled `.mlmodelc` instead, as
+//! WhisperKit's Hub repositories ship them, and the model's `generation_config.json`, `tokenizer.json`,
 //! optional `config.json` and `preprocessor_config.json`. Decodes as openai-whisper's
 //! `transcribe()` does — language detection, timestamps and segments, temperature fallback,
 //! no-speech skipping, sequential long-form seeking, an optional previous-text prompt — using
@@ -20,13 +21,14 @@ pub use crate::runtime::precision::Compute;
 use crate::runtime::{Session, Tensor};
 use crate::whisper::audio::{self, MelFilters, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE};
 use crate::whisper::config::{GenerationConfig, WhisperConfig};
+use crate::whisper::decoder_prefill::PrefillSpec;
 use crate::whisper::generate::{
     compression_ratio, DecodingRules, Pass, PassOptions, Rng, Task, TIME_PRECISION,
 };
 use crate::whisper::timing::{word_timestamps, Word};
 use crate::whisper::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use decoder::{CacheKind, Cross, TextDecoder};
+use decoder::{CacheKind, Cross, Prefill, TextDecoder};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -35,6 +37,7 @@ pub const ENCODER_FILE: &str = "AudioEncoder.mlpackage";
 pub const DECODER_FILE: &str = "TextDecoder.mlpackage";
 pub const CROSS_KV_FILE: &str = "CrossKV.mlpackage";
 pub const MEL_FILE: &str = "MelSpectrogram.mlpackage";
+pub const PREFILL_FILE: &str = "TextDecoderContextPrefill.mlpackage";
 
 /// Where the time of one transcription went.
 #[derive(Clone, Debug, Default)]
@@ -221,6 +224,8 @@ pub struct Transcriber {
     cross_kv: Option<Session>,
     mel: Option<Session>,
     decoder: TextDecoder,
+    /// The context prefill and the prefix tokens it covers, when asked for.
+    prefill: Option<(Prefill, PrefillSpec)>,
     n_mels: usize,
     filters: MelFilters,
     tokenizer: Tokenizer,
@@ -323,6 +328,15 @@ pub struct OpenOptions {
     /// float32 references; [`Compute::Bf16`]: a faster one on bf16 products; neither is
     /// what a device computes).
     pub compute: Compute,
+    /// Take the self-attention caches of the language and task tokens from the folder's
+    /// TextDecoderContextPrefill, as WhisperKit does, instead of feeding those tokens to the
+    /// decoder: one or two decoder calls fewer per decoding pass. `<|startoftranscript|>`
+    /// is still fed (the no-speech probability is read from its logits), as is the
+    /// prompt's last token (the first logits come from it); a pass with a previous-text
+    /// prompt uses no prefill, as in WhisperKit, nor does one that times words (that
+    /// needs every position's alignment row). The prefill's caches do not depend on the
+    /// audio (an estimate), so results can differ from the decoding without it.
+    pub prefill: bool,
 }
 
 impl Transcriber {
@@ -402,6 +416,36 @@ impl Transcriber {
         } else {
             None
         };
+        let prefill = if o.prefill {
+            let path = component(dir, PREFILL_FILE);
+            ensure!(
+                path.exists(),
+                "{} lacks {PREFILL_FILE} (or its compiled .mlmodelc), which the prefill needs",
+                dir.display()
+            );
+            ensure!(
+                decoder.kind() == CacheKind::Io,
+                "{}: the prefill fills host-side caches, and this text decoder keeps its caches \
+                 as Core ML states",
+                dir.display()
+            );
+            let spec = PrefillSpec::from_generation_config(&gen)
+                .with_context(|| format!("{}: generation_config.json", dir.display()))?;
+            let p = Prefill::load_with(&path, compute)?;
+            ensure!(
+                p.channels() == decoder.channels() && p.positions() <= decoder.positions(),
+                "{}: the prefill's caches have {} channels and {} positions, the text decoder's \
+                 {} and {}",
+                path.display(),
+                p.channels(),
+                p.positions(),
+                decoder.channels(),
+                decoder.positions()
+            );
+            Some((p, spec))
+        } else {
+            None
+        };
         let mel = if mel_package && component(dir, MEL_FILE).exists() {
             Some(load_once_per_window(dir, MEL_FILE, compute)?)
         } else {
@@ -432,6 +476,7 @@ impl Transcriber {
             cross_kv,
             mel,
             decoder,
+            prefill,
             n_mels,
             filters,
             tokenizer,
@@ -460,6 +505,42 @@ impl Transcriber {
 
     pub fn uses_mel_package(&self) -> bool {
         self.mel.is_some()
+    }
+
+    pub fn uses_prefill(&self) -> bool {
+        self.prefill.is_some()
+    }
+
+    /// With a context prefill: writes the caches of the prompt positions it can stand in
+    /// for into the decoder's (after `begin`) and returns them, the positions not to feed.
+    /// Those are the language and task tokens of a prompt that starts with
+    /// `<|startoftranscript|> <|lang|> <|task|>`, short of its last token.
+    fn prefill_window(&mut self, opts: &PassOptions) -> Result<std::ops::Range<usize>> {
+        let Some((prefill, spec)) = &mut self.prefill else {
+            return Ok(0..0);
+        };
+        let sot_seq = self
+            .rules
+            .sot_sequence(opts.language, opts.task, opts.timestamps)?;
+        let prompt = self.rules.prompt(&sot_seq, &opts.previous);
+        let t = &prompt.tokens;
+        let end = prefill.positions().min(t.len().saturating_sub(1));
+        if prompt.sot_index != 0 || end < 2 || t[0] as usize != spec.sot {
+            return Ok(0..0);
+        }
+        // The prefill's rows are `spec.prefix(row)`: this prompt's first three tokens.
+        let language = t[1] as usize;
+        let task = match t.get(2).map(|&x| x as usize) {
+            Some(x) if x == spec.transcribe => 0,
+            Some(x) if x == spec.translate => 1,
+            _ => return Ok(0..0),
+        };
+        if !(spec.first_language..spec.first_language + spec.languages).contains(&language) {
+            return Ok(0..0);
+        }
+        let (key, value) = prefill.caches(task, language as u32)?;
+        self.decoder.prefill(&key, &value, 1..end)?;
+        Ok(1..end)
     }
 
     /// Replaces the folder's text decoder (e.g. by an instrumented copy of it).
@@ -906,6 +987,12 @@ impl Transcriber {
         let t0 = Instant::now();
         self.decoder.begin(cross.clone())?;
         let capture = alignment && self.decoder.has_alignment_output();
+        // Word timings need every fed position's alignment row: no prefill then.
+        let prefilled = if capture {
+            0..0
+        } else {
+            self.prefill_window(opts)?
+        };
         self.decoder.capture_alignment(capture);
         let decoder = &mut self.decoder;
         let mut rows = Vec::new();
@@ -922,6 +1009,11 @@ impl Transcriber {
         let rules = &self.rules;
         let pass = crate::runtime::on_awake_pool(|| {
             rules.decode(opts, rng, |token, pos| {
+                if prefilled.contains(&pos) {
+                    // The prefill wrote this position; its logits are not read (it is
+                    // neither `<|startoftranscript|>` nor the prompt's last token).
+                    return Ok(vec![]);
+                }
                 let ts = Instant::now();
                 let logits = decoder.step(token, pos)?;
                 let dt = ts.elapsed();
