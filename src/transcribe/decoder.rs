@@ -104,6 +104,19 @@ impl HostCache {
     }
 }
 
+/// Loads a package or compiled model computing at `compute` precision (otherwise the
+/// runtime's default options).
+pub(crate) fn load_session(
+    path: &Path,
+    compute: crate::runtime::precision::Compute,
+) -> Result<Session> {
+    let opts = crate::runtime::Options {
+        compute,
+        ..Default::default()
+    };
+    Session::load_with(path, &opts)
+}
+
 /// WhisperKit's `TextDecoderContextPrefill`: `task` (0 transcribe, 1 translate) and
 /// `language` (a language token id) → `key_cache_prefill`/`value_cache_prefill`
 /// [1, d·layers, 1, 3], the self-attention caches of `<|startoftranscript|> <|lang|>
@@ -118,12 +131,7 @@ pub struct Prefill {
 impl Prefill {
     /// Loads `path` and checks its inputs and outputs against the ABI above.
     pub fn load_with(path: &Path, compute: crate::runtime::precision::Compute) -> Result<Prefill> {
-        let opts = crate::runtime::Options {
-            compute,
-            ..Default::default()
-        };
-        let session = Session::load_with(path, &opts)?;
-        Prefill::new(session)
+        Prefill::new(load_session(path, compute)?)
             .with_context(|| format!("{}: not a usable context prefill", path.display()))
     }
 
@@ -252,12 +260,7 @@ impl TextDecoder {
         path: &Path,
         compute: crate::runtime::precision::Compute,
     ) -> Result<TextDecoder> {
-        let opts = crate::runtime::Options {
-            compute,
-            ..Default::default()
-        };
-        let session = Session::load_with(path, &opts)?;
-        TextDecoder::new(session)
+        TextDecoder::new(load_session(path, compute)?)
             .with_context(|| format!("{}: not a usable text decoder", path.display()))
     }
 

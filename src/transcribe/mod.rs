@@ -301,12 +301,8 @@ pub fn components(dir: &Path) -> Result<Vec<String>> {
 }
 
 fn load(dir: &Path, file: &str, compute: Compute) -> Result<Session> {
-    let opts = crate::runtime::Options {
-        compute,
-        ..Default::default()
-    };
     let path = component(dir, file);
-    Session::load_with(&path, &opts).with_context(|| format!("loading {}", path.display()))
+    decoder::load_session(&path, compute).with_context(|| format!("loading {}", path.display()))
 }
 
 /// A package run once per window: memoization (which pays off for the decoder's
