@@ -1813,6 +1813,31 @@ fn cases() -> Vec<Case> {
         },
     ));
     v.push(case(
+        "reshape",
+        "0 counted from the right, 1 where no axis lines up (iOS17)",
+        &[I17],
+        FP,
+        |p| {
+            let (x, xv) = p.xs("x", &[2, 3]);
+            let y = p.op(
+                "reshape",
+                vec![("x", In::V(x)), ("shape", ci(&[1, 0, -1, 0]))],
+            )?;
+            p.want(&y, &[1, 1, 2, 3], xv, Cmp::Exact)
+        },
+    ));
+    v.push(case(
+        "reshape",
+        "0 counted from the right in a shorter target (iOS17)",
+        &[I17],
+        FP,
+        |p| {
+            let (x, xv) = p.xs("x", &[2, 3, 4]);
+            let y = p.op("reshape", vec![("x", In::V(x)), ("shape", ci(&[-1, 0]))])?;
+            p.want(&y, &[6, 4], xv, Cmp::Exact)
+        },
+    ));
+    v.push(case(
         "transpose",
         "perm [2, 0, 1]",
         &versions("transpose"),

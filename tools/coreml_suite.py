@@ -62,10 +62,6 @@ CAUSES = [
      "coremltools writes a contradictory program at fp32 precision for iOS15: the fp16 input "
      "is widened to fp32 with its cast to fp16 removed, and the op's output still declared "
      "fp16 (batch_norm of an fp32 x declared fp16); milkit refuses the contradiction"),
-    (r"test_reshape_with_zero_different_len_iOS17.*reshape with more than one -1",
-     "a milkit gap: iOS17 reshape lets `shape` be longer than x's rank, each 0 taking the x "
-     "dimension it right-aligns with and 1 where there is none ([1, 0, -1, 0] on [2, 3] gives "
-     "[1, 1, 2, 3]); milkit reads an unmatched 0 as a second -1 and refuses the model"),
     (r"specification version( [1-5] is not|\s*$)", "a NeuralNetwork model (the test converts to "
      "neuralnetwork); milkit runs ML Programs"),
     (r"description says .* program says", "flexible input shape refused at load"),

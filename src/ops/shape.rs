@@ -11,6 +11,14 @@ use crate::ir::{DType, Dim, ValueType};
 use crate::kernels;
 use anyhow::{anyhow, bail, ensure, Result};
 
+/// The input axis a `0` at position `i` of a length-`k` reshape target copies: counted from
+/// the right (`k - i == rank - j`), as iOS17 defines it; `None` where no axis lines up, and
+/// the dimension is 1 (an `expand_dims`). Equal lengths, the only case iOS15 allows, copy
+/// the same axis `i`.
+fn zero_axis(i: usize, k: usize, rank: usize) -> Option<usize> {
+    (rank + i).checked_sub(k)
+}
+
 fn infer_reshape(cx: &InferCx) -> Result<Vec<ValueType>> {
     let x = cx.t("x")?;
     let Some(target) = cx.opt_ints("shape")? else {
@@ -26,16 +34,17 @@ fn infer_reshape(cx: &InferCx) -> Result<Vec<ValueType>> {
     for (i, &d) in target.iter().enumerate() {
         out.push(match d {
             -1 => None,
-            0 => match x.shape.get(i) {
+            0 => match zero_axis(i, target.len(), x.rank()).map(|j| &x.shape[j]) {
                 Some(Dim::Fixed(n)) => Some(*n),
-                _ => None,
+                Some(Dim::Unknown) => None,
+                None => Some(1),
             },
             d if d > 0 => Some(d as usize),
             d => bail!("reshape to a negative dimension {d}"),
         });
     }
     ensure!(
-        out.iter().filter(|d| d.is_none()).count() <= 1,
+        target.iter().filter(|&&d| d == -1).count() <= 1,
         "reshape with more than one -1"
     );
     let known: usize = out.iter().flatten().product();
@@ -300,18 +309,15 @@ fn infer_shape(cx: &InferCx) -> Result<Vec<ValueType>> {
 // ---- evaluation: views where candle has them (reshape, permute, narrow), index copies
 // otherwise ----
 
-/// Resolves a MIL reshape target (`0` copies the input dim, one `-1` is inferred).
+/// Resolves a MIL reshape target (`0` copies the input dim [`zero_axis`] names, one `-1` is
+/// inferred).
 fn resolve_reshape(dims: &[usize], target: &[i64]) -> Result<Vec<usize>> {
     let total: usize = dims.iter().product();
     let mut out: Vec<Option<usize>> = Vec::new();
     for (i, &d) in target.iter().enumerate() {
         out.push(match d {
             -1 => None,
-            0 => {
-                Some(*dims.get(i).ok_or_else(|| {
-                    anyhow!("reshape: 0 at axis {i} of a rank-{} input", dims.len())
-                })?)
-            }
+            0 => Some(zero_axis(i, target.len(), dims.len()).map_or(1, |j| dims[j])),
             d if d > 0 => Some(d as usize),
             d => bail!("reshape to a negative dimension {d}"),
         });
