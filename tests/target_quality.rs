@@ -3,7 +3,11 @@
 //! bits, a target only fp16 meets gives an uncompressed folder, a target no plan up to
 //! `max_bits` meets is refused naming the best plan reached, a second run reads statistics
 //! and measurements from the cache and writes the same folder, and a recipe without a
-//! target takes its statistics from the clips in the same command.
+//! target takes its statistics from the clips in the same command. And `milkit compress
+//! --target-quality` on one package, judged by its own outputs: the plan written meets the
+//! bound (recomputed here in float64) while the uniform width below it does not, a bound no
+//! plan meets is refused naming the best reached, and inputs random probes cannot stand for
+//! are named.
 
 mod common;
 
@@ -206,4 +210,237 @@ fn without_a_target_the_clips_give_the_statistics_in_the_same_command() {
     assert!(stats[0].ends_with(".encoder.st"), "{stats:?}");
     let b = bits(&out).unwrap();
     assert!(b > 4.0 && b < 4.5, "{b}");
+}
+
+/// The encoder package (iOS18) of the micro checkpoint.
+fn micro_encoder(dir: &Path) -> PathBuf {
+    let hf = micro(dir);
+    let enc = dir.join("enc.mlpackage");
+    let o = milkit()
+        .args([
+            "export",
+            "--component",
+            "encoder",
+            "--target",
+            "ios18",
+            "--model",
+        ])
+        .arg(&hf)
+        .arg("--out")
+        .arg(&enc)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    enc
+}
+
+fn compress(input: &Path, out: &Path, extra: &[&str]) -> Output {
+    milkit()
+        .arg("compress")
+        .arg(input)
+        .arg("--out")
+        .arg(out)
+        .args(["--palettize", "kmeans"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The lowest PSNR (peak = the reference's largest magnitude) of `candidate`'s outputs
+/// against `reference`'s over the probes, in float64.
+fn lowest_psnr(
+    reference: &Path,
+    candidate: &Path,
+    probes: &[Vec<(String, milkit::runtime::Tensor)>],
+) -> f64 {
+    let mut a = milkit::runtime::Session::load(reference).unwrap();
+    let mut b = milkit::runtime::Session::load(candidate).unwrap();
+    let mut lowest = f64::INFINITY;
+    for p in probes {
+        let feeds: Vec<(&str, milkit::runtime::Tensor)> =
+            p.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        for ((_, x), (_, y)) in a
+            .predict(&feeds)
+            .unwrap()
+            .iter()
+            .zip(b.predict(&feeds).unwrap())
+        {
+            let x: Vec<f64> = x
+                .flatten_all()
+                .unwrap()
+                .to_dtype(candle_core::DType::F64)
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let y: Vec<f64> = y
+                .flatten_all()
+                .unwrap()
+                .to_dtype(candle_core::DType::F64)
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let mse = x.iter().zip(&y).map(|(p, q)| (p - q).powi(2)).sum::<f64>() / x.len() as f64;
+            let peak = x.iter().fold(0f64, |m, v| m.max(v.abs()));
+            lowest = lowest.min(10.0 * (peak * peak / mse).log10());
+        }
+    }
+    lowest
+}
+
+#[test]
+fn compress_with_a_quality_target_writes_the_fewest_uniform_bits_whose_outputs_meet_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let enc = micro_encoder(dir.path());
+    let out = dir.path().join("c.mlpackage");
+    let o = compress(&enc, &out, &["--target-quality", "min_psnr_db=30"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let chosen = err
+        .lines()
+        .find_map(|l| l.strip_prefix("chosen: "))
+        .unwrap_or_else(|| panic!("a chosen plan: {err}"));
+    let nbits: u32 = chosen
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| {
+            panic!("on this model a uniform width meets it before any mixed plan below: {chosen}")
+        });
+    assert!(
+        err.contains("| no: PSNR"),
+        "the plans that miss say why: {err}"
+    );
+    let model = milkit::package::load_package(&enc).unwrap();
+    let probes = milkit::quality::output_target::random_probes(&model, 4, 0).unwrap();
+    let psnr = lowest_psnr(&enc, &out, &probes);
+    assert!(psnr >= 30.0, "the written plan meets the bound: {psnr} dB");
+    // The uniform width below it, compressed the same way, does not.
+    let below = match nbits {
+        8 => 6,
+        6 => 4,
+        n => n - 1,
+    };
+    let lower = dir.path().join("below.mlpackage");
+    let o = compress(&enc, &lower, &["--nbits", &below.to_string()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let psnr_below = lowest_psnr(&enc, &lower, &probes);
+    assert!(
+        psnr_below < 30.0,
+        "{below} bits would have met it too: {psnr_below} dB"
+    );
+    // The report's bits are the written package's.
+    let written = milkit::quality::bits::package_bits(&out)
+        .unwrap()
+        .avg_bits
+        .unwrap();
+    let bits_col = format!("| {nbits} bits | {written:.3} |");
+    assert!(err.contains(&bits_col), "{bits_col} in {err}");
+}
+
+#[test]
+fn compress_refuses_a_target_no_plan_meets_naming_the_best_reached_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let enc = micro_encoder(dir.path());
+    let out = dir.path().join("c.mlpackage");
+    let o = compress(&enc, &out, &["--target-quality", "min_psnr_db=200"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("no plan up to 8 bits meets the quality target min_psnr_db=200")
+            && err.contains("the best reached is 8 bits"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing written");
+    // max_bits bounds the plans tried.
+    let o = compress(
+        &enc,
+        &out,
+        &["--target-quality", "min_psnr_db=200,max_bits=4"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("the best reached is 4 bits"), "{err}");
+    // A Whisper-folder measure is not a package's.
+    let o = compress(&enc, &out, &["--target-quality", "max_wer_delta=0.5"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("unknown quality target `max_wer_delta` for one package"),
+        "{err}"
+    );
+}
+
+#[test]
+fn compress_target_probes_come_from_files_and_an_integer_input_must_be_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let enc = micro_encoder(dir.path());
+    // The caller's probe: a quiet input makes every plan's error relative to small outputs.
+    let model = milkit::package::load_package(&enc).unwrap();
+    let f = &model.description.inputs[0];
+    let n: usize = f.shape.iter().product();
+    let t = milkit::runtime::Tensor::from_vec(
+        (0..n)
+            .map(|i| ((i % 97) as f32 / 97.0) - 0.5)
+            .collect::<Vec<f32>>(),
+        f.shape.as_slice(),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let npy = dir.path().join("probe.npy");
+    milkit::runtime::io::write_npy(&npy, &t).unwrap();
+    let out = dir.path().join("c.mlpackage");
+    let spec = format!("{}={}", f.name, npy.display());
+    let o = compress(
+        &enc,
+        &out,
+        &[
+            "--target-quality",
+            "min_psnr_db=20",
+            "--target-input",
+            &spec,
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("(1 probe)"), "{err}");
+    let o = compress(
+        &enc,
+        &dir.path().join("d.mlpackage"),
+        &[
+            "--target-quality",
+            "min_psnr_db=20",
+            "--target-input",
+            "nosuch=x.npy",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("has no input `nosuch`"), "{err}");
+    // A decoder takes token ids: no random value stands for them.
+    let hf = dir.path().join("micro");
+    let dec = dir.path().join("dec.mlpackage");
+    let o = milkit()
+        .args([
+            "export",
+            "--component",
+            "decoder",
+            "--target",
+            "ios18",
+            "--model",
+        ])
+        .arg(&hf)
+        .arg("--out")
+        .arg(&dec)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = compress(
+        &dec,
+        &dir.path().join("e.mlpackage"),
+        &["--target-quality", "min_psnr_db=20"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("input `input_ids` is not a float array")
+            && err.contains("--target-input input_ids=FILE.npy"),
+        "{err}"
+    );
 }

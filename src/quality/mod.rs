@@ -14,5 +14,6 @@ pub mod encoder_sensitivity;
 pub mod eval;
 pub mod fidelity;
 pub mod gate;
+pub mod output_target;
 pub mod sensitivity;
 pub mod target;

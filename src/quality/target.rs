@@ -330,6 +330,38 @@ pub fn cache_key(parts: &[&str]) -> String {
     format!("{:x}", h.finalize())[..32].to_string()
 }
 
+/// The search over the first `n` plans of [`LADDER`]: fidelity rises with the width, so the
+/// uniform widths are bisected for the first that `meets`, then the mixed plan just below it
+/// is tried (none below the narrowest; none at all without `mixed`). Returns the plan chosen
+/// and whether it meets the target (when none does, the widest measured).
+pub fn bisect_ladder(
+    n: usize,
+    mixed: bool,
+    meets: &mut dyn FnMut(usize) -> Result<bool>,
+) -> Result<(usize, bool)> {
+    let uniform: Vec<usize> = (0..n.min(LADDER.len()))
+        .filter(|&i| LADDER[i].target_bits.is_none())
+        .collect();
+    if uniform.is_empty() {
+        bail!("no uniform width among the plans searched");
+    }
+    let (mut lo, mut hi) = (0usize, uniform.len() - 1);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if meets(uniform[mid])? {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let met = meets(uniform[lo])?;
+    let mut lo = uniform[lo];
+    if met && mixed && lo > 0 && LADDER[lo - 1].target_bits.is_some() && meets(lo - 1)? {
+        lo -= 1;
+    }
+    Ok((lo, met))
+}
+
 /// Where the search works and what it keeps.
 pub struct Search<'a> {
     pub ckpt: &'a Checkpoint,
@@ -452,30 +484,12 @@ impl Search<'_> {
         }
         let mut results: Vec<Option<RungResult>> = vec![None; n];
         let mut baseline = None;
-        let mut eval = |i: usize, results: &mut Vec<Option<RungResult>>| -> Result<bool> {
+        let (lo, met) = bisect_ladder(n, true, &mut |i| {
             if results[i].is_none() {
                 results[i] = Some(self.measure(i, &mut baseline, progress)?);
             }
             Ok(results[i].as_ref().is_some_and(|r| r.misses.is_empty()))
-        };
-        let uniform: Vec<usize> = (0..n)
-            .filter(|&i| LADDER[i].target_bits.is_none())
-            .collect();
-        let (mut lo, mut hi) = (0usize, uniform.len() - 1);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if eval(uniform[mid], &mut results)? {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        let met = eval(uniform[lo], &mut results)?;
-        let mut lo = uniform[lo];
-        // The mixed plan below the first width that holds (none below the narrowest).
-        if met && lo > 0 && LADDER[lo - 1].target_bits.is_some() && eval(lo - 1, &mut results)? {
-            lo -= 1;
-        }
+        })?;
         let tried: Vec<RungResult> = results.into_iter().flatten().collect();
         if !met {
             let best = tried
