@@ -3,7 +3,9 @@
 //! bits, a target only fp16 meets gives an uncompressed folder, a target no plan up to
 //! `max_bits` meets is refused naming the best plan reached, a second run reads statistics
 //! and measurements from the cache and writes the same folder, and a recipe without a
-//! target takes its statistics from the clips in the same command. And `milkit compress
+//! target takes its statistics from the clips in the same command, end-metric sensitivity
+//! curves included where the recipe asks for them (the same curves as `milkit calibrate
+//! --sensitivity-recipe`, then read from the cache). And `milkit compress
 //! --target-quality` on one package, judged by its own outputs: the plan written meets the
 //! bound (recomputed here in float64) while the uniform width below it does not, a bound no
 //! plan meets is refused naming the best reached, and inputs random probes cannot stand for
@@ -210,6 +212,93 @@ fn without_a_target_the_clips_give_the_statistics_in_the_same_command() {
     assert!(stats[0].ends_with(".encoder.st"), "{stats:?}");
     let b = bits(&out).unwrap();
     assert!(b > 4.0 && b < 4.5, "{b}");
+}
+
+#[test]
+fn sensitivity_widths_in_a_recipe_measure_the_curves_calibrate_would_in_the_same_command() {
+    let Some(fx) = common::fixtures() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let hf = micro(dir.path());
+    // A decoder planned by end-metric sensitivity at 4 and 8 bits, no encoder compression.
+    let r = dir.path().join("s.toml");
+    std::fs::write(
+        &r,
+        "name = \"s\"\n\n[[component]]\ncomponent = \"decoder\"\nfile = \"TextDecoder.mlpackage\"\n\
+         sensitivity_widths = [8, 4]\n\n[component.compress]\npalettize = \"kmeans\"\nnbits = 4\n\
+         group_size = 8\ntarget_bits = 4.5\n",
+    )
+    .unwrap();
+    let clip = &clips(&fx)[..1];
+    let cache = dir.path().join("cache");
+    let out = dir.path().join("one");
+    let o = export(&hf, &r, &out, &cache, clip, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let stats: Vec<PathBuf> = std::fs::read_dir(cache.join("statistics"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(stats.len(), 1, "{stats:?}");
+    let one = milkit::passes::calibrate::Calibration::load(&stats[0]).unwrap();
+    // The three-step form on the same clip.
+    let st = dir.path().join("dec.st");
+    let o = milkit()
+        .args([
+            "calibrate",
+            "--component",
+            "decoder",
+            "--widths",
+            "4,8",
+            "--sensitivity-recipe",
+        ])
+        .arg(&r)
+        .arg("--model")
+        .arg(&hf)
+        .arg("--audio")
+        .arg(&clip[0])
+        .arg("--out")
+        .arg(&st)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let three = milkit::passes::calibrate::Calibration::load(&st).unwrap();
+    assert!(one.has_end_metric(), "curves measured");
+    let weights: Vec<&String> = three.moments.keys().collect();
+    assert!(!weights.is_empty());
+    let mut curves = 0;
+    for w in weights {
+        let (a, b) = (one.end_metric(w).unwrap(), three.end_metric(w).unwrap());
+        assert_eq!(a.is_some(), b.is_some(), "{w}");
+        if let (Some(a), Some(b)) = (a, b) {
+            assert_eq!(a.iter().map(|c| c.0).collect::<Vec<_>>(), vec![4, 8], "{w}");
+            for ((_, x), (_, y)) in a.iter().zip(&b) {
+                assert!(
+                    (x - y).abs() <= 1e-9 * y.abs().max(1e-12),
+                    "{w}: {x} vs {y}"
+                );
+            }
+            curves += 1;
+        }
+    }
+    assert!(curves > 0, "compressed weights have curves");
+    // Again: the statistics, curves included, come from the cache.
+    let o = export(&hf, &r, &dir.path().join("two"), &cache, clip, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("decoder statistics: cached"), "{err}");
+    // Only a compressed encoder or decoder takes widths.
+    std::fs::write(
+        &r,
+        "name = \"s\"\n\n[[component]]\ncomponent = \"decoder\"\nfile = \"TextDecoder.mlpackage\"\n\
+         sensitivity_widths = [4]\n",
+    )
+    .unwrap();
+    let o = export(&hf, &r, &dir.path().join("three"), &cache, clip, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("sets sensitivity_widths but is not compressed"),
+        "{err}"
+    );
 }
 
 /// The encoder package (iOS18) of the micro checkpoint.

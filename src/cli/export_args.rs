@@ -84,12 +84,12 @@ pub struct ExportArgs {
     /// With --recipe: measure what the recipe needs on these clips (WAV files or .jsonl
     /// manifests with `audio`, and `text`/`language` for WER-based targets) in this one
     /// command: the statistics of every compressed encoder and decoder (as `milkit
-    /// calibrate` gathers them, with Gram matrices where the recipe uses error feedback),
-    /// then, with a quality target, each plan's fidelity. With a target the clips are split
-    /// in two by a hash of their file names: one half gives the statistics, the other is
-    /// held back to measure the plans on. Results are cached under --cache-dir, keyed by
-    /// the checkpoint's and the clips' SHA-256 and the plan, and reused. End-metric
-    /// sensitivity curves are not measured here (`milkit calibrate --sensitivity-recipe`).
+    /// calibrate` gathers them, with Gram matrices where the recipe uses error feedback, and
+    /// end-metric sensitivity curves where a component sets `sensitivity_widths`), then,
+    /// with a quality target, each plan's fidelity. With a target the clips are split in
+    /// two by a hash of their file names: one half gives the statistics, the other is held
+    /// back to measure the plans on. Results are cached under --cache-dir, keyed by the
+    /// checkpoint's and the clips' SHA-256 and the plan, and reused.
     #[arg(long, num_args = 1.., value_name = "CLIPS", requires = "recipe")]
     pub calibrate_on: Vec<PathBuf>,
     /// With --recipe and --calibrate-on: the fewest bits whose fidelity against the fp16

@@ -7,14 +7,19 @@
 use super::export_args::{dir_bytes, report_folder, ExportArgs};
 use super::progress;
 use anyhow::{Context, Result};
+use milkit::convert::bundle::Compression;
 use milkit::convert::bundle::{write_folder, Component, MODEL_FILES};
+use milkit::convert::decoder_export::DecoderExport;
 use milkit::convert::recipe::{recipe_components, QualityTarget, Recipe};
 use milkit::passes::compress::Selection;
-use milkit::quality::calibrate::{calibrate_decoder_with, calibrate_encoder_with};
+use milkit::quality::calibrate::{
+    calibrate_decoder_with, calibrate_encoder_with, EncoderSensitivityRequest, SensitivityRequest,
+};
 use milkit::quality::eval::{default_normalization, read_manifest};
 use milkit::quality::fidelity::FidelityInput;
 use milkit::quality::target::{cache_key, checkpoint_digest, file_digest, split_clips, Search};
 use milkit::whisper::checkpoint::Checkpoint;
+use milkit::whisper::encoder::EncoderAbi;
 use milkit::whisper::wer::Normalization;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -68,8 +73,19 @@ pub fn run(a: &ExportArgs, model: &Path, path: &Path) -> Result<u8> {
             Ok(d.join(","))
         };
         let stats_digest = digests(&stats)?;
-        for (component, gram) in statistics_needed(&recipe, path)? {
-            let key = cache_key(&[&ckpt_digest, &stats_digest, component, &gram.to_string()]);
+        for need in statistics_needed(&recipe, path)? {
+            let (component, gram) = (need.component, need.gram);
+            let sweep_key = need
+                .sweep
+                .as_ref()
+                .map(|(c, d, w)| format!("{c:?}{d:?}{w:?}"))
+                .unwrap_or_default();
+            let gram_text = gram.to_string();
+            let mut parts = vec![&ckpt_digest[..], &stats_digest, component, &gram_text];
+            if need.sweep.is_some() {
+                parts.push(&sweep_key);
+            }
+            let key = cache_key(&parts);
             let out = cache
                 .join("statistics")
                 .join(format!("{key}.{component}.st"));
@@ -78,18 +94,31 @@ pub fn run(a: &ExportArgs, model: &Path, path: &Path) -> Result<u8> {
                     eprintln!("{component} statistics: cached ({})", out.display());
                 }
             } else {
-                sp.set_message(format!("measuring {component} statistics"));
+                sp.set_message(format!(
+                    "measuring {component} statistics{}",
+                    if need.sweep.is_some() {
+                        " and end-metric sensitivity"
+                    } else {
+                        ""
+                    }
+                ));
                 let files: Vec<PathBuf> = stats.iter().map(|c| c.path.clone()).collect();
                 let sel = Selection::default();
+                let msg = |what: &str, d: usize, n: usize| format!("{what} {d}/{n}");
                 let cal = if component == "encoder" {
                     calibrate_encoder_with(
                         model,
                         &files,
                         &sel,
                         gram,
-                        None,
-                        &mut |_, _| {},
-                        &mut |_, _| {},
+                        need.sweep
+                            .as_ref()
+                            .map(|(c, _, w)| EncoderSensitivityRequest {
+                                compression: c,
+                                widths: w,
+                            }),
+                        &mut |d, n| sp.set_message(msg("encoder statistics", d, n)),
+                        &mut |d, n| sp.set_message(msg("encoder sensitivity", d, n)),
                     )?
                 } else {
                     calibrate_decoder_with(
@@ -97,9 +126,13 @@ pub fn run(a: &ExportArgs, model: &Path, path: &Path) -> Result<u8> {
                         &files,
                         &sel,
                         gram,
-                        None,
-                        &mut |_, _| {},
-                        &mut |_, _| {},
+                        need.sweep.as_ref().map(|(c, d, w)| SensitivityRequest {
+                            compression: c,
+                            decoder: *d,
+                            widths: w,
+                        }),
+                        &mut |d, n| sp.set_message(msg("decoder statistics", d, n)),
+                        &mut |d, n| sp.set_message(msg("decoder sensitivity", d, n)),
                     )?
                 };
                 std::fs::create_dir_all(out.parent().unwrap_or(&cache))
@@ -192,21 +225,88 @@ fn read_clips(items: &[PathBuf]) -> Result<(Vec<FidelityInput>, Normalization)> 
     Ok((clips, norm))
 }
 
-/// The statistics a recipe's compressed components need: ("encoder" | "decoder", Gram
-/// matrices wanted).
-fn statistics_needed(recipe: &Recipe, path: &Path) -> Result<Vec<(&'static str, bool)>> {
-    let mut out: Vec<(&'static str, bool)> = Vec::new();
-    for (_, spec) in recipe_components(recipe, path, &[])? {
-        let Some(c) = &spec.compression else { continue };
+/// What one component's statistics must hold.
+struct Need {
+    /// `encoder` or `decoder`.
+    component: &'static str,
+    /// Gram matrices (error feedback needs them).
+    gram: bool,
+    /// End-metric sensitivity: the component's compression, its decoder layout and widths.
+    sweep: Option<(Compression, DecoderExport, Vec<u32>)>,
+}
+
+/// The statistics a recipe's compressed components need: Gram matrices where they round
+/// with error feedback, sensitivity curves where they ask for them (`sensitivity_widths`).
+fn statistics_needed(recipe: &Recipe, path: &Path) -> Result<Vec<Need>> {
+    let mut out: Vec<Need> = Vec::new();
+    for (rc, (_, spec)) in recipe
+        .components
+        .iter()
+        .zip(recipe_components(recipe, path, &[])?)
+    {
         let name = match spec.component {
             Component::Encoder => "encoder",
             Component::Decoder => "decoder",
-            _ => continue,
+            _ => {
+                anyhow::ensure!(
+                    rc.sensitivity_widths.is_none(),
+                    "{}: component `{}` sets sensitivity_widths, which only a compressed encoder or decoder takes",
+                    path.display(),
+                    rc.file
+                );
+                continue;
+            }
+        };
+        let Some(c) = &spec.compression else {
+            anyhow::ensure!(
+                rc.sensitivity_widths.is_none(),
+                "{}: component `{}` sets sensitivity_widths but is not compressed",
+                path.display(),
+                rc.file
+            );
+            continue;
         };
         let gram = c.error_feedback.is_some();
-        match out.iter_mut().find(|(n, _)| *n == name) {
-            Some(e) => e.1 |= gram,
-            None => out.push((name, gram)),
+        let sweep = match &rc.sensitivity_widths {
+            None => None,
+            Some(w) => {
+                let mut w = w.clone();
+                w.sort_unstable();
+                w.dedup();
+                if let Some(b) = w.iter().find(|b| ![1, 2, 3, 4, 6, 8].contains(*b)) {
+                    anyhow::bail!(
+                        "{}: component `{}`: sensitivity width {b} is not one of 1, 2, 3, 4, 6, 8",
+                        path.display(),
+                        rc.file
+                    );
+                }
+                anyhow::ensure!(
+                    name == "decoder" || spec.abi == EncoderAbi::WhisperKit,
+                    "{}: the encoder's sensitivity is measured on the `whisperkit` ABI, and `{}` uses `{}`",
+                    path.display(),
+                    rc.file,
+                    spec.abi.name()
+                );
+                Some((c.clone(), spec.decoder, w))
+            }
+        };
+        match out.iter_mut().find(|n| n.component == name) {
+            Some(e) => {
+                e.gram |= gram;
+                anyhow::ensure!(
+                    e.sweep.is_none() || sweep.is_none(),
+                    "{}: two {name} components ask for sensitivity curves; statistics hold one set",
+                    path.display()
+                );
+                if sweep.is_some() {
+                    e.sweep = sweep;
+                }
+            }
+            None => out.push(Need {
+                component: name,
+                gram,
+                sweep,
+            }),
         }
     }
     Ok(out)

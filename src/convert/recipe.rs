@@ -144,6 +144,11 @@ pub struct RecipeComponent {
     /// Compression of this component, as the CLI flags say it (the same type, names and
     /// defaults); absent = fp16.
     pub compress: Option<CompressFlags>,
+    /// A compressed encoder or decoder: `export --recipe --calibrate-on` also measures each
+    /// compressed weight's end-metric sensitivity curve at these widths (as `milkit calibrate
+    /// --sensitivity-recipe` does), so that a mixed plan (`target_bits`) allocates its bits
+    /// by it. Costs one pass over the statistics clips per weight and width.
+    pub sensitivity_widths: Option<Vec<u32>>,
 }
 
 fn default_abi() -> String {
