@@ -2,7 +2,8 @@
 //! packages store (checked against an independent count from the weight shapes), a joint
 //! plan over encoder and decoder keeps ONE budget over both (and the written folder stores
 //! exactly the planned bits), and calibration statistics only go to the component they were
-//! measured on (Whisper's encoder and decoder share weight names).
+//! measured on (Whisper's encoder and decoder share weight names). A budget above 8 bits
+//! keeps some weights fp16, bit for bit, and the package counts them at 16 bits.
 
 mod common;
 use milkit::convert::bundle::{plan_folder_bits, route_statistics, BundleOptions, Compression};
@@ -348,4 +349,110 @@ fn decoder_statistics_are_reproducible_and_cover_the_decoder() {
         &BTreeMap::new(),
     )
     .unwrap();
+}
+
+#[test]
+fn a_budget_above_eight_bits_keeps_weights_fp16_and_the_package_counts_them_at_16() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = dir.path().join("micro");
+    let opts = milkit::whisper::synth::SynthOptions {
+        seed: 5,
+        dtype: milkit::whisper::synth::SynthDType::F16,
+        progress: false,
+        force: false,
+    };
+    milkit::whisper::synth::synthesize_with(&common::micro_config(), None, &hf, &opts).unwrap();
+    let ckpt = Checkpoint::open(&hf).unwrap();
+    let enc = export_encoder(&ckpt, EncoderAbi::WhisperKit, Opset::Ios18, &mut |_, _| {}).unwrap();
+    let flags = |nbits: u32, target: f64| milkit::convert::compress::CompressFlags {
+        palettize: Some(LutMode::Kmeans),
+        nbits,
+        group_size: 16,
+        target_bits: Some(target),
+        ..Default::default()
+    };
+    let mut m = enc.clone();
+    let out = flags(8, 12.0)
+        .compression()
+        .unwrap()
+        .unwrap()
+        .apply(&mut m)
+        .unwrap();
+    let kept: Vec<&str> = out
+        .skipped
+        .iter()
+        .filter(|s| s.reason == milkit::passes::compress::KEPT_FP16_REASON)
+        .map(|s| s.weight.as_str())
+        .collect();
+    assert!(
+        !kept.is_empty() && !out.compressed.is_empty(),
+        "both kinds: {kept:?}"
+    );
+    assert!(out.compressed.iter().all(|c| c.mode.starts_with("lut8")));
+    let mut named: Vec<&str> = m.description.user_defined[milkit::passes::compress::KEPT_FP16_KEY]
+        .split(',')
+        .collect();
+    named.sort();
+    let mut sorted = kept.clone();
+    sorted.sort();
+    assert_eq!(named, sorted);
+    // A kept weight is the model's own constant, bit for bit.
+    let consts = |m: &Model| -> BTreeMap<String, Vec<u16>> {
+        m.program
+            .functions
+            .values()
+            .flat_map(|f| &f.block.operations)
+            .filter_map(|op| match op.const_val() {
+                Some(milkit::ir::Value::Tensor(t)) => Some((
+                    op.name.clone(),
+                    t.data.to_f16_vec().iter().map(|h| h.to_bits()).collect(),
+                )),
+                _ => None,
+            })
+            .collect()
+    };
+    let (before, after) = (consts(&enc), consts(&m));
+    for k in &kept {
+        assert_eq!(before[*k], after[*k], "{k}");
+    }
+    // The package's bits per weight, against a count from the shapes: 8-bit tables per 16
+    // rows for the compressed weights, 16 bits for the kept ones.
+    let pkg = dir.path().join("k.mlpackage");
+    save_package(&m, &pkg, false, &mut |_| {}).unwrap();
+    let (mut bits, mut elems) = (0u64, 0u64);
+    for c in &out.compressed {
+        bits += expected_bits(&c.shape, 8, 16);
+        elems += c.shape.iter().product::<usize>() as u64;
+    }
+    for s in out
+        .skipped
+        .iter()
+        .filter(|s| kept.contains(&s.weight.as_str()))
+    {
+        let n = s.shape.iter().product::<usize>() as u64;
+        bits += 16 * n;
+        elems += n;
+    }
+    let counted = milkit::quality::bits::package_bits(&pkg).unwrap();
+    assert_eq!(counted.compressed_elements, elems);
+    let want = bits as f64 / elems as f64;
+    let got = counted.avg_bits.unwrap();
+    assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+    assert!(got > 8.0 && got <= 12.0, "{got}");
+    // Within 8 bits no weight stays fp16.
+    let mut m = enc.clone();
+    let out = flags(4, 7.0)
+        .compression()
+        .unwrap()
+        .unwrap()
+        .apply(&mut m)
+        .unwrap();
+    assert!(out
+        .skipped
+        .iter()
+        .all(|s| s.reason != milkit::passes::compress::KEPT_FP16_REASON));
+    assert!(!m
+        .description
+        .user_defined
+        .contains_key(milkit::passes::compress::KEPT_FP16_KEY));
 }

@@ -156,8 +156,11 @@ pub fn apply(
     let Some(c) = flags.compression()? else {
         return Ok(None);
     };
-    if c.target_bits.is_some() && !quiet {
-        eprintln!("mixed precision: measuring each weight at 2/3/4/6/8 bits on the calibration statistics");
+    if let (Some(t), false) = (c.target_bits, quiet) {
+        eprintln!(
+            "mixed precision: measuring each weight at 2/3/4/6/8 bits{} on the calibration statistics",
+            if t > 8.0 { " and fp16" } else { "" }
+        );
     }
     let sp = progress::spinner("compressing", quiet);
     let out = c.apply(model)?;

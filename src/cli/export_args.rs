@@ -98,7 +98,8 @@ pub struct ExportArgs {
     /// max_wer_vs_fp16 (%), max_mean_kl (nats), min_top1 (0-1), min_encoder_psnr_db,
     /// max_bits (the largest plan tried). Replaces the recipe's [target] table. Plans: every
     /// compressed component at 2, 3, 4, 4-6 mixed within 5, 6, 6-8 mixed within 7, 8 bits,
-    /// or fp16 (docs/recipes.md). A target no plan meets is an error naming the best reached.
+    /// 8 bits or fp16 per weight within 12, or fp16 (docs/recipes.md). A target no plan meets
+    /// is an error naming the best reached.
     #[arg(long, value_name = "KEY=VALUE,...", requires = "calibrate_on")]
     pub target_quality: Option<String>,
     /// Where --calibrate-on keeps statistics and measurements (default: $MILKIT_CACHE, else

@@ -17,9 +17,7 @@ use crate::package::save::write_package_dir_new;
 use crate::passes::calibrate::Calibration;
 use crate::passes::compress::{compress_with, selected_weights, Method, Outcome, Selection};
 use crate::passes::lut::{LutConfig, LutMode};
-use crate::passes::mixed::{
-    plan_bits_fixed, plan_bits_joint, MixedPlan, PlanPart, DEFAULT_CANDIDATES,
-};
+use crate::passes::mixed::{candidates_for, plan_bits_fixed, plan_bits_joint, MixedPlan, PlanPart};
 use crate::passes::regroup::{regroup, Regrouped};
 use crate::whisper::checkpoint::{missing_tokenizer_error, Checkpoint};
 use crate::whisper::decoder::CrossKv;
@@ -204,7 +202,7 @@ impl Compression {
             nbits = match self.target_bits {
                 Some(target) => {
                     let cfg = self.mixed_base()?;
-                    plan_bits_fixed(m, cfg, &p.sel, cal, target, &DEFAULT_CANDIDATES, &fixed)?
+                    plan_bits_fixed(m, cfg, &p.sel, cal, target, &candidates_for(target), &fixed)?
                         .nbits()
                 }
                 None => fixed,
@@ -539,7 +537,7 @@ pub fn plan_folder_bits(
                 fixed: &df,
             },
         ];
-        plan_bits_joint(&parts, te, &DEFAULT_CANDIDATES)?
+        plan_bits_joint(&parts, te, &candidates_for(te))?
     };
     let d = plans.pop().context("a plan per part")?;
     let e = plans.pop().context("a plan per part")?;

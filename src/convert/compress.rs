@@ -131,9 +131,11 @@ pub struct CompressFlags {
     /// 2/3/4/6/8 bits (weighted by --calibration statistics when given, else plain weight
     /// error) and give more bits where they buy the most accuracy, never fewer than --nbits,
     /// keeping the average stored bits per compressed weight (tables included) within this
-    /// budget, e.g. 4.25. The report lists the bits chosen per op. With `export --component
-    /// all` (not --head-only) the budget is over the encoder and the decoder together: their
-    /// weights are planned jointly, so either may end above or below it.
+    /// budget, e.g. 4.25. A budget above 8 bits can also keep weights fp16 (16 bits, exact):
+    /// the package names them (`milkit.kept_fp16`) and counts them in its bits per weight.
+    /// The report lists the bits chosen per op. With `export --component all` (not
+    /// --head-only) the budget is over the encoder and the decoder together: their weights
+    /// are planned jointly, so either may end above or below it.
     #[arg(long, value_name = "BITS")]
     pub target_bits: Option<f64>,
     /// Palettization (iOS18 only): divide each output channel by its largest magnitude

@@ -40,6 +40,14 @@ pub struct Compressed {
 }
 
 /// A weight left alone because its shape does not fit the granularity.
+/// Metadata key (`userDefined`) naming, comma-separated, the weights a mixed plan left fp16
+/// (width 16): selected for compression and kept exact, so they count at 16 bits in the
+/// package's bits per compressed weight (`quality::bits`).
+pub const KEPT_FP16_KEY: &str = "milkit.kept_fp16";
+
+/// The reason a report gives for such a weight.
+pub const KEPT_FP16_REASON: &str = "kept fp16 by the mixed plan";
+
 #[derive(Clone, Debug)]
 pub struct Skipped {
     pub op: String,
@@ -239,7 +247,36 @@ pub fn compress_with(
             }
         }
     }
-    let (jobs, skipped) = plan_jobs(model, method, sel)?;
+    let (mut jobs, mut skipped) = plan_jobs(model, method, sel)?;
+    // A plan's width 16 leaves the weight as it is (`mixed::FP16`); the package names such
+    // weights under `KEPT_FP16_KEY` so that its bits per weight count them.
+    let mut kept = Vec::new();
+    jobs.retain(|j| {
+        let c = &model.program.functions[&j.func].block.operations[j.const_idx];
+        if nbits.get(&c.name) != Some(&super::mixed::FP16) {
+            return true;
+        }
+        let shape = match c.const_val() {
+            Some(Value::Tensor(t)) => t.shape.clone(),
+            _ => vec![],
+        };
+        skipped.push(Skipped {
+            op: j.op.clone(),
+            weight: c.name.clone(),
+            shape,
+            reason: KEPT_FP16_REASON.into(),
+        });
+        kept.push(c.name.clone());
+        false
+    });
+    if !kept.is_empty() {
+        kept.sort();
+        kept.dedup();
+        model
+            .description
+            .user_defined
+            .insert(KEPT_FP16_KEY.into(), kept.join(","));
+    }
     let mut outcome = Outcome {
         skipped,
         ..Outcome::default()

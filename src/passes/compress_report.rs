@@ -1,6 +1,6 @@
 //! Conversion of a compression pass outcome into its report.
 
-use crate::passes::compress::Outcome;
+use crate::passes::compress::{Outcome, KEPT_FP16_REASON};
 use crate::report::{CompressReport, CompressedOp, SkippedOp};
 
 impl CompressReport {
@@ -71,8 +71,16 @@ impl CompressReport {
             self.ratio,
             self.mean_rel_rms_error
         );
-        if !self.skipped.is_empty() {
-            s += &format!(", {} skipped", self.skipped.len());
+        let kept = self
+            .skipped
+            .iter()
+            .filter(|k| k.reason == KEPT_FP16_REASON)
+            .count();
+        if kept > 0 {
+            s += &format!(", {kept} kept fp16 by the plan");
+        }
+        if self.skipped.len() > kept {
+            s += &format!(", {} skipped", self.skipped.len() - kept);
         }
         if !self.regrouped.is_empty() {
             s += &format!(", {} chains reordered", self.regrouped.len());

@@ -16,6 +16,10 @@
 //! decoder): one budget over all their weights. Errors are relative to each weight's own
 //! output signal, so weights of different models compete on the same scale.
 //!
+//! Width 16 ([`FP16`]) stands for a weight left fp16: it costs 16 bits per element and has
+//! no error; [`candidates_for`] offers it when the budget is above 8 bits, so a plan between
+//! 8 bits and fp16 keeps its most sensitive weights exact and palettizes the rest at 8.
+//!
 //! Widths fixed beforehand by name (`--op-nbits`, [`PlanPart::fixed`]) are kept: such a
 //! weight is measured at its width only, counts towards the average, and is never upgraded,
 //! so the other weights share what it leaves of the budget.
@@ -42,6 +46,19 @@ use std::collections::BTreeMap;
 
 /// Bit widths tried by default.
 pub const DEFAULT_CANDIDATES: [u32; 5] = [2, 3, 4, 6, 8];
+
+/// The width that stands for "left fp16": no table, 16 stored bits per element, no error.
+pub const FP16: u32 = 16;
+
+/// The widths a plan within `target_bits` chooses among: [`DEFAULT_CANDIDATES`], and fp16
+/// when the budget is above 8 bits (the widest table), the only way to spend it.
+pub fn candidates_for(target_bits: f64) -> Vec<u32> {
+    let mut c = DEFAULT_CANDIDATES.to_vec();
+    if target_bits > 8.0 {
+        c.push(FP16);
+    }
+    c
+}
 
 /// One weight's measured curve and the width chosen for it.
 #[derive(Clone, Debug)]
@@ -74,6 +91,9 @@ impl MixedPlan {
 
 fn stored_bits(cfg: &LutConfig, shape: &[usize]) -> u64 {
     let numel: u64 = shape.iter().map(|d| *d as u64).product();
+    if cfg.nbits == FP16 {
+        return numel * 16;
+    }
     let tables = match cfg.granularity {
         LutGranularity::PerTensor => 1,
         LutGranularity::PerGroupedChannel(g) => (shape[0] / g.max(1)).max(1) as u64,
@@ -275,11 +295,15 @@ fn measure(part: &PlanPart, cands: &[u32]) -> Result<Vec<WeightPlan>> {
                     )
                 })?;
                 // The widths both measured and asked for, at their stored bits.
-                let curve: Vec<(u32, u64, f64)> = measured
+                let mut curve: Vec<(u32, u64, f64)> = measured
                     .iter()
                     .filter(|(b, _)| cands.contains(b))
                     .map(|&(b, e)| (b, stored_bits(&LutConfig { nbits: b, ..*base }, shape), e))
                     .collect();
+                if cands.contains(&FP16) {
+                    // Left fp16, the weight is the model's own: no divergence.
+                    curve.push((FP16, stored_bits(&LutConfig { nbits: FP16, ..*base }, shape), 0.0));
+                }
                 ensure!(
                     !curve.is_empty(),
                     "the end-metric curve of `{}` measures none of the widths {cands:?}",
@@ -314,6 +338,10 @@ fn measure(part: &PlanPart, cands: &[u32]) -> Result<Vec<WeightPlan>> {
             let mut curve = Vec::new();
             for &b in cands {
                 let cfg = LutConfig { nbits: b, ..*base };
+                if b == FP16 {
+                    curve.push((b, stored_bits(&cfg, shape), 0.0));
+                    continue;
+                }
                 let p = palettize(&w, shape, &cfg, Some(&imp))
                     .with_context(|| format!("palettizing `{}` at {b} bits", sw.weight))?;
                 let d = p.decode()?;

@@ -2,9 +2,13 @@
 //! `constexpr_*` ops decompress to and the bytes they store (indices, look-up tables, scales,
 //! offsets — everything the package keeps for them), and the folder's average
 //! `8 × stored bytes ÷ elements` over all packages together. This is the number a
-//! whole-model budget such as "≤ 4.25 bits per compressed weight" is stated in.
+//! whole-model budget such as "≤ 4.25 bits per compressed weight" is stated in. Weights a
+//! mixed plan selected and kept fp16 (named under `milkit.kept_fp16`) count as compressed
+//! at 16 bits: they are part of the plan's budget.
 
+use crate::ir::{Model, Value};
 use crate::package::load_package;
+use crate::passes::compress::KEPT_FP16_KEY;
 use crate::transcribe::{component, components};
 use crate::verify::analysis::constant_data;
 use anyhow::{Context, Result};
@@ -22,16 +26,44 @@ pub fn package_bits(path: &Path) -> Result<PackageBits> {
     let w = constant_data(&model).weights;
     // Dense fp16 bytes count only final constexpr outputs (a compressed table feeding a LUT
     // op is part of that op's storage), so half of them is the compressed element count.
-    let elements = w.compressed_dense_fp16_bytes / 2;
+    let kept = kept_fp16_elements(&model).with_context(|| format!("reading {}", path.display()))?;
+    let elements = w.compressed_dense_fp16_bytes / 2 + kept;
+    let stored = w.compressed_stored_bytes + 2 * kept;
     Ok(PackageBits {
         package: path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
         compressed_elements: elements,
-        compressed_stored_bytes: w.compressed_stored_bytes,
-        avg_bits: avg(w.compressed_stored_bytes, elements),
+        compressed_stored_bytes: stored,
+        avg_bits: avg(stored, elements),
     })
+}
+
+/// Elements of the weights the package's mixed plan kept fp16 (`KEPT_FP16_KEY`); each name
+/// must be a constant of the program.
+fn kept_fp16_elements(model: &Model) -> Result<u64> {
+    let Some(names) = model.description.user_defined.get(KEPT_FP16_KEY) else {
+        return Ok(0);
+    };
+    let mut total = 0u64;
+    for name in names.split(',').filter(|n| !n.is_empty()) {
+        let t = model
+            .program
+            .functions
+            .values()
+            .flat_map(|f| &f.block.operations)
+            .find(|op| op.name == name)
+            .and_then(|op| match op.const_val() {
+                Some(Value::Tensor(t)) => Some(t),
+                _ => None,
+            })
+            .with_context(|| {
+                format!("`{KEPT_FP16_KEY}` names `{name}`, which is no constant of the program")
+            })?;
+        total += t.num_elements() as u64;
+    }
+    Ok(total)
 }
 
 /// Counts every component directly inside `dir` (sorted by name): each `.mlpackage`, or

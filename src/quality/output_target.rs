@@ -1,5 +1,5 @@
 //! Compression of one package by a quality target on its own outputs (`milkit compress
-//! --target-quality`): the plans of [`super::target::LADDER`] short of fp16 (2, 3, 4, 6, 8
+//! --target-quality`): the plans of [`super::target::LADDER`] up to 8 bits (2, 3, 4, 6, 8
 //! bits and the mixed plans between them), each applied to a copy of the model with the
 //! caller's compression flags, run on probe inputs beside the uncompressed model, and the
 //! fewest bits whose outputs meet every bound kept. The measures are those of any package:
@@ -269,9 +269,11 @@ pub fn search(
     );
     ensure!(!probes.is_empty(), "a quality target needs probe inputs");
     let max = target.max_bits.unwrap_or(f64::INFINITY);
+    // Up to 8 bits: the plans above keep weights fp16, which one package's budget has no
+    // use for (compress less instead).
     let n = LADDER
         .iter()
-        .filter(|r| r.nbits.is_some() && r.nominal_bits() <= max)
+        .filter(|r| r.nbits.is_some() && r.nominal_bits() <= max.min(8.0))
         .count();
     if n == 0 {
         bail!("max_bits = {max}: no plan (2 bits and up) is that small");

@@ -2,7 +2,8 @@
 //! [`QualityTarget`]. The plans form a ladder of widths for every compressed component of a
 //! recipe — 2, 3, 4, 6, 8 bits, fp16 — and between two uniform widths the existing
 //! mixed-bits planner (`target_bits` at their mean over the 2/3/4/6/8-bit widths, weighted
-//! by the calibration statistics). Each plan is exported and measured with `fidelity` on
+//! by the calibration statistics; between 8 bits and fp16, within 12 bits, a weight's
+//! choice is 8 bits or fp16). Each plan is exported and measured with `fidelity` on
 //! held-back clips against the fp16 folder of the same recipe. Fidelity rises with the
 //! width, so the uniform widths are bisected (three plans measured instead of six), then
 //! the mixed plan just below the first uniform width that meets the target is tried (mixed
@@ -50,8 +51,9 @@ impl Rung {
 }
 
 /// The plans, fewest bits first: uniform widths, and between two of them the mixed plan
-/// within their mean.
-pub const LADDER: [Rung; 10] = [
+/// within their mean (between 8 bits and fp16: 8-bit tables with the weights that buy the
+/// most kept fp16, within 12 bits).
+pub const LADDER: [Rung; 11] = [
     Rung {
         nbits: Some(2),
         target_bits: None,
@@ -87,6 +89,10 @@ pub const LADDER: [Rung; 10] = [
     Rung {
         nbits: Some(8),
         target_bits: None,
+    },
+    Rung {
+        nbits: Some(8),
+        target_bits: Some(12.0),
     },
     Rung {
         nbits: None,
