@@ -8,9 +8,14 @@ Each argument is LABEL=BITS=REPORT.json (BITS the folder's bits per compressed w
 words, fp16's and the candidate's corpus WER against the texts, their difference with a 95 %
 paired bootstrap interval (clips resampled with replacement, 2000 resamples, seed 1), WER of
 the candidate's transcripts against fp16's, mean next-token KL and top-1 agreement
-(position-weighted) and QoI (share of clips not worse than fp16).
+(position-weighted) and QoI (share of clips not worse than fp16). A language with several
+folders (the folder name's prefix before `_`) also gets a row over all of them.
 
-    python3 tools/report_split.py [--svg OUT.svg --title T] LABEL=BITS=REPORT.json ...
+A folder named by --fidelity-only (a language the model cannot transcribe, such as
+whisper-base on Malayalam, where both WERs are over 100 % and their difference is noise)
+keeps its fidelity columns and leaves its clips out of every WER column, "all" included.
+
+    python3 tools/report_split.py [--svg OUT.svg --title T] [--fidelity-only FOLDER ...] LABEL=BITS=REPORT.json ...
 """
 import argparse
 import json
@@ -119,6 +124,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--svg")
     ap.add_argument("--title", default="size against quality")
+    ap.add_argument("--fidelity-only", action="append", default=[], metavar="FOLDER",
+                    help="a clip folder whose WER is left out (fidelity columns only)")
     ap.add_argument("reports", nargs="+", help="LABEL=BITS=REPORT.json")
     a = ap.parse_args()
     print("| folder | bits | clips from | clips | words | WER fp16 | WER | Δ points (95 % CI) | QoI | WER vs fp16 output | mean KL | top-1 |")
@@ -127,13 +134,28 @@ def main():
     for spec in a.reports:
         label, bits, path = spec.split("=", 2)
         clips = json.load(open(path, encoding="utf-8"))["clips"]
+        for c in clips:
+            if group_of(c["audio"]) in a.fidelity_only:
+                c["reference_words"] = None
         groups = {}
         for c in clips:
             groups.setdefault(group_of(c["audio"]), []).append(c)
         for g in sorted(groups):
             print(row(label, bits, g, summary(groups[g])))
+        # A language with several folders (`en_common_voice`, `en_ljspeech`, ...) also gets a
+        # row of its own.
+        langs = {}
+        for g in groups:
+            langs.setdefault(g.split("_")[0], []).append(g)
+        for lang in sorted(langs):
+            if len(langs[lang]) > 1:
+                clips_of = [c for g in langs[lang] for c in groups[g]]
+                print(row(label, bits, f"{lang}_* ({len(langs[lang])} folders)", summary(clips_of)))
         s = summary(clips)
-        print(row(label, bits, "**all**", s))
+        all_label = "**all**"
+        if a.fidelity_only:
+            all_label += " (WER without " + ", ".join(sorted(a.fidelity_only)) + ")"
+        print(row(label, bits, all_label, s))
         if "delta" in s:
             points.append((label, float(bits), s["delta"], s["ci"][0], s["ci"][1], s["kl"]))
     if a.svg and points:
