@@ -105,7 +105,8 @@ def run(args):
     env["INCLUDE_MIL_FP32_UNIT_TESTS"] = "1"
     cmd = [args.python, "-m", "pytest", "-p", "milkit_coreml", "-p", "no:cacheprovider",
            "-q", "--no-header", "-rN", "-W", "ignore", "--tb=no", "--continue-on-collection-errors",
-           "--milkit-sample", str(args.sample), "--milkit-report", os.path.abspath(args.report)]
+           "--milkit-sample", str(args.sample), "--milkit-report", os.path.abspath(args.report),
+           "--milkit-compute", args.compute]
     if args.jobs > 1:
         cmd += ["-n", str(args.jobs)]
     cmd += paths
@@ -329,6 +330,9 @@ def main():
     p.add_argument("--sample", type=int, default=1,
                    help="keep one test in N (run); the sample the report holds (table)")
     p.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers (run)")
+    p.add_argument("--compute", default="package", choices=("package", "fp32"),
+                   help="run: milkit computes in the program's types (default), or fp16 "
+                        "programs in fp32")
     p.add_argument("--report", default=DEFAULT_REPORT)
     p.add_argument("--python", default=os.environ.get("MILKIT_PYTHON", sys.executable))
     p.add_argument("--rerun", action="store_true",

@@ -211,11 +211,14 @@ class MLModel:
         return repr(self._model)
 
 
-def use_with_coremltools(force=False):
+def use_with_coremltools(force=False, compute="package"):
     """Makes coremltools, in this process, predict through milkit: from then on
     ``ct.models.MLModel(...).predict(...)``, ``make_state()`` and the model ``ct.convert(...)``
     returns run with milkit's runtime instead of Core ML. coremltools' platform checks answer
     as on macOS 15 so that it takes its prediction path.
+
+    ``compute`` is :class:`MLModel`'s: ``"package"`` computes in the program's own types,
+    ``"fp32"`` computes fp16 programs in fp32 (as a CPU that widens fp16 ops would).
 
     On macOS, where Core ML itself runs the models, it does nothing unless ``force=True``.
     Returns whether coremltools now predicts through milkit.
@@ -224,7 +227,7 @@ def use_with_coremltools(force=False):
         return False
     from milkit import _coremltools
 
-    _coremltools.install()
+    _coremltools.install(compute)
     return True
 
 

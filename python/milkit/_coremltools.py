@@ -15,6 +15,9 @@ from milkit import MLModel, MilkitError
 # check of the form `_macos_version() < (15, x)` takes the current path.
 PRETEND_MACOS = (15, 5)
 
+# How the proxies compute (:class:`milkit.MLModel`'s ``compute``); set by :func:`install`.
+COMPUTE = "package"
+
 
 class Proxy:
     """What coremltools' ``_MLModelProxy`` is on macOS, over :class:`milkit.MLModel`."""
@@ -31,7 +34,7 @@ class Proxy:
             path = copy
         self._path = path
         try:
-            self._model = MLModel(path, function_name=function_name or None)
+            self._model = MLModel(path, function_name=function_name or None, compute=COMPUTE)
         except MilkitError as e:
             # Worded as Core ML words a failed load, with milkit's reason after it.
             raise MilkitError(f"Unable to load the model. milkit: {e}") from None
@@ -61,8 +64,11 @@ class Proxy:
         return self._path
 
 
-def install():
-    """Makes coremltools, in this process, predict through milkit as if on macOS."""
+def install(compute="package"):
+    """Makes coremltools, in this process, predict through milkit as if on macOS, the
+    models computing as ``compute`` says."""
+    global COMPUTE
+    COMPUTE = compute
     import coremltools
     import coremltools._deps as deps
     import coremltools.models.model as model

@@ -27,15 +27,16 @@ import pytest
 _REACHED = {"predict": False}
 
 
-def install():
-    """Makes coremltools, in this process, predict through milkit as if on macOS, counting
-    the predictions a test asks for. Returns the coremltools module."""
+def install(compute="package"):
+    """Makes coremltools, in this process, predict through milkit as if on macOS (computing
+    as ``compute`` says), counting the predictions a test asks for. Returns the coremltools
+    module."""
     import coremltools
     import coremltools.models.model as model
     import milkit
     from milkit import _coremltools
 
-    milkit.use_with_coremltools(force=True)
+    milkit.use_with_coremltools(force=True, compute=compute)
 
     class Counted(_coremltools.Proxy):
         def predict(self, data, state=None):
@@ -55,10 +56,12 @@ def pytest_addoption(parser):
     g.addoption("--milkit-sample", type=int, default=1,
                 help="keep one test in N, chosen by a hash of its id")
     g.addoption("--milkit-report", default=None, help="write one JSON line per test here")
+    g.addoption("--milkit-compute", default="package", choices=("package", "fp32"),
+                help="how milkit computes: in the program's types, or fp16 programs in fp32")
 
 
 def pytest_configure(config):
-    install()
+    install(config.getoption("--milkit-compute"))
     global _CONFIG
     _CONFIG = config
     config._milkit_report = None

@@ -263,6 +263,29 @@ def test_use_with_coremltools_makes_a_converted_model_predict_off_macos(ct, buil
                          milkit.MLModel(pkg).predict({"logmel_data": mel}))
 
 
+def test_use_with_coremltools_can_compute_fp16_programs_in_fp32(ct):
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    @mb.program(input_specs=[mb.TensorSpec((1,), dtype=types.fp32)], opset_version=ct.target.iOS17)
+    def prog(x):
+        h = mb.add(x=mb.cast(x=x, dtype="fp16"), y=np.float16(1.0))
+        return mb.cast(x=h, dtype="fp32", name="y")
+
+    x = np.array([1e-3], dtype=np.float32)
+    in_fp16 = float(np.float16(np.float16(x[0]) + np.float16(1.0)))
+    try:
+        for compute, want, tol in (("package", in_fp16, 0.0), ("fp32", 1.0 + 1e-3, 1e-6)):
+            milkit.use_with_coremltools(compute=compute)
+            m = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS17,
+                           compute_precision=ct.precision.FLOAT32)
+            got = float(m.predict({"x": x})["y"][0])
+            assert abs(got - want) <= tol, (compute, got, want)
+        assert abs(in_fp16 - (1.0 + 1e-3)) > 1e-5, "the two computations differ"
+    finally:
+        milkit.use_with_coremltools()
+
+
 def test_the_module_and_the_command_explain_themselves():
     doc = milkit.MLModel.__doc__
     assert "predict" in doc and "make_state" in doc and "MilkitError" in doc
