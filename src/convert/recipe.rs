@@ -56,19 +56,29 @@ pub struct QualityTarget {
     pub max_bits: Option<f64>,
 }
 
+/// The items of a `KEY=VALUE,...` quality target (keys trimmed, values numbers), in order;
+/// `example` shows the form in the error for an item without `=`.
+pub fn target_items<'a>(text: &'a str, example: &str) -> Result<Vec<(&'a str, f64)>> {
+    let mut out = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((k, v)) = item.split_once('=') else {
+            bail!("quality target `{item}` is not KEY=VALUE (e.g. {example})");
+        };
+        let v: f64 = v
+            .trim()
+            .parse()
+            .with_context(|| format!("quality target `{item}`: not a number"))?;
+        out.push((k.trim(), v));
+    }
+    Ok(out)
+}
+
 impl QualityTarget {
     /// Parses `KEY=VALUE,...` with the field names as keys.
     pub fn parse(text: &str) -> Result<QualityTarget> {
         let mut t = QualityTarget::default();
-        for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let Some((k, v)) = item.split_once('=') else {
-                bail!("quality target `{item}` is not KEY=VALUE (e.g. max_wer_delta=0.5)");
-            };
-            let v: f64 = v
-                .trim()
-                .parse()
-                .with_context(|| format!("quality target `{item}`: not a number"))?;
-            let slot = match k.trim() {
+        for (k, v) in target_items(text, "max_wer_delta=0.5")? {
+            let slot = match k {
                 "max_wer_delta" => &mut t.max_wer_delta,
                 "min_qoi" => &mut t.min_qoi,
                 "max_wer_vs_fp16" => &mut t.max_wer_vs_fp16,

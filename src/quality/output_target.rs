@@ -11,6 +11,7 @@
 use super::fidelity::psnr_and_cosine;
 use super::target::{bisect_ladder, Rung, LADDER};
 use crate::convert::compress::CompressFlags;
+use crate::convert::recipe::target_items;
 use crate::ir::{ArrayDType, FeatureKind, Model};
 use crate::ops::random::Rng;
 use crate::passes::compress::Outcome;
@@ -37,15 +38,8 @@ impl OutputTarget {
     /// Parses `KEY=VALUE,...`; at least one quality bound must be given.
     pub fn parse(text: &str) -> Result<OutputTarget> {
         let mut t = OutputTarget::default();
-        for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let Some((k, v)) = item.split_once('=') else {
-                bail!("quality target `{item}` is not KEY=VALUE (e.g. min_psnr_db=40)");
-            };
-            let v: f64 = v
-                .trim()
-                .parse()
-                .with_context(|| format!("quality target `{item}`: not a number"))?;
-            let slot = match k.trim() {
+        for (k, v) in target_items(text, "min_psnr_db=40")? {
+            let slot = match k {
                 "min_psnr_db" => &mut t.min_psnr_db,
                 "max_rel_error" => &mut t.max_rel_error,
                 "max_bits" => &mut t.max_bits,
