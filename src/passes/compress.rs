@@ -40,6 +40,10 @@ pub struct Compressed {
 }
 
 /// A weight left alone because its shape does not fit the granularity.
+/// The width a mixed plan ([`super::mixed`]) gives a weight it leaves fp16: no table, 16
+/// stored bits per element, no error.
+pub const FP16: u32 = 16;
+
 /// Metadata key (`userDefined`) naming, comma-separated, the weights a mixed plan left fp16
 /// (width 16): selected for compression and kept exact, so they count at 16 bits in the
 /// package's bits per compressed weight (`quality::bits`).
@@ -248,12 +252,12 @@ pub fn compress_with(
         }
     }
     let (mut jobs, mut skipped) = plan_jobs(model, method, sel)?;
-    // A plan's width 16 leaves the weight as it is (`mixed::FP16`); the package names such
+    // A plan's width 16 leaves the weight as it is ([`FP16`]); the package names such
     // weights under `KEPT_FP16_KEY` so that its bits per weight count them.
     let mut kept = Vec::new();
     jobs.retain(|j| {
         let c = &model.program.functions[&j.func].block.operations[j.const_idx];
-        if nbits.get(&c.name) != Some(&super::mixed::FP16) {
+        if nbits.get(&c.name) != Some(&FP16) {
             return true;
         }
         let shape = match c.const_val() {

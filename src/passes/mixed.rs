@@ -47,8 +47,7 @@ use std::collections::BTreeMap;
 /// Bit widths tried by default.
 pub const DEFAULT_CANDIDATES: [u32; 5] = [2, 3, 4, 6, 8];
 
-/// The width that stands for "left fp16": no table, 16 stored bits per element, no error.
-pub const FP16: u32 = 16;
+pub use super::compress::FP16;
 
 /// The widths a plan within `target_bits` chooses among: [`DEFAULT_CANDIDATES`], and fp16
 /// when the budget is above 8 bits (the widest table), the only way to spend it.
