@@ -106,12 +106,8 @@ pub fn run(a: &CalibrateArgs) -> Result<u8> {
             );
         }
     }
-    let mut widths = a.widths.clone();
-    widths.sort_unstable();
-    widths.dedup();
-    if let Some(b) = widths.iter().find(|b| ![1, 2, 3, 4, 6, 8].contains(*b)) {
-        anyhow::bail!("--widths: {b} is not one of 1, 2, 3, 4, 6, 8");
-    }
+    let widths = milkit::passes::lut::lut_widths(&a.widths)
+        .map_err(|b| anyhow::anyhow!("--widths: {b} is not one of 1, 2, 3, 4, 6, 8"))?;
     let sweep_bar = progress::bar(
         0,
         "end-metric sensitivity",

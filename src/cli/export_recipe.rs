@@ -12,6 +12,7 @@ use milkit::convert::bundle::{write_folder, Component, MODEL_FILES};
 use milkit::convert::decoder_export::DecoderExport;
 use milkit::convert::recipe::{recipe_components, QualityTarget, Recipe};
 use milkit::passes::compress::Selection;
+use milkit::passes::lut::lut_widths;
 use milkit::quality::calibrate::{
     calibrate_decoder_with, calibrate_encoder_with, EncoderSensitivityRequest, SensitivityRequest,
 };
@@ -270,16 +271,13 @@ fn statistics_needed(recipe: &Recipe, path: &Path) -> Result<Vec<Need>> {
         let sweep = match &rc.sensitivity_widths {
             None => None,
             Some(w) => {
-                let mut w = w.clone();
-                w.sort_unstable();
-                w.dedup();
-                if let Some(b) = w.iter().find(|b| ![1, 2, 3, 4, 6, 8].contains(*b)) {
-                    anyhow::bail!(
+                let w = lut_widths(w).map_err(|b| {
+                    anyhow::anyhow!(
                         "{}: component `{}`: sensitivity width {b} is not one of 1, 2, 3, 4, 6, 8",
                         path.display(),
                         rc.file
-                    );
-                }
+                    )
+                })?;
                 anyhow::ensure!(
                     name == "decoder" || spec.abi == EncoderAbi::WhisperKit,
                     "{}: the encoder's sensitivity is measured on the `whisperkit` ABI, and `{}` uses `{}`",

@@ -5,7 +5,7 @@
 use super::bundle::Compression;
 use crate::passes::calibrate::Calibration;
 use crate::passes::compress::{Method, Selection};
-use crate::passes::lut::{LutConfig, LutGranularity, LutMode, CLUSTER_DIMS};
+use crate::passes::lut::{LutConfig, LutGranularity, LutMode, CLUSTER_DIMS, LUT_NBITS};
 use crate::passes::quant::{QuantConfig, QuantDtype, QuantGranularity};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
@@ -214,7 +214,7 @@ pub fn parse_op_widths(entries: &[String]) -> Result<BTreeMap<String, u32>> {
         let Ok(b) = bits.parse::<u32>() else {
             bail!("op_nbits entry `{e}`: `{bits}` is not a whole number of bits");
         };
-        if name.is_empty() || ![1, 2, 3, 4, 6, 8].contains(&b) {
+        if name.is_empty() || !LUT_NBITS.contains(&b) {
             bail!("op_nbits entry `{e}`: needs an op name and a width of 1, 2, 3, 4, 6 or 8 bits");
         }
         if out.insert(name.to_string(), b).is_some() {
@@ -233,7 +233,7 @@ impl CompressFlags {
                 Granularity::PerGroupedChannel => LutGranularity::PerGroupedChannel(self.group_size),
                 g => bail!("--granularity {g:?} is for --quantize; palettization takes per-tensor or per-grouped-channel"),
             };
-            if ![1, 2, 3, 4, 6, 8].contains(&self.nbits) {
+            if !LUT_NBITS.contains(&self.nbits) {
                 bail!("--nbits {} is not one of 1, 2, 3, 4, 6, 8", self.nbits);
             }
             if self.cluster_dim != 1 {

@@ -76,6 +76,18 @@ fn vector_seed(g: usize) -> u64 {
 /// Bit widths `constexpr_lut_to_dense` accepts for its indices.
 pub const LUT_NBITS: [u32; 6] = [1, 2, 3, 4, 6, 8];
 
+/// A list of widths to measure, sorted and without repeats; `Err` holds the first width
+/// [`LUT_NBITS`] does not allow.
+pub fn lut_widths(widths: &[u32]) -> Result<Vec<u32>, u32> {
+    let mut w = widths.to_vec();
+    w.sort_unstable();
+    w.dedup();
+    match w.iter().find(|b| !LUT_NBITS.contains(b)) {
+        Some(&b) => Err(b),
+        None => Ok(w),
+    }
+}
+
 /// Inputs of one iOS18 `constexpr_lut_to_dense`: scalar palettization (`cluster_dim` 1, no
 /// `vector_axis`), or vector palettization with `vector_axis` 0.
 #[derive(Debug, Clone, PartialEq)]
