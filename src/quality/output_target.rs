@@ -8,7 +8,7 @@
 //! outputs and probes. Probes are the caller's tensors, or seeded standard-normal tensors of
 //! each float input's default shape.
 
-use super::fidelity::psnr_and_cosine;
+use super::fidelity::{flat, psnr_and_cosine};
 use super::target::{bisect_ladder, Rung, LADDER};
 use crate::convert::compress::CompressFlags;
 use crate::convert::recipe::target_items;
@@ -104,7 +104,10 @@ pub fn random_probes(model: &Model, n: usize, seed: u64) -> Result<Vec<Probe>> {
             }
             let len: usize = f.shape.iter().product();
             let v: Vec<f32> = (0..len).map(|_| rng.normal() as f32).collect();
-            p.push((f.name.clone(), crate::kernels::data::from_vec(v, &f.shape)?));
+            p.push((
+                f.name.clone(),
+                Tensor::from_vec(v, f.shape.as_slice(), &candle_core::Device::Cpu)?,
+            ));
         }
         probes.push(p);
     }
@@ -231,7 +234,7 @@ fn run_all(session: &mut Session, probes: &[Probe]) -> Result<Outputs> {
             session
                 .predict(&feeds)?
                 .into_iter()
-                .map(|(n, t)| Ok((n, crate::kernels::data::to_f32_vec(&t)?)))
+                .map(|(n, t)| Ok((n, flat(&t)?)))
                 .collect()
         })
         .collect()
