@@ -301,25 +301,30 @@ fn sensitivity_widths_in_a_recipe_measure_the_curves_calibrate_would_in_the_same
     );
 }
 
-/// The encoder package (iOS18) of the micro checkpoint.
-fn micro_encoder(dir: &Path) -> PathBuf {
-    let hf = micro(dir);
-    let enc = dir.join("enc.mlpackage");
+/// One component's package (iOS18) of the checkpoint `hf`, written to `out`.
+fn export_component(hf: &Path, component: &str, out: &Path) {
     let o = milkit()
         .args([
             "export",
             "--component",
-            "encoder",
+            component,
             "--target",
             "ios18",
             "--model",
         ])
-        .arg(&hf)
+        .arg(hf)
         .arg("--out")
-        .arg(&enc)
+        .arg(out)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The encoder package (iOS18) of the micro checkpoint.
+fn micro_encoder(dir: &Path) -> PathBuf {
+    let hf = micro(dir);
+    let enc = dir.join("enc.mlpackage");
+    export_component(&hf, "encoder", &enc);
     enc
 }
 
@@ -506,21 +511,7 @@ fn compress_target_probes_come_from_files_and_an_integer_input_must_be_given() {
     // A decoder takes token ids: no random value stands for them.
     let hf = dir.path().join("micro");
     let dec = dir.path().join("dec.mlpackage");
-    let o = milkit()
-        .args([
-            "export",
-            "--component",
-            "decoder",
-            "--target",
-            "ios18",
-            "--model",
-        ])
-        .arg(&hf)
-        .arg("--out")
-        .arg(&dec)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    export_component(&hf, "decoder", &dec);
     let o = compress(
         &dec,
         &dir.path().join("e.mlpackage"),

@@ -39,7 +39,6 @@ pub struct Compressed {
     pub rel_rms_error: f64,
 }
 
-/// A weight left alone because its shape does not fit the granularity.
 /// The width a mixed plan ([`super::mixed`]) gives a weight it leaves fp16: no table, 16
 /// stored bits per element, no error.
 pub const FP16: u32 = 16;
@@ -52,6 +51,7 @@ pub const KEPT_FP16_KEY: &str = "milkit.kept_fp16";
 /// The reason a report gives for such a weight.
 pub const KEPT_FP16_REASON: &str = "kept fp16 by the mixed plan";
 
+/// A weight left alone because its shape does not fit the granularity.
 #[derive(Clone, Debug)]
 pub struct Skipped {
     pub op: String,
