@@ -1,7 +1,8 @@
 //! Fuzz harnesses: one function per hostile-input class (safetensors header, shard index,
 //! config.json, generation_config.json, Manifest.json, model.mlmodel, model.mil,
 //! coremldata.bin, weight.bin,
-//! WAV, tokenizer.json, recipe, pytorch_model.bin), each feeding arbitrary bytes to milkit's
+//! WAV, FLAC, MP3, Ogg (Vorbis, Opus, FLAC), M4A (AAC, ALAC), WebM, tokenizer.json, recipe,
+//! pytorch_model.bin), each feeding arbitrary bytes to milkit's
 //! real parsing entry point. The `fuzz/` crate's libFuzzer targets and the corpus replay test
 //! (`tests/fuzz_corpus.rs`) call the same functions, so a crash the fuzzer finds is a test
 //! failure once its reproducer is committed.
@@ -12,7 +13,7 @@
 use crate::convert::recipe::Recipe;
 use crate::package::blob::BlobReader;
 use crate::package::manifest::Manifest;
-use crate::whisper::audio::load_wav;
+use crate::whisper::audio::load_audio;
 use crate::whisper::config::{GenerationConfig, WhisperConfig};
 use crate::whisper::tokenizer::Tokenizer;
 use crate::whisper::weights::WhisperWeights;
@@ -37,6 +38,11 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("coremldata", coremldata),
     ("weight_bin", weight_bin),
     ("wav", wav),
+    ("flac", flac),
+    ("mp3", mp3),
+    ("ogg", ogg),
+    ("m4a", m4a),
+    ("webm", webm),
     ("tokenizer", tokenizer),
     ("recipe", recipe),
     ("pytorch", pytorch),
@@ -240,7 +246,37 @@ pub fn weight_bin(data: &[u8]) -> Result<()> {
 /// A WAV file, decoded and resampled to 16 kHz mono.
 pub fn wav(data: &[u8]) -> Result<()> {
     let path = put("wav", "audio.wav", data)?;
-    load_wav(&path)?;
+    load_audio(&path)?;
+    Ok(())
+}
+
+/// A FLAC file, decoded and resampled to 16 kHz mono.
+pub fn flac(data: &[u8]) -> Result<()> {
+    load_audio(&put("flac", "audio.flac", data)?)?;
+    Ok(())
+}
+
+/// An MP3 file (with or without ID3 tags and a Xing/LAME header), decoded and resampled.
+pub fn mp3(data: &[u8]) -> Result<()> {
+    load_audio(&put("mp3", "audio.mp3", data)?)?;
+    Ok(())
+}
+
+/// An Ogg file (Vorbis, Opus or FLAC inside), decoded and resampled.
+pub fn ogg(data: &[u8]) -> Result<()> {
+    load_audio(&put("ogg", "audio.ogg", data)?)?;
+    Ok(())
+}
+
+/// An MP4/M4A file (AAC or ALAC inside), decoded and resampled.
+pub fn m4a(data: &[u8]) -> Result<()> {
+    load_audio(&put("m4a", "audio.m4a", data)?)?;
+    Ok(())
+}
+
+/// A WebM/Matroska file (Opus, Vorbis, FLAC, AAC or MP3 inside), decoded and resampled.
+pub fn webm(data: &[u8]) -> Result<()> {
+    load_audio(&put("webm", "audio.webm", data)?)?;
     Ok(())
 }
 

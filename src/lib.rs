@@ -4,6 +4,7 @@
 //! Module map: README.md, section Layout.
 
 pub mod alloc;
+pub mod audio;
 pub mod convert;
 pub mod fuzzing;
 pub mod hub;

@@ -862,6 +862,32 @@ pub struct WholeBenchReport {
     pub rss_ratios: Vec<f64>,
 }
 
+/// What an audio file held before it became 16 kHz mono: its container and codec, its own
+/// rate and channel count, and its duration (`milkit transcribe --output-format json`, under
+/// `audio`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AudioInfo {
+    /// `wav`, `flac`, `mp3`, `ogg`, `m4a`, ... (from the file name where it names one).
+    pub container: String,
+    /// `pcm_s16`, `flac`, `mp3`, `vorbis`, `opus`, `aac`, `alac`, ...
+    pub codec: String,
+    /// The stream's own rate, before resampling.
+    pub sample_rate: u32,
+    /// The stream's channels, averaged into one.
+    pub channels: u32,
+    /// Seconds of decoded audio (encoder delay and padding removed where the file states them).
+    pub duration_s: f64,
+    /// Packets the codec rejected and that were skipped (as ffmpeg does); at most a tenth of
+    /// the stream, else the file is refused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_packets: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// `milkit transcribe --output-format json`: openai-whisper's `transcribe()` result, field
 /// for field (`text`, `segments`, `language`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -872,6 +898,9 @@ pub struct TranscriptionResult {
     pub segments: Vec<TranscriptionSegment>,
     /// Language code (`en`, `de`, ...): given, detected, or the English-only model's.
     pub language: String,
+    /// The file that was transcribed (milkit's addition; absent for samples given directly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<AudioInfo>,
 }
 
 /// One segment of a [`TranscriptionResult`] (openai-whisper's segment dict).

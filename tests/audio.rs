@@ -1,6 +1,6 @@
 //! Audio front end, detokenizer and decoding rules against the Hugging Face reference outputs
 //! in the fixtures, plus WAV loading / resampling checks on files written here with hound.
-use milkit::whisper::audio::{self, load_wav, log_mel, log_mel_windows, resample, MelFilters};
+use milkit::whisper::audio::{self, load_audio, log_mel, log_mel_windows, resample, MelFilters};
 use milkit::whisper::generate::{argmax, DecodingRules, PassOptions, Rng, Task};
 use milkit::whisper::tokenizer::Tokenizer;
 use std::path::Path;
@@ -52,7 +52,7 @@ fn log_mel_matches_hf_feature_extractor() {
     let mut worst = 0f32;
     for clip in CLIPS {
         let t0 = Instant::now();
-        let samples = load_wav(dir.join(format!("audio/{clip}.wav"))).expect("load wav");
+        let samples = load_audio(dir.join(format!("audio/{clip}.wav"))).expect("load wav");
         let t_load = t0.elapsed();
         let t1 = Instant::now();
         let mel = log_mel(&samples, 80, None).expect("log mel");
@@ -353,7 +353,7 @@ fn resampling_keeps_frequency_and_amplitude() {
             &tone.iter().map(|&v| vec![v]).collect::<Vec<_>>(),
         );
         let t0 = Instant::now();
-        let out = load_wav(&path).expect("load");
+        let out = load_audio(&path).expect("load");
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         assert_eq!(out.len(), 32_000, "{rate} Hz: 2 s at 16 kHz");
         let (f, a, resid) = measure_tone(&out, 800);
@@ -398,7 +398,7 @@ fn channels_are_averaged_and_formats_scaled() {
         let path = dir.path().join(format!("stereo-{bits}-{float}.wav"));
         let frames: Vec<Vec<f64>> = left.iter().zip(&right).map(|(&l, &r)| vec![l, r]).collect();
         write_wav(&path, spec(16_000, 2, bits, float), &frames);
-        let mono = load_wav(&path).expect("load");
+        let mono = load_audio(&path).expect("load");
         assert_eq!(mono.len(), left.len());
         let err = mono
             .iter()
@@ -411,7 +411,7 @@ fn channels_are_averaged_and_formats_scaled() {
     let path = dir.path().join("three.wav");
     let frames: Vec<Vec<f64>> = left.iter().map(|&l| vec![l, -l, 0.0]).collect();
     write_wav(&path, spec(16_000, 3, 32, true), &frames);
-    assert!(load_wav(&path)
+    assert!(load_audio(&path)
         .expect("load")
         .iter()
         .all(|&v| v.abs() < 1e-7));
@@ -457,10 +457,389 @@ fn non_wav_and_truncated_files_are_errors_naming_the_file() {
         &missing,
         &absurd_rate,
     ] {
-        let err = load_wav(path).expect_err("must fail");
+        let err = load_audio(path).expect_err("must fail");
         let msg = format!("{err:#}");
         let name = path.file_name().and_then(|n| n.to_str()).expect("name");
         assert!(msg.contains(name), "error does not name the file: {msg}");
     }
-    assert_eq!(load_wav(&good).expect("good file").len(), 16_000);
+    assert_eq!(load_audio(&good).expect("good file").len(), 16_000);
+}
+
+/// The committed encodings of the shared jfk.wav (`tools/make_audio_fixtures.sh`).
+fn format_fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/audio")
+        .join(name)
+}
+
+/// Signal-to-noise ratio of `got` against `want` in dB, after the best whole-sample shift of
+/// `got` within ±`max_lag` (returned too); edges of 0.1 s are left out.
+fn aligned_snr(want: &[f32], got: &[f32], max_lag: i64) -> (f64, i64) {
+    let edge = 1600usize;
+    let n = want.len().min(got.len());
+    let mut best = (f64::NEG_INFINITY, 0);
+    for lag in -max_lag..=max_lag {
+        let (mut sig, mut err) = (0f64, 0f64);
+        for (i, &w) in want.iter().enumerate().take(n - edge).skip(edge) {
+            let j = i as i64 + lag;
+            if j < 0 || j as usize >= got.len() {
+                continue;
+            }
+            let (w, g) = (f64::from(w), f64::from(got[j as usize]));
+            sig += w * w;
+            err += (w - g) * (w - g);
+        }
+        let snr = 10.0 * (sig / err.max(1e-30)).log10();
+        if snr > best.0 {
+            best = (snr, lag);
+        }
+    }
+    best
+}
+
+#[test]
+fn lossless_flac_and_alac_decode_to_the_wav_bit_for_bit() {
+    let Some(fx) = fixtures() else { return };
+    let wav = milkit::audio::decode(fx.join("audio/jfk.wav")).expect("wav");
+    assert_eq!(
+        (
+            wav.info.codec.as_str(),
+            wav.info.sample_rate,
+            wav.info.channels
+        ),
+        ("pcm_s16", 16_000, 1)
+    );
+    for (file, codec, container) in [
+        ("jfk.flac", "flac", "flac"),
+        ("jfk.alac.m4a", "alac", "m4a"),
+    ] {
+        let d = milkit::audio::decode(format_fixture(file)).expect(file);
+        assert_eq!(d.info.codec, codec, "{file}");
+        assert_eq!(d.info.container, container, "{file}");
+        assert_eq!((d.info.sample_rate, d.info.channels), (16_000, 1), "{file}");
+        assert_eq!(d.info.duration_s, 11.0, "{file}");
+        assert!(
+            d.samples == wav.samples,
+            "{file}: samples differ from the WAV"
+        );
+    }
+}
+
+#[test]
+fn lossy_formats_decode_aligned_with_the_wav_they_were_made_from() {
+    let Some(fx) = fixtures() else { return };
+    let wav = load_audio(fx.join("audio/jfk.wav")).expect("wav");
+    // (file, codec, rate, channels, lowest SNR in dB). Encoder delay and padding are
+    // removed where the file states them (MP3's LAME tag, Ogg granule positions, Opus
+    // pre-skip, MP4 edit lists), so each lines up with the WAV to the sample (the best lag
+    // within ±600 is 0 or 1) and is as long. The SNRs are the codecs' own loss at these bit
+    // rates (a perceptual codec keeps the sound, not the waveform): 7–11 dB measured.
+    let cases = [
+        ("jfk.mp3", "mp3", 44_100, 2, 8.0),
+        ("jfk.ogg", "vorbis", 22_050, 1, 8.0),
+        ("jfk.opus", "opus", 48_000, 1, 6.0),
+        ("jfk.webm", "opus", 48_000, 1, 6.0),
+        ("jfk.m4a", "aac", 32_000, 1, 8.0),
+    ];
+    for (file, codec, rate, channels, min_snr) in cases {
+        let (got, info) = audio::load_audio_info(format_fixture(file))
+            .unwrap_or_else(|e| panic!("{file}: {e:#}"));
+        assert_eq!(info.codec, codec, "{file}");
+        assert_eq!(
+            (info.sample_rate, info.channels),
+            (rate, channels),
+            "{file}"
+        );
+        let (snr, lag) = aligned_snr(&wav, &got, 600);
+        eprintln!(
+            "{file}: {} samples (wav {}), {:.3} s, SNR {snr:.1} dB at lag {lag}",
+            got.len(),
+            wav.len(),
+            info.duration_s
+        );
+        assert!(snr >= min_snr, "{file}: SNR {snr:.1} dB < {min_snr}");
+        // Opus comes out one sample early of the WAV (13.2 dB at −1, 12.3 at 0) in libopus
+        // as in milkit: the codec's own phase, not a decoding offset.
+        assert!(lag.abs() <= 1, "{file}: offset by {lag} samples");
+        // WebM states no end padding: up to one 20-ms Opus frame more.
+        let extra = got.len() as i64 - wav.len() as i64;
+        assert!(
+            (0..=320).contains(&extra),
+            "{file}: {} samples against the WAV's {}",
+            got.len(),
+            wav.len()
+        );
+    }
+}
+
+#[test]
+fn truncated_and_foreign_audio_files_are_errors_naming_the_file_and_the_codec() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for file in [
+        "jfk.flac",
+        "jfk.mp3",
+        "jfk.ogg",
+        "jfk.opus",
+        "jfk.m4a",
+        "jfk.alac.m4a",
+    ] {
+        let bytes = std::fs::read(format_fixture(file)).expect(file);
+        for keep in [bytes.len() / 2, bytes.len() * 9 / 10, 40] {
+            let cut = dir.path().join(format!("cut-{keep}-{file}"));
+            std::fs::write(&cut, &bytes[..keep]).expect("write");
+            let e = format!(
+                "{:#}",
+                load_audio(&cut).expect_err(&format!("{file} cut to {keep} bytes must fail"))
+            );
+            assert!(e.contains(&format!("cut-{keep}-{file}")), "{e}");
+        }
+    }
+    // Bytes that are no audio at all, and an empty file.
+    for (name, bytes) in [
+        (
+            "notes.mp3",
+            b"just some text, not a frame in sight".to_vec(),
+        ),
+        ("empty.flac", vec![]),
+        (
+            "random.m4a",
+            (0..4096u32)
+                .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+                .collect(),
+        ),
+    ] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).expect("write");
+        let e = format!("{:#}", load_audio(&p).expect_err(name));
+        assert!(e.contains(name), "{e}");
+    }
+}
+
+/// A Python with numpy and soxr (the resampler librosa uses), or None with a note; a
+/// failure under MILKIT_REQUIRE_FIXTURES=1 (`.ci/run` installs soxr).
+fn python_with_soxr() -> Option<std::path::PathBuf> {
+    let py = common::python()?;
+    let ok = std::process::Command::new(&py)
+        .args(["-c", "import numpy, soxr"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(py);
+    }
+    assert!(
+        !common::require(),
+        "{} cannot import soxr and MILKIT_REQUIRE_FIXTURES=1",
+        py.display()
+    );
+    eprintln!("SKIP: {} cannot import soxr", py.display());
+    None
+}
+
+#[test]
+fn resampling_from_every_common_rate_agrees_with_soxr() {
+    let Some(py) = python_with_soxr() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Tones across the band both resamplers keep (up to 85 % of the lower Nyquist
+    // frequency; milkit's passband ends at 88 %), and, above 16 kHz, one at 9.5 kHz that
+    // both must remove.
+    let script = r#"
+import sys, numpy as np, soxr
+rate = int(sys.argv[1])
+x = np.fromfile(sys.argv[2], dtype="<f4").astype(np.float64)
+y = soxr.resample(x, rate, 16000, quality="VHQ")
+y.astype("<f4").tofile(sys.argv[3])
+"#;
+    for rate in [
+        8_000u32, 11_025, 22_050, 24_000, 32_000, 44_100, 48_000, 96_000,
+    ] {
+        let n = rate as usize * 2;
+        let nyquist = f64::from(rate.min(16_000)) / 2.0;
+        let mut tones = vec![
+            (150.0, 0.2),
+            (1234.5, 0.2),
+            (0.5 * nyquist, 0.15),
+            (0.85 * nyquist, 0.1),
+        ];
+        if rate > 16_000 {
+            tones.push((9500.0, 0.1));
+        }
+        let x: Vec<f32> = (0..n)
+            .map(|i| {
+                let t = i as f64 / f64::from(rate);
+                tones
+                    .iter()
+                    .map(|&(f, a)| a * (2.0 * std::f64::consts::PI * f * t + f / 1000.0).sin())
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        let (src, dst) = (dir.path().join("x.f32"), dir.path().join("y.f32"));
+        std::fs::write(&src, bytemuck::cast_slice::<f32, u8>(&x)).expect("write");
+        common::run_python(
+            &py,
+            script,
+            &[rate.to_string().as_ref(), src.as_os_str(), dst.as_os_str()],
+        );
+        let want: Vec<f32> = std::fs::read(&dst)
+            .expect("soxr output")
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let got = resample(&x, rate, 16_000);
+        assert!(
+            (got.len() as i64 - want.len() as i64).abs() <= 1,
+            "{rate} Hz: {} samples against soxr's {}",
+            got.len(),
+            want.len()
+        );
+        // Away from the edges (0.1 s), where the two filters' different lengths matter.
+        let (mut sig, mut err) = (0f64, 0f64);
+        for i in 1600..want.len().min(got.len()) - 1600 {
+            let (w, g) = (f64::from(want[i]), f64::from(got[i]));
+            sig += w * w;
+            err += (w - g) * (w - g);
+        }
+        let db = 10.0 * (err / sig).log10();
+        eprintln!("{rate} Hz → 16 kHz: milkit against soxr VHQ {db:.1} dB");
+        assert!(
+            db < -60.0,
+            "{rate} Hz: milkit differs from soxr by {db:.1} dB"
+        );
+    }
+}
+
+/// ffmpeg, the decoder openai-whisper reads audio with, when it is on the PATH (`.ci/run`
+/// installs it); None with a note, a failure under MILKIT_REQUIRE_FIXTURES=1.
+fn ffmpeg() -> Option<&'static str> {
+    let ok = std::process::Command::new("ffmpeg")
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some("ffmpeg");
+    }
+    assert!(
+        !common::require(),
+        "ffmpeg is not on the PATH and MILKIT_REQUIRE_FIXTURES=1"
+    );
+    eprintln!("SKIP: ffmpeg is not on the PATH");
+    None
+}
+
+#[test]
+fn every_format_decodes_to_what_ffmpeg_decodes() {
+    let Some(ffmpeg) = ffmpeg() else { return };
+    // (file, lowest SNR in dB against ffmpeg at the file's own rate, samples milkit may
+    // have beyond ffmpeg's). Measured: FLAC and ALAC identical, MP3 122.6 dB, Vorbis
+    // 138.2, Opus 97.8 (against libopus; opus-decoder rounds to 16 bits), AAC 133.9. The
+    // lengths differ where one side ignores what the file says: WebM states no end padding
+    // (milkit has 648 samples more at 48 kHz), and ffmpeg does not cut an MP4's end padding
+    // at its edit list's duration (256 samples more at 32 kHz).
+    let cases = [
+        ("jfk.flac", 200.0, 0),
+        ("jfk.alac.m4a", 200.0, 0),
+        ("jfk.mp3", 100.0, 0),
+        ("jfk.ogg", 100.0, 0),
+        ("jfk.opus", 80.0, 0),
+        ("jfk.webm", 80.0, 960),
+        ("jfk.m4a", 100.0, 1024),
+        ("jfk-2s.mulaw.wav", 200.0, 0),
+    ];
+    for (file, min_snr, max_diff) in cases {
+        let path = format_fixture(file);
+        let d = milkit::audio::decode(&path).unwrap_or_else(|e| panic!("{file}: {e:#}"));
+        let mut cmd = std::process::Command::new(ffmpeg);
+        cmd.args(["-hide_banner", "-loglevel", "error"]);
+        if d.info.codec == "opus" {
+            // The reference decoder (libopus); ffmpeg's own Opus decoder is not bit-exact
+            // with it (12 dB apart on jfk.opus).
+            cmd.args(["-c:a", "libopus"]);
+        }
+        let o = cmd
+            .arg("-i")
+            .arg(&path)
+            .args(["-f", "f32le", "-c:a", "pcm_f32le", "-"])
+            .output()
+            .expect("run ffmpeg");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let ch = d.info.channels as usize;
+        let interleaved: Vec<f32> = o
+            .stdout
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let want: Vec<f32> = interleaved
+            .chunks_exact(ch)
+            .map(|f| (f.iter().map(|&v| f64::from(v)).sum::<f64>() / ch as f64) as f32)
+            .collect();
+        let got = &d.samples;
+        let n = want.len().min(got.len());
+        let (mut sig, mut err) = (0f64, 0f64);
+        for i in 0..n {
+            let (w, g) = (f64::from(want[i]), f64::from(got[i]));
+            sig += w * w;
+            err += (w - g) * (w - g);
+        }
+        let snr = 10.0 * (sig / err.max(1e-300)).log10();
+        eprintln!(
+            "{file}: milkit {} samples, ffmpeg {}, SNR {snr:.1} dB",
+            got.len(),
+            want.len()
+        );
+        assert!(
+            snr >= min_snr,
+            "{file}: {snr:.1} dB against ffmpeg's decode"
+        );
+        assert!(
+            got.len().abs_diff(want.len()) <= max_diff,
+            "{file}: {} samples against ffmpeg's {}",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
+#[test]
+fn a_codec_milkit_does_not_decode_is_named_in_the_error() {
+    // AC-3 in Matroska (`tools/make_audio_fixtures.sh`).
+    let path = format_fixture("unsupported-codec.mka");
+    let e = format!("{:#}", load_audio(&path).expect_err("AC-3 is not decoded"));
+    assert!(e.contains("unsupported-codec.mka"), "{e}");
+    assert!(
+        e.contains("A_AC3") && e.contains("no audio track in a codec"),
+        "{e}"
+    );
+    // A WAV in GSM 6.10 (format tag 0x0031): a well-formed header, a codec nobody decodes.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut wav = b"RIFF\x00\x00\x00\x00WAVEfmt ".to_vec();
+    wav.extend(20u32.to_le_bytes());
+    wav.extend(0x31u16.to_le_bytes()); // GSM 6.10
+    wav.extend(1u16.to_le_bytes()); // channels
+    wav.extend(8000u32.to_le_bytes()); // rate
+    wav.extend(1625u32.to_le_bytes()); // bytes per second
+    wav.extend(65u16.to_le_bytes()); // block align
+    wav.extend(0u16.to_le_bytes()); // bits per sample
+    wav.extend(2u16.to_le_bytes()); // extra size
+    wav.extend(320u16.to_le_bytes()); // samples per block
+    wav.extend(b"data");
+    wav.extend(650u32.to_le_bytes());
+    wav.extend(std::iter::repeat_n(0x5au8, 650));
+    let riff = (wav.len() - 8) as u32;
+    wav[4..8].copy_from_slice(&riff.to_le_bytes());
+    let gsm = dir.path().join("voicemail.wav");
+    std::fs::write(&gsm, wav).expect("write");
+    let e = format!("{:#}", load_audio(&gsm).expect_err("GSM is not decoded"));
+    assert!(e.contains("voicemail.wav") && e.contains("GSM 6.10"), "{e}");
+}
+
+#[test]
+fn mu_law_wav_decodes_through_symphonia() {
+    let Some(fx) = fixtures() else { return };
+    let d = milkit::audio::decode(format_fixture("jfk-2s.mulaw.wav")).expect("µ-law");
+    assert_eq!((d.info.sample_rate, d.info.channels), (8_000, 1));
+    assert_eq!(d.samples.len(), 16_000);
+    // Against the 16-kHz WAV it was made from, brought to 8 kHz: G.711 keeps about 38 dB.
+    let wav = load_audio(fx.join("audio/jfk.wav")).expect("wav");
+    let want = resample(&wav[..32_000], 16_000, 8_000);
+    let (snr, lag) = aligned_snr(&want, &d.samples, 4);
+    assert!(snr > 25.0 && lag.abs() <= 1, "SNR {snr:.1} dB at lag {lag}");
 }

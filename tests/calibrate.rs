@@ -11,7 +11,7 @@ use milkit::passes::compress::{compress, compress_calibrated, Method, Selection}
 use milkit::passes::lut::{LutConfig, LutGranularity, LutMode};
 use milkit::quality::calibrate::{calibrate_encoder, probe_values};
 use milkit::runtime::Session;
-use milkit::whisper::audio::{load_wav, log_mel};
+use milkit::whisper::audio::{load_audio, log_mel};
 use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::encoder::EncoderAbi;
 use std::path::Path;
@@ -27,7 +27,7 @@ fn lut4() -> Method {
 }
 
 fn mel(fx: &Path, clip: &str) -> Tensor {
-    let s = load_wav(fx.join("audio").join(clip)).unwrap();
+    let s = load_audio(fx.join("audio").join(clip)).unwrap();
     let m = log_mel(&s, 80, None).unwrap();
     Tensor::from_vec(m, (1, 80, 1, 3000), &Device::Cpu).unwrap()
 }

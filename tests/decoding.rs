@@ -10,7 +10,7 @@ mod common;
 
 use milkit::convert::bundle::{write_whisperkit_folder, BundleOptions};
 use milkit::transcribe::{Compute, OpenOptions, TranscribeOptions, Transcriber};
-use milkit::whisper::audio::load_wav;
+use milkit::whisper::audio::load_audio;
 use milkit::whisper::checkpoint::Checkpoint;
 use milkit::whisper::generate::Task;
 use milkit::whisper::wer::{rate, word_errors_with, Normalization};
@@ -186,7 +186,7 @@ fn base_detects_the_language_and_reproduces_the_references_on_13_clips() {
     let (mut errors, mut words) = (0, 0);
     for (r, wav) in &clips {
         let name = wav.file_name().unwrap().to_string_lossy().to_string();
-        let samples = load_wav(wav).unwrap();
+        let samples = load_audio(wav).unwrap();
         let probs = tr.detect_language(&samples).unwrap();
         assert_eq!(
             probs[0].0,

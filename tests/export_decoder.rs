@@ -436,7 +436,7 @@ fn mel_package_matches_hugging_face_features() {
     );
     common::validate(&p);
 
-    let mut audio = milkit::whisper::audio::load_wav(fx.join("audio/jfk.wav")).unwrap();
+    let mut audio = milkit::whisper::audio::load_audio(fx.join("audio/jfk.wav")).unwrap();
     audio.resize(480000, 0.0);
     let refs = fx.join("reference/tiny.en-jfk.safetensors");
     let want = common::programs::f32s(

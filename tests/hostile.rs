@@ -337,14 +337,20 @@ fn wav_headers_declaring_more_samples_than_the_file_holds_are_refused() {
     }
     w.finalize().unwrap();
     let good = std::fs::read(&path).unwrap();
-    assert_eq!(milkit::whisper::audio::load_wav(&path).unwrap().len(), 1600);
+    assert_eq!(
+        milkit::whisper::audio::load_audio(&path).unwrap().len(),
+        1600
+    );
     // The data chunk's length field (bytes 40..44 of hound's 44-byte header).
     assert_eq!(&good[36..40], b"data");
     for len in [u32::MAX - 1, 1 << 30] {
         let mut bad = good.clone();
         bad[40..44].copy_from_slice(&len.to_le_bytes());
         std::fs::write(&path, &bad).unwrap();
-        let e = format!("{:#}", milkit::whisper::audio::load_wav(&path).unwrap_err());
+        let e = format!(
+            "{:#}",
+            milkit::whisper::audio::load_audio(&path).unwrap_err()
+        );
         assert!(
             e.contains("a.wav") && e.contains(&format!("declares {len} bytes")),
             "{e}"
@@ -354,15 +360,23 @@ fn wav_headers_declaring_more_samples_than_the_file_holds_are_refused() {
     let mut bad = good.clone();
     bad[40..44].copy_from_slice(&3202u32.to_le_bytes());
     std::fs::write(&path, &bad).unwrap();
-    let e = format!("{:#}", milkit::whisper::audio::load_wav(&path).unwrap_err());
+    let e = format!(
+        "{:#}",
+        milkit::whisper::audio::load_audio(&path).unwrap_err()
+    );
     assert!(e.contains("a.wav") && e.contains("truncated"), "{e}");
     // Zero-length data and a header only: clear errors or empty audio, never a panic.
     let mut empty = good[..44].to_vec();
     empty[40..44].copy_from_slice(&0u32.to_le_bytes());
     std::fs::write(&path, &empty).unwrap();
-    assert!(milkit::whisper::audio::load_wav(&path).unwrap().is_empty());
+    assert!(milkit::whisper::audio::load_audio(&path)
+        .unwrap()
+        .is_empty());
     std::fs::write(&path, &good[..20]).unwrap();
-    let e = format!("{:#}", milkit::whisper::audio::load_wav(&path).unwrap_err());
+    let e = format!(
+        "{:#}",
+        milkit::whisper::audio::load_audio(&path).unwrap_err()
+    );
     assert!(e.contains("a.wav"), "{e}");
 }
 

@@ -337,7 +337,7 @@ fn wav_files_and_recipes_never_panic() {
     let seed = std::fs::read(&path).unwrap();
     replay("wav", &seed, false, &|bytes| {
         std::fs::write(&path, bytes).unwrap();
-        let _ = milkit::whisper::audio::load_wav(&path);
+        let _ = milkit::whisper::audio::load_audio(&path);
     });
     let recipe = tmp.path().join("r.toml");
     let seed = std::fs::read(

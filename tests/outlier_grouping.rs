@@ -282,7 +282,7 @@ fn whisper_mlps_are_found_and_the_encoder_is_unchanged() {
 }
 
 fn mel(fx: &Path, clip: &str) -> Tensor {
-    let s = milkit::whisper::audio::load_wav(fx.join("audio").join(clip)).unwrap();
+    let s = milkit::whisper::audio::load_audio(fx.join("audio").join(clip)).unwrap();
     let m = milkit::whisper::audio::log_mel(&s, 80, None).unwrap();
     Tensor::from_vec(m, (1, 80, 1, 3000), &Device::Cpu).unwrap()
 }

@@ -46,6 +46,7 @@ fn sample() -> TranscriptionResult {
             segment(1, 3725.5, 3727.0, " ask not."),
         ],
         language: "en".into(),
+        audio: None,
     }
 }
 
@@ -130,6 +131,14 @@ fn json_output_follows_the_checked_in_schema_and_reads_back() {
             text: String::new(),
             segments: vec![],
             language: "en".into(),
+            audio: Some(milkit::report::AudioInfo {
+                container: "m4a".into(),
+                codec: "aac".into(),
+                sample_rate: 44_100,
+                channels: 2,
+                duration_s: 1.5,
+                skipped_packets: 0,
+            }),
         },
     ] {
         let text = to_json(&r).unwrap();
@@ -254,6 +263,7 @@ fn txt_is_one_trimmed_segment_per_line_and_empty_results_give_empty_files() {
         text: String::new(),
         segments: vec![],
         language: "de".into(),
+        audio: None,
     };
     assert_eq!(to_txt(&empty), "");
     assert_eq!(to_srt(&empty).unwrap(), "");

@@ -268,7 +268,7 @@ fn check_clips(
         // `prefix` is the model's name in the reference files, maybe followed by a label.
         let model_name = prefix.split(' ').next().unwrap_or(prefix);
         let reference = json(&fx.join(format!("reference/{model_name}-{clip}.timestamps.json")));
-        let samples = audio::load_wav(wav).unwrap();
+        let samples = audio::load_audio(wav).unwrap();
         let mut prompt = vec![sot];
         let language = reference["language"].as_str();
         if let Some(lang) = language {

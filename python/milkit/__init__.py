@@ -291,9 +291,11 @@ def verify(package, **expectations):
 
 
 def transcribe(models, audio, **options):
-    """Transcribes a WAV file with a models folder (``milkit export --component all``), as
-    ``milkit transcribe`` does, and returns openai-whisper's result dict: ``text``,
-    ``language``, ``segments`` (each with ``words`` when ``word_timestamps=True``).
+    """Transcribes an audio file (WAV, FLAC, MP3, Ogg Vorbis, Opus, M4A, ...) with a models
+    folder (``milkit export --component all``), as ``milkit transcribe`` does, and returns
+    openai-whisper's result dict: ``text``, ``language``, ``segments`` (each with ``words``
+    when ``word_timestamps=True``), and milkit's ``audio`` (container, codec, sample rate,
+    channels, duration of the file).
 
     ``options`` are ``milkit transcribe``'s flags as keywords, with its defaults:
     ``language`` (default ``"auto"``), ``task`` (``"transcribe"`` or ``"translate"``),

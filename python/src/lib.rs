@@ -618,7 +618,7 @@ struct TranscribeCall {
     args: cli::transcribe::TranscribeArgs,
 }
 
-/// Transcribes one WAV file with a models folder, as `milkit transcribe` does; `argv` the
+/// Transcribes one audio file with a models folder, as `milkit transcribe` does; `argv` the
 /// options as that command's flags. Returns openai-whisper's result dict as JSON.
 #[pyfunction]
 fn transcribe_json(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {

@@ -108,7 +108,7 @@ pub fn run(
     };
     let mut tr = Transcriber::open_with(models, &open)
         .with_context(|| format!("opening models folder {}", models.display()))?;
-    let samples = milkit::whisper::audio::load_wav(audio)?;
+    let samples = milkit::whisper::audio::load_audio(audio)?;
     // The first run pages weights in and starts the thread pool: it is the cold, whole-job
     // number; the timed runs come after it.
     let cold = tr.transcribe(&samples)?;

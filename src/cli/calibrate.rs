@@ -31,7 +31,8 @@ pub struct CalibrateArgs {
     /// (downloaded into the Hugging Face cache; see docs/hub.md).
     #[arg(long)]
     pub model: PathBuf,
-    /// WAV files, or .jsonl manifests with an `audio` path per line (relative to the manifest).
+    /// Audio files (WAV, FLAC, MP3, Ogg, Opus, M4A, ...), or .jsonl manifests with an `audio`
+    /// path per line (relative to the manifest).
     #[arg(long, num_args = 1.., required = true)]
     pub audio: Vec<PathBuf>,
     /// `encoder`: every 30-s window through the encoder. `decoder`: greedy transcription

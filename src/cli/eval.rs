@@ -43,7 +43,8 @@ pub struct EvalArgs {
     /// Baseline models folder: measure --models' fidelity against it.
     #[arg(long)]
     pub against: Option<PathBuf>,
-    /// WAV files to measure with --against (instead of a manifest).
+    /// Audio files (WAV, FLAC, MP3, Ogg, Opus, M4A, ...) to measure with --against (instead
+    /// of a manifest).
     #[arg(long, num_args = 1.., requires = "against")]
     pub audio: Vec<PathBuf>,
     /// Print the report as JSON (per-clip table included; schema: schemas/eval.schema.json).
@@ -129,7 +130,7 @@ fn against(a: &EvalArgs, base: &std::path::Path) -> Result<u8> {
     }));
     anyhow::ensure!(
         !clips.is_empty(),
-        "--against needs clips: --manifest M.jsonl or --audio WAV..."
+        "--against needs clips: --manifest M.jsonl or --audio FILE..."
     );
     let norm = a.normalize.unwrap_or(norm);
     let r = with_bar(a, "measuring", |p| {

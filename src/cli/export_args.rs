@@ -81,7 +81,7 @@ pub struct ExportArgs {
     /// row. (In a recipe: `per_head_alignment = false` in the decoder's component.)
     #[arg(long)]
     pub no_per_head_alignment: bool,
-    /// With --recipe: measure what the recipe needs on these clips (WAV files or .jsonl
+    /// With --recipe: measure what the recipe needs on these clips (audio files or .jsonl
     /// manifests with `audio`, and `text`/`language` for WER-based targets) in this one
     /// command: the statistics of every compressed encoder and decoder (as `milkit
     /// calibrate` gathers them, with Gram matrices where the recipe uses error feedback, and

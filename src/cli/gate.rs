@@ -38,11 +38,11 @@ pub struct GateArgs {
     /// The baseline models folder it must hold up against (the same kinds of component).
     #[arg(long)]
     pub baseline: PathBuf,
-    /// Held-out clips: WAV files and/or JSON-lines manifests (`audio`, optional `text`,
-    /// `language`).
+    /// Held-out clips: audio files (any supported format) and/or JSON-lines manifests
+    /// (`audio`, optional `text`, `language`).
     #[arg(long, num_args = 1.., required = true)]
     pub audio: Vec<PathBuf>,
-    /// Smoke clips (WAV or manifest) whose text must not regress at all.
+    /// Smoke clips (audio files or manifest) whose text must not regress at all.
     #[arg(long, num_args = 1..)]
     pub smoke: Vec<PathBuf>,
     /// Largest allowed held-out WER regression, in percentage points.

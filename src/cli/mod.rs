@@ -64,7 +64,7 @@ enum Command {
     /// Run a package with the bundled runtime: inputs from .npy/.safetensors, outputs to
     /// DIR/NAME.npy (DIR/NAME.k.npy with --repeat N); states kept across the predictions.
     Run(run::RunArgs),
-    /// Transcribe WAV files with a models folder (AudioEncoder/TextDecoder packages + json):
+    /// Transcribe audio files with a models folder (AudioEncoder/TextDecoder packages + json):
     /// one line of text per file.
     Transcribe(transcribe::TranscribeArgs),
     /// Timing tables: `bench audio|export|compress|decode|gemm|whole` (docs/speed.md).

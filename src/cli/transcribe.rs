@@ -1,4 +1,4 @@
-//! `milkit transcribe`: WAV files → text with the bundled runtime, decoded as openai-whisper
+//! `milkit transcribe`: audio files → text with the bundled runtime, decoded as openai-whisper
 //! does (language detection, timestamps, fallback, long-form, word timings). One line of
 //! text per file on stdout, or openai-whisper's txt/json/srt/vtt files with
 //! `--output-format`; timings only with `--verbose`, on stderr. A file that cannot be read or decoded
@@ -24,7 +24,8 @@ pub enum TaskArg {
 
 #[derive(Args)]
 pub struct TranscribeArgs {
-    /// WAV files (PCM 8/16/24/32-bit or float, any rate, mono or multichannel).
+    /// Audio files, any rate and channel count: WAV (PCM 8/16/24/32-bit, float), FLAC, MP3,
+    /// Ogg Vorbis, Opus (Ogg, WebM), M4A/MP4 (AAC, ALAC); decoded in-process, no ffmpeg.
     #[arg(required = true)]
     pub audio: Vec<PathBuf>,
     /// Models folder: AudioEncoder.mlpackage, TextDecoder.mlpackage (cache I/O or stateful),
@@ -220,7 +221,7 @@ pub fn run(a: &TranscribeArgs) -> Result<u8> {
 }
 
 fn detect(tr: &mut Transcriber, path: &Path) -> Result<()> {
-    let samples = milkit::whisper::audio::load_wav(path)?;
+    let samples = milkit::whisper::audio::load_audio(path)?;
     let probs = tr.detect_language(&samples)?;
     let top: Vec<String> = probs
         .iter()
@@ -263,6 +264,22 @@ fn print_timings(path: &Path, r: &Transcript) {
     let t = &r.timings;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     let passes: usize = r.windows.iter().map(|w| w.passes).sum();
+    if let Some(a) = &r.audio {
+        eprintln!(
+            "{}: {} in {}, {} Hz, {} channel(s), {:.2} s{}",
+            path.display(),
+            a.codec,
+            a.container,
+            a.sample_rate,
+            a.channels,
+            a.duration_s,
+            if a.skipped_packets > 0 {
+                format!(", {} damaged packet(s) skipped", a.skipped_packets)
+            } else {
+                String::new()
+            }
+        );
+    }
     eprintln!(
         "{}: {}{} window(s), {} pass(es), {} segment(s); mel {:.0} ms, encoder {:.0} ms, \
          cross K/V {:.0} ms, decoder {:.0} ms ({} steps, {:.2} ms/step), total {:.0} ms",

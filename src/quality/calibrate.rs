@@ -18,7 +18,7 @@ use crate::passes::compress::Selection;
 use crate::runtime::{Session, Tensor};
 use crate::transcribe::decoder::TextDecoder;
 use crate::transcribe::{TranscribeOptions, Transcriber};
-use crate::whisper::audio::{load_wav, log_mel_windows, MelFilters};
+use crate::whisper::audio::{load_audio, log_mel_windows, MelFilters};
 use crate::whisper::checkpoint::Checkpoint;
 use crate::whisper::encoder::EncoderAbi;
 use anyhow::{bail, Context, Result};
@@ -94,7 +94,7 @@ pub fn calibrate_encoder_with(
     // The first window of every clip: what the end-metric sweep measures on.
     let mut first_windows = Vec::new();
     for (i, path) in audio.iter().enumerate() {
-        let samples = load_wav(path)?;
+        let samples = load_audio(path)?;
         for (k, mel) in log_mel_windows(&samples, n_mels, filters.as_ref())?
             .into_iter()
             .enumerate()

@@ -9,7 +9,7 @@
 
 use crate::runtime::Tensor;
 use crate::transcribe::{TranscribeOptions, Transcriber};
-use crate::whisper::audio::load_wav;
+use crate::whisper::audio::load_audio;
 use crate::whisper::generate::argmax;
 use crate::whisper::wer::{rate, word_errors_with, Normalization};
 use anyhow::{ensure, Context, Result};
@@ -90,7 +90,7 @@ pub fn fidelity(
         .with_context(|| format!("opening the candidate {}", candidate.display()))?;
     let mut rows = Vec::new();
     for (i, clip) in clips.iter().enumerate() {
-        let samples = load_wav(&clip.path)?;
+        let samples = load_audio(&clip.path)?;
         let row = measure(&mut base, &mut cand, clip, &samples, norm)
             .with_context(|| format!("measuring {}", clip.path.display()))?;
         rows.push(row);

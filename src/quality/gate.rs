@@ -34,7 +34,7 @@ use crate::transcribe::decoder::Cross;
 use crate::transcribe::{component, components, TranscribeOptions, Transcriber, Transcript};
 use crate::verify::cli::verify_package;
 use crate::verify::VerifyOptions;
-use crate::whisper::audio::{load_wav, N_SAMPLES};
+use crate::whisper::audio::{load_audio, N_SAMPLES};
 use crate::whisper::wer::{rate, word_errors_with, Normalization};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
@@ -642,7 +642,7 @@ pub fn gate(o: &GateOptions, progress: &mut dyn FnMut(&str)) -> Result<GateRepor
             .with_context(|| format!("opening the candidate {}", o.candidate.display()))?;
         progress("rung 3: numerical parity");
         let first = clips.iter().find(|c| !c.smoke).unwrap_or(&clips[0]);
-        let speech = load_wav(&first.path)?;
+        let speech = load_audio(&first.path)?;
         parity_out = parity(&mut base, &mut cand, &speech)?;
         let reasons = parity_reasons(&parity_out, &o.thresholds);
         failed |= !reasons.is_empty();

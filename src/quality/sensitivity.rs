@@ -19,7 +19,7 @@ use crate::passes::lut::LutConfig;
 use crate::runtime::Session;
 use crate::transcribe::decoder::{Cross, TextDecoder};
 use crate::transcribe::{TranscribeOptions, Transcriber};
-use crate::whisper::audio::load_wav;
+use crate::whisper::audio::load_audio;
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -52,7 +52,7 @@ pub fn log_softmax(l: &[f32]) -> Vec<f64> {
 pub fn references(t: &mut Transcriber, audio: &[PathBuf]) -> Result<Vec<Reference>> {
     let mut out = Vec::new();
     for path in audio {
-        let samples = load_wav(path)?;
+        let samples = load_audio(path)?;
         let (_, cross) = t
             .encode_window(&samples)
             .with_context(|| format!("encoding {}", path.display()))?;

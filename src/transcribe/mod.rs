@@ -16,7 +16,7 @@ pub mod decoder;
 pub mod output;
 
 use crate::ir::{Dim, ValueType};
-use crate::report::{TranscriptionResult, TranscriptionSegment, WordTiming};
+use crate::report::{AudioInfo, TranscriptionResult, TranscriptionSegment, WordTiming};
 pub use crate::runtime::precision::Compute;
 use crate::runtime::{Session, Tensor};
 use crate::whisper::audio::{self, MelFilters, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE};
@@ -175,6 +175,8 @@ pub struct Transcript {
     pub segments: Vec<Segment>,
     pub windows: Vec<Window>,
     pub timings: Timings,
+    /// What the transcribed file held (None when samples were given directly).
+    pub audio: Option<AudioInfo>,
 }
 
 impl Transcript {
@@ -211,6 +213,7 @@ impl Transcript {
                     }),
                 })
                 .collect(),
+            audio: self.audio.clone(),
         }
     }
 }
@@ -633,21 +636,24 @@ impl Transcriber {
         Ok(language)
     }
 
-    /// Reads a WAV file (any rate, resampled to 16 kHz) and transcribes it with the default
-    /// options.
+    /// Reads an audio file (any supported format and rate, resampled to 16 kHz) and
+    /// transcribes it with the default options.
     pub fn transcribe_file(&mut self, path: &Path) -> Result<Transcript> {
         self.transcribe_file_with(path, &TranscribeOptions::default())
     }
 
-    /// Reads a WAV file and transcribes it with `opts`.
+    /// Reads an audio file and transcribes it with `opts`.
     pub fn transcribe_file_with(
         &mut self,
         path: &Path,
         opts: &TranscribeOptions,
     ) -> Result<Transcript> {
-        let samples = audio::load_wav(path)?;
-        self.transcribe_with(&samples, opts)
-            .with_context(|| format!("transcribing {}", path.display()))
+        let (samples, info) = audio::load_audio_info(path)?;
+        let mut t = self
+            .transcribe_with(&samples, opts)
+            .with_context(|| format!("transcribing {}", path.display()))?;
+        t.audio = Some(info);
+        Ok(t)
     }
 
     /// Transcribes 16 kHz mono samples with the default options.
@@ -820,6 +826,7 @@ impl Transcriber {
             segments,
             windows,
             timings,
+            audio: None,
         })
     }
 

@@ -1,6 +1,7 @@
-//! Whisper audio front end: WAV loading (any PCM/float layout, any channel count, any sample
-//! rate → 16 kHz mono f32), a band-limited resampler, and the log-mel spectrogram with the exact
+//! Whisper audio front end: audio files of any supported format (`crate::audio`) → 16 kHz
+//! mono f32, a band-limited resampler, and the log-mel spectrogram with the exact
 //! semantics of Hugging Face `WhisperFeatureExtractor` (30-s windows of [n_mels, 3000]).
+use crate::report::AudioInfo;
 use anyhow::{bail, ensure, Context, Result};
 use rayon::prelude::*;
 use realfft::RealFftPlanner;
@@ -19,74 +20,20 @@ pub const N_FRAMES: usize = N_SAMPLES / HOP_LENGTH;
 /// Frequency bins of a one-sided `N_FFT` spectrum.
 pub const N_FREQS: usize = N_FFT / 2 + 1;
 
-/// Read a WAV file as 16 kHz mono f32 in [-1, 1].
-///
-/// Integer PCM of 8/16/24/32 bits is scaled by 2^(bits-1) (what soundfile/librosa do), 32-bit
-/// float is taken as is, channels are averaged, and other rates are resampled with
-/// [`resample`]. Anything that is not a readable RIFF/WAVE file is an error naming the file.
-pub fn load_wav(path: impl AsRef<Path>) -> Result<Vec<f32>> {
-    let path = path.as_ref();
-    let mut reader = hound::WavReader::open(path).with_context(|| {
-        format!(
-            "{}: not a readable RIFF/WAVE audio file (only WAV is supported; convert e.g. mp3 first)",
-            path.display()
-        )
-    })?;
-    let spec = reader.spec();
-    ensure!(
-        spec.channels > 0,
-        "{}: WAV header declares zero channels",
-        path.display()
-    );
-    // Bound the rate so that a corrupt header cannot ask for an absurdly long filter.
-    ensure!(
-        (1..=1_000_000).contains(&spec.sample_rate),
-        "{}: implausible sample rate {} Hz in WAV header",
-        path.display(),
-        spec.sample_rate
-    );
-    // The data chunk's declared length against the file: a header claiming gigabytes of
-    // samples in a small file is corrupt (or truncated), said before anything is read.
-    let file_len = std::fs::metadata(path)
-        .with_context(|| format!("{}: cannot stat the audio file", path.display()))?
-        .len();
-    let declared = u64::from(reader.len()) * u64::from(spec.bits_per_sample).div_ceil(8);
-    ensure!(
-        declared <= file_len,
-        "{}: WAV header declares {declared} bytes of samples but the file holds only \
-         {file_len} bytes (truncated, or a corrupt data chunk length)",
-        path.display()
-    );
-    let interleaved: Vec<f32> = match (spec.sample_format, spec.bits_per_sample) {
-        (hound::SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => {
-            let scale = 1.0 / f64::from(1u32 << (bits - 1));
-            reader
-                .samples::<i32>()
-                .map(|s| s.map(|v| (f64::from(v) * scale) as f32))
-                .collect::<Result<_, _>>()
-        }
-        (hound::SampleFormat::Float, 32) => reader.samples::<f32>().collect::<Result<_, _>>(),
-        (format, bits) => bail!(
-            "{}: unsupported WAV sample format {format:?} with {bits} bits per sample \
-             (supported: 8/16/24/32-bit integer PCM, 32-bit float)",
-            path.display()
-        ),
-    }
-    .with_context(|| format!("{}: truncated or corrupt WAV sample data", path.display()))?;
+/// Read an audio file (any format of [`crate::audio::SUPPORTED`]) as 16 kHz mono f32 in
+/// [-1, 1]: decoded by [`crate::audio::decode`] (integer PCM scaled by 2^(bits-1), as
+/// soundfile/librosa do; channels averaged), then resampled with [`resample`].
+pub fn load_audio(path: impl AsRef<Path>) -> Result<Vec<f32>> {
+    Ok(load_audio_info(path)?.0)
+}
 
-    let channels = usize::from(spec.channels);
-    let mono: Vec<f32> = if channels == 1 {
-        interleaved
-    } else {
-        // Average in f64 so that many channels do not lose precision.
-        interleaved
-            .chunks_exact(channels)
-            .map(|frame| {
-                (frame.iter().map(|&v| f64::from(v)).sum::<f64>() / channels as f64) as f32
-            })
-            .collect()
-    };
-    Ok(resample(&mono, spec.sample_rate, SAMPLE_RATE))
+/// [`load_audio`], with what the file held (container, codec, rate, channels, duration).
+pub fn load_audio_info(path: impl AsRef<Path>) -> Result<(Vec<f32>, AudioInfo)> {
+    let d = crate::audio::decode(path)?;
+    Ok((
+        resample(&d.samples, d.info.sample_rate, SAMPLE_RATE),
+        d.info,
+    ))
 }
 
 // Resampler design: a Kaiser-windowed sinc low-pass, applied as a polyphase filter. Output

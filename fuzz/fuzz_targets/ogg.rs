@@ -1,0 +1,7 @@
+//! libFuzzer target: `milkit::fuzzing::ogg` on arbitrary bytes.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = milkit::fuzzing::ogg(data);
+});
