@@ -7,18 +7,8 @@
 
 mod common;
 
-use milkit::convert::export::export_encoder;
-use milkit::ir::Opset;
-use milkit::package::save_package;
 use milkit::transcribe::{TranscribeOptions, Transcriber};
-use milkit::whisper::checkpoint::Checkpoint;
-use milkit::whisper::decoder::{
-    build_decoder, min_head_chunks, CrossKv, DecoderDims, DecoderOptions, KvCache,
-};
-use milkit::whisper::encoder::EncoderAbi;
-use milkit::whisper::weights::WhisperWeights;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 const CLIPS: [&str; 4] = [
     "jfk",
@@ -40,54 +30,7 @@ fn reference_text(fx: &Path, clip: &str) -> String {
 
 /// (cache-I/O folder, stateful folder), built once per test run.
 fn folders(fx: &Path) -> &'static (PathBuf, PathBuf) {
-    static DIRS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
-    DIRS.get_or_init(|| {
-        let ckpt = fx.join("models/whisper-tiny.en");
-        // Under target/ (rebuilt by every run) rather than a temporary directory the static
-        // would never remove.
-        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("transcribe-models");
-        let _ = std::fs::remove_dir_all(&root);
-        let enc = export_encoder(
-            &Checkpoint::open(&ckpt).unwrap(),
-            EncoderAbi::WhisperKit,
-            Opset::Ios18,
-            &mut |_, _| {},
-        )
-        .unwrap();
-        let (cfg, w) = WhisperWeights::open(&ckpt).unwrap();
-        let dims = DecoderDims::from_config(&cfg);
-        let mut dirs = vec![];
-        for (name, kv) in [("io", KvCache::Io), ("state", KvCache::State)] {
-            let dir = root.join(name);
-            std::fs::create_dir_all(&dir).unwrap();
-            let opts = DecoderOptions {
-                alignment_heads: common::alignment_heads(&ckpt),
-                per_head_alignment: false,
-                head_chunks: min_head_chunks(dims.vocab),
-                kv_cache: kv,
-                cross_kv: CrossKv::InGraph,
-            };
-            let dec = build_decoder(&dims, &w, &opts, Opset::Ios18).unwrap();
-            save_package(
-                &enc,
-                &dir.join("AudioEncoder.mlpackage"),
-                false,
-                &mut |_| {},
-            )
-            .unwrap();
-            save_package(&dec, &dir.join("TextDecoder.mlpackage"), false, &mut |_| {}).unwrap();
-            for f in [
-                "config.json",
-                "generation_config.json",
-                "tokenizer.json",
-                "preprocessor_config.json",
-            ] {
-                std::fs::copy(ckpt.join(f), dir.join(f)).unwrap();
-            }
-            dirs.push(dir);
-        }
-        (dirs[0].clone(), dirs[1].clone())
-    })
+    common::tiny_en_folders(fx, "transcribe-models")
 }
 
 #[test]

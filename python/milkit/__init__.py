@@ -302,7 +302,8 @@ def transcribe(models, audio, **options):
     ``word_timestamps``, ``temperature`` (a number or a sequence tried in order),
     ``compression_ratio_threshold``, ``logprob_threshold``, ``no_speech_threshold``,
     ``condition_on_previous_text``, ``initial_prompt``, ``without_timestamps``, ``seed``,
-    ``compute``, ``mel_package``, ``prefill``. ``True`` turns a switch on; ``False`` and
+    ``beam_size``, ``patience``, ``length_penalty``, ``best_of`` (openai-whisper's beam search
+    and best-of), ``compute``, ``mel_package``, ``prefill``. ``True`` turns a switch on; ``False`` and
     ``None`` leave the flag out. The GIL is released while it runs.
     """
     argv = [os.fspath(audio), "--models", os.fspath(models),

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use milkit::transcribe::output::{write_all, OutputFormat};
 use milkit::transcribe::{Compute, OpenOptions, TranscribeOptions, Transcriber, Transcript};
-use milkit::whisper::generate::Task;
+use milkit::whisper::generate::{Search, Task};
 use milkit::whisper::tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -107,6 +107,23 @@ pub struct DecodeArgs {
     /// Seed of the sampler used at temperatures above 0 (runs are reproducible).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Beam search with this many beams at temperature 0 (openai-whisper's rules; its CLI
+    /// defaults to 5, its `transcribe()` and milkit to greedy decoding). Each beam is one
+    /// decoder call per token.
+    #[arg(long)]
+    pub beam_size: Option<usize>,
+    /// Beam search stops after round(beam size × patience) finished candidates (default 1.0;
+    /// needs --beam-size).
+    #[arg(long)]
+    pub patience: Option<f64>,
+    /// How beam and best-of candidates are ranked: by default their summed log-probability
+    /// divided by their token count; with α in [0, 1], divided by ((5 + length) / 6)^α.
+    #[arg(long)]
+    pub length_penalty: Option<f64>,
+    /// Independent samples at each temperature above 0, the best ranked kept (openai-whisper's
+    /// CLI default is 5; milkit's is 1).
+    #[arg(long)]
+    pub best_of: Option<usize>,
     /// Precision milkit computes the packages in. `package`: their own types (fp16 for
     /// Whisper packages), as a device computes them. `fp32`: every fp16 tensor widened to
     /// float32, to compare with PyTorch float32 references without fp16 rounding (slower,
@@ -143,6 +160,12 @@ impl DecodeArgs {
             condition_on_previous_text: self.condition_on_previous_text,
             initial_prompt,
             seed: self.seed,
+            search: Search {
+                beam_size: self.beam_size,
+                patience: self.patience,
+                length_penalty: self.length_penalty,
+                best_of: self.best_of,
+            },
         })
     }
 }

@@ -66,6 +66,20 @@ impl HostCache {
         Ok(())
     }
 
+    /// A cache of no positions, left in the decoder while its cache is taken out.
+    fn placeholder(&self) -> Result<HostCache> {
+        Ok(HostCache(Tensor::zeros(
+            &[1, 0, 1, 0],
+            self.0.dtype(),
+            &Device::Cpu,
+        )?))
+    }
+
+    /// A copy in its own storage (steps write into a cache in place).
+    fn fork(&self) -> Result<HostCache> {
+        Ok(HostCache(self.0.force_contiguous()?))
+    }
+
     fn tensor(&self) -> Result<Tensor> {
         Ok(self.0.reshape(self.0.dims())?)
     }
@@ -100,6 +114,113 @@ impl HostCache {
             .reshape(&[1, c, 1, 1])?
             .contiguous()?;
         self.0.slice_set(&col, 3, pos)?;
+        Ok(())
+    }
+}
+
+/// A window's self-attention cache taken out of a [`TextDecoder`] ([`TextDecoder::take_cache`]),
+/// for decoding several sequences (beams, samples) with one batch-1 decoder.
+#[derive(Debug)]
+pub struct DecoderCache(CacheData);
+
+#[derive(Debug)]
+enum CacheData {
+    /// A cache-I/O decoder's host caches.
+    Host { key: HostCache, value: HostCache },
+    /// A stateful decoder's states, by name. The session copies a state it was handed
+    /// before its first in-place write, so a clone of these values is an independent fork.
+    State(Vec<(String, Tensor)>),
+}
+
+impl DecoderCache {
+    /// An independent copy: later steps on either never change the other. Host caches are
+    /// copied (steps write into them in place); state values are shared until the session
+    /// writes into one, which it copies first.
+    pub fn fork(&self) -> Result<DecoderCache> {
+        Ok(DecoderCache(match &self.0 {
+            CacheData::Host { key, value } => CacheData::Host {
+                key: key.fork()?,
+                value: value.fork()?,
+            },
+            CacheData::State(states) => CacheData::State(states.clone()),
+        }))
+    }
+}
+
+/// The caches of the sequences a search decodes at once (see
+/// [`crate::whisper::generate::Sequences`]): the sequence stepped last keeps its cache in the
+/// decoder, the others are parked here. One sequence, in the decoder, to begin with; steps
+/// of the same sequence in a row move no cache.
+#[derive(Debug)]
+pub struct SequenceCaches {
+    parked: Vec<Option<DecoderCache>>,
+    /// The sequence whose cache is in the decoder (its slot in `parked` is empty).
+    active: Option<usize>,
+}
+
+impl Default for SequenceCaches {
+    fn default() -> Self {
+        SequenceCaches {
+            parked: vec![None],
+            active: Some(0),
+        }
+    }
+}
+
+impl SequenceCaches {
+    /// Puts sequence `seq`'s cache into `decoder` (parking the one there).
+    pub fn select(&mut self, decoder: &mut TextDecoder, seq: usize) -> Result<()> {
+        ensure!(
+            seq < self.parked.len(),
+            "sequence {seq} of {} decoded",
+            self.parked.len()
+        );
+        if self.active == Some(seq) {
+            return Ok(());
+        }
+        if let Some(a) = self.active.take() {
+            self.parked[a] = Some(decoder.take_cache()?);
+        }
+        let cache = self.parked[seq]
+            .take()
+            .ok_or_else(|| anyhow!("sequence {seq} has no cache"))?;
+        decoder.put_cache(cache)?;
+        self.active = Some(seq);
+        Ok(())
+    }
+
+    /// New sequence `i` continues old sequence `sources[i]`: each source's cache moves to
+    /// its first new sequence, and is copied ([`DecoderCache::fork`]) only for the others.
+    pub fn reorder(&mut self, decoder: &mut TextDecoder, sources: &[usize]) -> Result<()> {
+        let n = self.parked.len();
+        if let Some(&s) = sources.iter().find(|&&s| s >= n) {
+            bail!("sequence {s} of {n} cannot be continued");
+        }
+        if let Some(a) = self.active.take() {
+            self.parked[a] = Some(decoder.take_cache()?);
+        }
+        let mut first: Vec<Option<usize>> = vec![None; n];
+        let mut next: Vec<Option<DecoderCache>> = Vec::with_capacity(sources.len());
+        for (i, &s) in sources.iter().enumerate() {
+            next.push(match first[s] {
+                None => {
+                    first[s] = Some(i);
+                    self.parked[s].take()
+                }
+                Some(_) => None,
+            });
+        }
+        for (i, &s) in sources.iter().enumerate() {
+            if next[i].is_none() {
+                let k = first[s].ok_or_else(|| anyhow!("source {s} was not moved"))?;
+                let copy = next[k]
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("sequence {s} has no cache"))?
+                    .fork()?;
+                next[i] = Some(copy);
+            }
+        }
+        self.parked = next;
         Ok(())
     }
 }
@@ -225,6 +346,8 @@ pub struct TextDecoder {
     value: HostCache,
     cross: Option<Cross>,
     observer: Option<StepObserver>,
+    /// Whether the cache was taken out ([`Self::take_cache`]) and not put back.
+    cache_out: bool,
     /// Whether `alignment_heads_weights` rows are kept (for word timestamps).
     capture_alignment: bool,
     /// The alignment row(s) of the last step, when captured.
@@ -374,6 +497,7 @@ impl TextDecoder {
             value: HostCache::zeros(&cache_dims, wide_cache)?,
             cross: None,
             observer: None,
+            cache_out: false,
             capture_alignment: false,
             alignment: None,
             alignment_source,
@@ -389,6 +513,11 @@ impl TextDecoder {
     pub fn capture_alignment(&mut self, on: bool) {
         self.capture_alignment = on;
         self.alignment = None;
+    }
+
+    /// Whether steps keep their alignment output ([`Self::capture_alignment`]).
+    pub fn capturing_alignment(&self) -> bool {
+        self.capture_alignment && self.alignment_source.is_some()
     }
 
     /// Whether the package has an alignment output (per-head or WhisperKit's mean).
@@ -450,10 +579,74 @@ impl TextDecoder {
                 bail!("this decoder takes encoder_output_embeds, not precomputed cross K/V")
             }
         }
-        self.key.clear()?;
-        self.value.clear()?;
+        if self.cache_out && self.kind == CacheKind::Io {
+            let dims = [1, self.channels, 1, self.positions];
+            let wide = self.key.0.dtype() == candle_core::DType::F32;
+            self.key = HostCache::zeros(&dims, wide)?;
+            self.value = HostCache::zeros(&dims, wide)?;
+        } else {
+            self.key.clear()?;
+            self.value.clear()?;
+        }
+        self.cache_out = false;
         self.session.reset_states()?;
         self.cross = Some(cross);
+        Ok(())
+    }
+
+    /// Takes this window's self-attention cache out (host caches moved, no copy; state
+    /// values shared): the decoder cannot step until [`Self::put_cache`] or
+    /// [`Self::begin`].
+    pub fn take_cache(&mut self) -> Result<DecoderCache> {
+        ensure!(!self.cache_out, "the decoder's cache is already taken out");
+        let data = match self.kind {
+            CacheKind::Io => {
+                let (kp, vp) = (self.key.placeholder()?, self.value.placeholder()?);
+                CacheData::Host {
+                    key: std::mem::replace(&mut self.key, kp),
+                    value: std::mem::replace(&mut self.value, vp),
+                }
+            }
+            CacheKind::State => CacheData::State(
+                self.session
+                    .state_names()
+                    .into_iter()
+                    .map(|n| {
+                        let t = self
+                            .session
+                            .state(n)
+                            .ok_or_else(|| anyhow!("no state `{n}`"))?;
+                        Ok((n.to_string(), t))
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+        };
+        self.cache_out = true;
+        Ok(DecoderCache(data))
+    }
+
+    /// Makes `cache` (taken from this decoder, in this or another window) the one the next
+    /// steps read and write.
+    pub fn put_cache(&mut self, cache: DecoderCache) -> Result<()> {
+        match (cache.0, self.kind) {
+            (CacheData::Host { key, value }, CacheKind::Io) => {
+                let want = [1, self.channels, 1, self.positions];
+                ensure!(
+                    key.0.dims() == want && value.0.dims() == want,
+                    "a cache of shape {:?} for a decoder of {want:?}",
+                    key.0.dims()
+                );
+                self.key = key;
+                self.value = value;
+            }
+            (CacheData::State(states), CacheKind::State) => {
+                for (name, t) in states {
+                    self.session.set_state(&name, t)?;
+                }
+            }
+            _ => bail!("a cache of the other kind of decoder (cache I/O vs stateful)"),
+        }
+        self.cache_out = false;
         Ok(())
     }
 
@@ -488,6 +681,10 @@ impl TextDecoder {
             pos < self.positions,
             "position {pos} is past the decoder's {} cache positions",
             self.positions
+        );
+        ensure!(
+            !self.cache_out,
+            "TextDecoder::step with its cache taken out (put_cache first)"
         );
         let cross = self
             .cross

@@ -23,12 +23,13 @@ use crate::whisper::audio::{self, MelFilters, HOP_LENGTH, N_FRAMES, N_SAMPLES, S
 use crate::whisper::config::{GenerationConfig, WhisperConfig};
 use crate::whisper::decoder_prefill::PrefillSpec;
 use crate::whisper::generate::{
-    compression_ratio, DecodingRules, Pass, PassOptions, Rng, Task, TIME_PRECISION,
+    compression_ratio, DecodingRules, Pass, PassOptions, Rng, Search, Sequences, Task,
+    TIME_PRECISION,
 };
 use crate::whisper::timing::{word_timestamps, Word};
 use crate::whisper::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use decoder::{CacheKind, Cross, Prefill, TextDecoder};
+use decoder::{CacheKind, Cross, Prefill, SequenceCaches, TextDecoder};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -92,6 +93,9 @@ pub struct TranscribeOptions {
     pub initial_prompt: Vec<u32>,
     /// Seed of the sampler used at temperatures above 0.
     pub seed: u64,
+    /// Beam search at temperature 0 and best-of sampling above (greedy and one sample by
+    /// default, as openai-whisper's `transcribe()`).
+    pub search: Search,
 }
 
 impl Default for TranscribeOptions {
@@ -108,6 +112,7 @@ impl Default for TranscribeOptions {
             condition_on_previous_text: false,
             initial_prompt: vec![],
             seed: 0,
+            search: Search::default(),
         }
     }
 }
@@ -625,6 +630,7 @@ impl Transcriber {
                 "temperature {t} is not a finite number ≥ 0"
             );
         }
+        opts.search.check()?;
         if opts.word_timestamps {
             ensure!(
                 self.decoder.has_alignment_output(),
@@ -950,7 +956,14 @@ impl Transcriber {
         let mut kept = None;
         for &temperature in &opts.temperatures {
             pass_opts.temperature = temperature;
-            let (pass, rows) = self.decode_pass(cross, &pass_opts, opts.word_timestamps, rng, t)?;
+            let (pass, rows) = self.decode_pass(
+                cross,
+                &pass_opts,
+                &opts.search,
+                opts.word_timestamps,
+                rng,
+                t,
+            )?;
             runs += 1;
             let text = self.tokenizer.decode(&pass.tokens, true);
             let ratio = compression_ratio(text.trim());
@@ -978,11 +991,15 @@ impl Transcriber {
         Ok((pass, runs, rows, ratio))
     }
 
-    /// One decoding pass over an encoded window.
+    /// One decoding pass over an encoded window, with `search`'s rules (beam search,
+    /// best-of). A search over several sequences captures no alignment rows: the kept
+    /// sequence is fed again afterwards with capture on (the same positions and tokens give
+    /// the same rows), instead of carrying every beam's rows along.
     fn decode_pass(
         &mut self,
         cross: &Cross,
         opts: &PassOptions,
+        search: &Search,
         alignment: bool,
         rng: &mut Rng,
         t: &mut Timings,
@@ -990,18 +1007,15 @@ impl Transcriber {
         let t0 = Instant::now();
         self.decoder.begin(cross.clone())?;
         let capture = alignment && self.decoder.has_alignment_output();
+        let many = search.width(opts.temperature) > 1;
         // Word timings need every fed position's alignment row: no prefill then.
         let prefilled = if capture {
             0..0
         } else {
             self.prefill_window(opts)?
         };
-        self.decoder.capture_alignment(capture);
-        let decoder = &mut self.decoder;
-        let mut rows = Vec::new();
-        let mut steps = 0;
-        let (mut first, mut calls) = (Duration::ZERO, Duration::ZERO);
-        let mut warm = Vec::new();
+        self.decoder.capture_alignment(capture && !many);
+        let mut seqs = WindowSequences::new(&mut self.decoder, prefilled);
         // The decoding loop runs on a pool worker with the others kept awake through the
         // rules between calls: each decoder call's `Session::predict` then enters the pool
         // inline, and its first parallel loops find the other workers awake, instead of
@@ -1010,29 +1024,29 @@ impl Transcriber {
         // one process (30 each way): medians 86–199 µs a token less in 5 of 7 runs, 26
         // and 52 more in two, of ~3.7–4.5 ms.
         let rules = &self.rules;
-        let pass = crate::runtime::on_awake_pool(|| {
-            rules.decode(opts, rng, |token, pos| {
-                if prefilled.contains(&pos) {
-                    // The prefill wrote this position; its logits are not read (it is
-                    // neither `<|startoftranscript|>` nor the prompt's last token).
-                    return Ok(vec![]);
-                }
-                let ts = Instant::now();
-                let logits = decoder.step(token, pos)?;
-                let dt = ts.elapsed();
-                calls += dt;
-                if steps == 0 {
-                    first = dt;
-                } else {
-                    warm.push(dt);
-                }
-                steps += 1;
-                if capture {
-                    rows.push(decoder.take_alignment().unwrap_or_default());
-                }
-                Ok(logits)
-            })
-        });
+        let mut pass = crate::runtime::on_awake_pool(|| rules.search(opts, search, rng, &mut seqs));
+        if let (Ok(p), true, true) = (&pass, capture, many) {
+            // The kept sequence's rows: its prompt and tokens, the last one only when it
+            // was fed (a sequence cut by the length limit never fed it).
+            let mut fed: Vec<u32> = p.prompt.iter().chain(&p.tokens).copied().collect();
+            if !p.finished {
+                fed.pop();
+            }
+            seqs.decoder.begin(cross.clone())?;
+            seqs.decoder.capture_alignment(true);
+            seqs.caches = SequenceCaches::default();
+            seqs.capture = true;
+            let replay = crate::runtime::on_awake_pool(|| {
+                fed.iter()
+                    .enumerate()
+                    .try_for_each(|(pos, &tok)| seqs.step(0, tok, pos).map(drop))
+            });
+            if let Err(e) = replay {
+                pass = Err(e.context("feeding the kept sequence again for its alignment"));
+            }
+        }
+        let rows = std::mem::take(&mut seqs.rows);
+        let (steps, first, calls, warm) = (seqs.steps, seqs.first, seqs.calls, seqs.warm);
         self.decoder.capture_alignment(false);
         t.decoder += t0.elapsed();
         t.decoder_steps += steps;
@@ -1200,7 +1214,14 @@ impl Transcriber {
             previous: vec![],
             limit: self.rules.max_length().min(self.decoder.positions()),
         };
-        let (pass, _) = self.decode_pass(cross, &pass_opts, false, &mut Rng::new(0), &mut t)?;
+        let (pass, _) = self.decode_pass(
+            cross,
+            &pass_opts,
+            &Search::default(),
+            false,
+            &mut Rng::new(0),
+            &mut t,
+        )?;
         Ok(pass)
     }
 
@@ -1216,5 +1237,66 @@ impl Transcriber {
                 .map(|(pos, &tok)| decoder.step(tok, pos))
                 .collect()
         })
+    }
+}
+
+/// One window's decoder as the [`Sequences`] of a search: a cache per sequence, the
+/// positions a context prefill wrote (not fed), the alignment rows when captured, and the
+/// decoder calls' timings.
+struct WindowSequences<'a> {
+    decoder: &'a mut TextDecoder,
+    caches: SequenceCaches,
+    prefilled: std::ops::Range<usize>,
+    capture: bool,
+    rows: Vec<Vec<f32>>,
+    steps: usize,
+    first: Duration,
+    calls: Duration,
+    warm: Vec<Duration>,
+}
+
+impl<'a> WindowSequences<'a> {
+    fn new(decoder: &'a mut TextDecoder, prefilled: std::ops::Range<usize>) -> Self {
+        WindowSequences {
+            capture: decoder.capturing_alignment(),
+            decoder,
+            caches: SequenceCaches::default(),
+            prefilled,
+            rows: Vec::new(),
+            steps: 0,
+            first: Duration::ZERO,
+            calls: Duration::ZERO,
+            warm: Vec::new(),
+        }
+    }
+}
+
+impl Sequences for WindowSequences<'_> {
+    fn step(&mut self, seq: usize, token: u32, pos: usize) -> Result<Vec<f32>> {
+        if self.prefilled.contains(&pos) {
+            // The prefill wrote this position; its logits are not read (it is neither
+            // `<|startoftranscript|>` nor the prompt's last token).
+            return Ok(vec![]);
+        }
+        self.caches.select(self.decoder, seq)?;
+        let ts = Instant::now();
+        let logits = self.decoder.step(token, pos)?;
+        let dt = ts.elapsed();
+        self.calls += dt;
+        if self.steps == 0 {
+            self.first = dt;
+        } else {
+            self.warm.push(dt);
+        }
+        self.steps += 1;
+        if self.capture {
+            self.rows
+                .push(self.decoder.take_alignment().unwrap_or_default());
+        }
+        Ok(logits)
+    }
+
+    fn reorder(&mut self, sources: &[usize]) -> Result<()> {
+        self.caches.reorder(self.decoder, sources)
     }
 }

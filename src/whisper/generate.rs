@@ -505,6 +505,18 @@ impl DecodingRules {
         rng: &mut Rng,
         mut step: impl FnMut(u32, usize) -> Result<Vec<f32>>,
     ) -> Result<Pass> {
+        let (mut pass, logits, limit) = self.feed_prompt(opts, &mut step)?;
+        self.sample_into(&mut pass, opts, rng, logits, limit, &mut step)?;
+        Ok(pass)
+    }
+
+    /// Feeds the prompt of `opts`: the pass so far (prompt, no-speech probability,
+    /// temperature), the logits after the prompt and the sequence length limit.
+    fn feed_prompt(
+        &self,
+        opts: &PassOptions,
+        step: &mut impl FnMut(u32, usize) -> Result<Vec<f32>>,
+    ) -> Result<(Pass, Vec<f32>, usize)> {
         let sot_seq = self.sot_sequence(opts.language, opts.task, opts.timestamps)?;
         let prompt = self.prompt(&sot_seq, &opts.previous);
         let limit = self.max_length.min(opts.limit);
@@ -521,13 +533,27 @@ impl DecodingRules {
                 no_speech_prob = self.no_speech_prob(&logits);
             }
         }
-        let mut pass = Pass {
-            prompt: prompt.tokens.clone(),
+        let pass = Pass {
+            prompt: prompt.tokens,
             no_speech_prob,
             temperature: opts.temperature,
             ..Pass::default()
         };
-        let mut pos = prompt.tokens.len();
+        Ok((pass, logits, limit))
+    }
+
+    /// Samples (greedily at temperature 0) from `logits`, the logits after `pass`'s prompt,
+    /// until end-of-text or `limit`.
+    fn sample_into(
+        &self,
+        pass: &mut Pass,
+        opts: &PassOptions,
+        rng: &mut Rng,
+        mut logits: Vec<f32>,
+        limit: usize,
+        step: &mut impl FnMut(u32, usize) -> Result<Vec<f32>>,
+    ) -> Result<()> {
+        let mut pos = pass.prompt.len();
         loop {
             self.apply(&mut logits, &pass.tokens, opts.timestamps);
             let next = if opts.temperature > 0.0 {
@@ -556,8 +582,277 @@ impl DecodingRules {
             pos += 1;
         }
         pass.avg_logprob = pass.sum_logprob / (pass.tokens.len() + 1) as f64;
-        Ok(pass)
+        Ok(())
     }
+
+    /// One decoding pass with `search`'s rules, as openai-whisper's `DecodingTask`: beam
+    /// search at temperature 0 with a beam size above 1, the best of `best_of` samples
+    /// above 0, otherwise [`Self::decode`] on sequence 0. The prompt is fed once, into
+    /// sequence 0; beams and samples start as copies of it.
+    pub fn search(
+        &self,
+        opts: &PassOptions,
+        search: &Search,
+        rng: &mut Rng,
+        seqs: &mut impl Sequences,
+    ) -> Result<Pass> {
+        search.check()?;
+        let width = search.width(opts.temperature);
+        let mut step0 = |t: u32, p: usize| seqs.step(0, t, p);
+        if width <= 1 {
+            return self.decode(opts, rng, step0);
+        }
+        let (start, logits, limit) = self.feed_prompt(opts, &mut step0)?;
+        if opts.temperature > 0.0 {
+            self.best_of(opts, search, width, rng, seqs, start, logits, limit)
+        } else {
+            self.beam_search(opts, search, width, seqs, start, logits, limit)
+        }
+    }
+
+    /// `n` independent samples from the shared prompt; the best by [`Search::score`] wins
+    /// (the first on ties). Unfinished samples take part, as openai's `GreedyDecoder`.
+    #[allow(clippy::too_many_arguments)]
+    fn best_of(
+        &self,
+        opts: &PassOptions,
+        search: &Search,
+        n: usize,
+        rng: &mut Rng,
+        seqs: &mut impl Sequences,
+        start: Pass,
+        logits: Vec<f32>,
+        limit: usize,
+    ) -> Result<Pass> {
+        seqs.reorder(&vec![0; n])?;
+        let mut best: Option<(f64, Pass)> = None;
+        for i in 0..n {
+            let mut pass = start.clone();
+            let mut step = |t: u32, p: usize| seqs.step(i, t, p);
+            self.sample_into(&mut pass, opts, rng, logits.clone(), limit, &mut step)?;
+            let score = search.score(pass.sum_logprob, pass.tokens.len());
+            if best.as_ref().is_none_or(|(s, _)| score > *s) {
+                best = Some((score, pass));
+            }
+        }
+        best.map(|(_, p)| p)
+            .context("best_of needs at least one sample")
+    }
+
+    /// openai-whisper's `BeamSearchDecoder` over the logits after the prompt: at each step
+    /// every live beam's `beams + 1` most likely tokens (after the logit filters) are
+    /// ranked by cumulative log-probability; the first `beams` that do not end the text
+    /// live on, the ones that do are collected as finished candidates until
+    /// round(beams · patience) are found. At the length limit the unfinished beams fill the
+    /// candidates up to `beams`. The best candidate by [`Search::score`] is returned.
+    #[allow(clippy::too_many_arguments)]
+    fn beam_search(
+        &self,
+        opts: &PassOptions,
+        search: &Search,
+        beams: usize,
+        seqs: &mut impl Sequences,
+        start: Pass,
+        logits: Vec<f32>,
+        limit: usize,
+    ) -> Result<Pass> {
+        /// A hypothesis: its tokens (end-of-text excluded), each token's probability
+        /// (end-of-text's last when finished) and their summed log-probability.
+        #[derive(Clone, Default)]
+        struct Hyp {
+            tokens: Vec<u32>,
+            probs: Vec<f32>,
+            sum: f64,
+        }
+        let max_candidates = search.max_candidates(beams);
+        let prompt_len = start.prompt.len();
+        let mut live: Vec<(Hyp, Vec<f32>)> = vec![(Hyp::default(), logits)];
+        let mut finished: Vec<Hyp> = Vec::new();
+        let mut pos = prompt_len;
+        let unfinished = loop {
+            // (cumulative log-probability, source beam, token, its log-probability)
+            let mut cands: Vec<(f64, usize, u32, f64)> =
+                Vec::with_capacity(live.len() * (beams + 1));
+            for (j, (hyp, logits)) in live.iter_mut().enumerate() {
+                self.apply(logits, &hyp.tokens, opts.timestamps);
+                let lse = log_sum_exp(logits);
+                for id in top_k(logits, beams + 1) {
+                    let lp = f64::from(logits[id as usize]) - lse;
+                    cands.push((hyp.sum + lp, j, id, lp));
+                }
+            }
+            ensure!(
+                !cands.is_empty(),
+                "decoder step {}: no finite logit left to choose",
+                pos - prompt_len
+            );
+            // Stable, as Python's `sorted(..., reverse=True)`: equal scores keep beam order.
+            cands.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let mut next = Vec::with_capacity(beams);
+            let extend = |c: &(f64, usize, u32, f64)| {
+                let mut h = live[c.1].0.clone();
+                h.probs.push(c.3.exp() as f32);
+                h.sum = c.0;
+                h
+            };
+            for c in &cands {
+                if self.is_eos(c.2) {
+                    if finished.len() < max_candidates {
+                        finished.push(extend(c));
+                    }
+                } else {
+                    let mut h = extend(c);
+                    h.tokens.push(c.2);
+                    next.push((h, c.1));
+                    if next.len() == beams {
+                        break;
+                    }
+                }
+            }
+            let full = next
+                .first()
+                .is_none_or(|(h, _)| prompt_len + h.tokens.len() >= limit);
+            if finished.len() >= max_candidates || full {
+                break next.into_iter().map(|(h, _)| h).collect::<Vec<_>>();
+            }
+            let sources: Vec<usize> = next.iter().map(|&(_, s)| s).collect();
+            seqs.reorder(&sources)?;
+            live = Vec::with_capacity(next.len());
+            for (i, (h, _)) in next.into_iter().enumerate() {
+                let token = *h.tokens.last().context("a live beam has a token")?;
+                let logits = seqs
+                    .step(i, token, pos)
+                    .with_context(|| format!("decoder step at position {pos}, beam {i}"))?;
+                live.push((h, logits));
+            }
+            pos += 1;
+        };
+        let n_finished = finished.len();
+        let mut candidates = finished;
+        if candidates.len() < beams {
+            // Already best first: the beams were kept in order of their score.
+            let room = beams - candidates.len();
+            candidates.extend(unfinished.into_iter().take(room));
+        }
+        let mut best: Option<(f64, usize)> = None;
+        for (i, h) in candidates.iter().enumerate() {
+            let score = search.score(h.sum, h.tokens.len());
+            if best.is_none_or(|(s, _)| score > s) {
+                best = Some((score, i));
+            }
+        }
+        let (_, i) = best.context("beam search ended without a candidate")?;
+        let h = candidates.swap_remove(i);
+        Ok(Pass {
+            avg_logprob: h.sum / (h.tokens.len() + 1) as f64,
+            sum_logprob: h.sum,
+            tokens: h.tokens,
+            probs: h.probs,
+            finished: i < n_finished,
+            ..start
+        })
+    }
+}
+
+/// The decoder a [`DecodingRules::search`] drives: one self-attention cache per live
+/// sequence (a beam, or a sample of best-of), numbered from 0.
+pub trait Sequences {
+    /// Feeds `token` at `pos` into sequence `seq`'s cache; returns the logits after it.
+    fn step(&mut self, seq: usize, token: u32, pos: usize) -> Result<Vec<f32>>;
+    /// Renumbers the sequences: new sequence `i` continues old sequence `sources[i]`. A
+    /// source named twice is copied; one not named is dropped.
+    fn reorder(&mut self, sources: &[usize]) -> Result<()>;
+}
+
+/// openai-whisper's search options beyond the temperature: `DecodingOptions`' `beam_size`,
+/// `patience`, `length_penalty` and `best_of`, with its checks and meaning.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Search {
+    /// Beams kept at temperature 0; None (or 1) decodes greedily.
+    pub beam_size: Option<usize>,
+    /// Beam search stops after round(beam_size · patience) finished candidates (None: 1.0).
+    pub patience: Option<f64>,
+    /// How candidates are ranked: None divides the summed log-probability by the token
+    /// count; α in [0, 1] divides it by ((5 + length) / 6)^α (Google NMT's penalty).
+    pub length_penalty: Option<f64>,
+    /// Independent samples at temperatures above 0, the best ranked kept (None: 1).
+    pub best_of: Option<usize>,
+}
+
+impl Search {
+    /// openai-whisper's option checks (its `_verify_options` and beam decoder's assertion).
+    pub fn check(&self) -> Result<()> {
+        ensure!(
+            self.beam_size != Some(0),
+            "beam_size must be at least 1 (1 decodes greedily)"
+        );
+        ensure!(self.best_of != Some(0), "best_of must be at least 1");
+        if let Some(p) = self.patience {
+            ensure!(
+                self.beam_size.is_some(),
+                "patience requires beam_size to be given"
+            );
+            ensure!(
+                p.is_finite() && p > 0.0,
+                "patience {p} is not a finite number above 0"
+            );
+        }
+        if let Some(a) = self.length_penalty {
+            ensure!(
+                (0.0..=1.0).contains(&a),
+                "length_penalty (alpha) {a} is not between 0 and 1"
+            );
+        }
+        if let Some(b) = self.beam_size {
+            ensure!(
+                self.max_candidates(b) > 0,
+                "beam_size {b} with patience {} collects no candidate",
+                self.patience.unwrap_or(1.0)
+            );
+        }
+        Ok(())
+    }
+
+    /// Sequences decoded together at `temperature`: the beams at 0, best_of above 0
+    /// (openai's fallback loop drops best_of at 0 and beam_size above 0).
+    pub fn width(&self, temperature: f32) -> usize {
+        if temperature > 0.0 {
+            self.best_of.unwrap_or(1)
+        } else {
+            self.beam_size.unwrap_or(1)
+        }
+    }
+
+    /// Finished candidates beam search collects: round(beams · patience), halves to even
+    /// as Python's `round`.
+    pub fn max_candidates(&self, beams: usize) -> usize {
+        (beams as f64 * self.patience.unwrap_or(1.0)).round_ties_even() as usize
+    }
+
+    /// openai's `MaximumLikelihoodRanker` score of a candidate of `length` tokens
+    /// (end-of-text excluded) and summed log-probability `sum_logprob`.
+    pub fn score(&self, sum_logprob: f64, length: usize) -> f64 {
+        let length = length as f64;
+        let penalty = match self.length_penalty {
+            None => length,
+            Some(a) => ((5.0 + length) / 6.0).powf(a),
+        };
+        sum_logprob / penalty
+    }
+}
+
+/// The ids of the `k` largest finite logits, largest first (the lower id first on ties).
+pub fn top_k(logits: &[f32], k: usize) -> Vec<u32> {
+    let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if k == 0 || !l.is_finite() || (top.len() == k && l <= top[k - 1].0) {
+            continue;
+        }
+        let at = top.partition_point(|&(v, _)| v >= l);
+        top.insert(at, (l, i as u32));
+        top.truncate(k);
+    }
+    top.into_iter().map(|(_, i)| i).collect()
 }
 
 /// log Σ exp(x) over the non-NaN elements (the decoding rules' and the fidelity metrics'
@@ -870,6 +1165,266 @@ mod tests {
         let err = en.language_token("fr").unwrap_err().to_string();
         assert!(err.contains("English-only"), "{err}");
         assert!(en.sot_sequence(None, Task::Translate, false).is_err());
+    }
+
+    /// Sequences whose logits are a function of their own history (the tokens fed so far,
+    /// prompt included), so that a beam fed the wrong cache after a reorder gets the wrong
+    /// logits. Counts decoder steps.
+    struct FakeSeqs<F: Fn(&[u32]) -> Vec<f32>> {
+        history: Vec<Vec<u32>>,
+        logits: F,
+        steps: usize,
+    }
+
+    impl<F: Fn(&[u32]) -> Vec<f32>> FakeSeqs<F> {
+        fn new(logits: F) -> Self {
+            FakeSeqs {
+                history: vec![vec![]],
+                logits,
+                steps: 0,
+            }
+        }
+    }
+
+    impl<F: Fn(&[u32]) -> Vec<f32>> Sequences for FakeSeqs<F> {
+        fn step(&mut self, seq: usize, token: u32, pos: usize) -> Result<Vec<f32>> {
+            let h = self.history.get_mut(seq).context("no such sequence")?;
+            ensure!(
+                h.len() == pos,
+                "sequence {seq} fed position {pos} after {}",
+                h.len()
+            );
+            h.push(token);
+            self.steps += 1;
+            Ok((self.logits)(h))
+        }
+        fn reorder(&mut self, sources: &[usize]) -> Result<()> {
+            self.history = sources.iter().map(|&s| self.history[s].clone()).collect();
+            Ok(())
+        }
+    }
+
+    /// Logits of the given probabilities (every other token impossible).
+    fn dist(probs: &[(u32, f64)]) -> Vec<f32> {
+        let mut l = vec![f32::NEG_INFINITY; VOCAB];
+        for &(id, p) in probs {
+            l[id as usize] = p.ln() as f32;
+        }
+        l
+    }
+
+    /// After the prompt: A (10) 0.5, B (11) 0.4, C (12) 0.1. After A: end 0.6, D (13) 0.4;
+    /// after B: end 0.6, E (14) 0.4; after A D or B E: end 0.99, F (15) 0.01; else end.
+    fn tree(h: &[u32]) -> Vec<f32> {
+        match h.get(2..).unwrap_or_default() {
+            [] => dist(&[(10, 0.5), (11, 0.4), (12, 0.1)]),
+            [10] => dist(&[(EOT, 0.6), (13, 0.4)]),
+            [11] => dist(&[(EOT, 0.6), (14, 0.4)]),
+            [10, 13] | [11, 14] => dist(&[(EOT, 0.99), (15, 0.01)]),
+            _ => dist(&[(EOT, 1.0)]),
+        }
+    }
+
+    fn pass_opts(temperature: f32) -> PassOptions {
+        PassOptions {
+            language: None,
+            task: Task::Transcribe,
+            timestamps: false,
+            temperature,
+            previous: vec![],
+            limit: usize::MAX,
+        }
+    }
+
+    fn beam(beams: usize, patience: Option<f64>, length_penalty: Option<f64>) -> Search {
+        Search {
+            beam_size: Some(beams),
+            patience,
+            length_penalty,
+            best_of: None,
+        }
+    }
+
+    fn run_search(
+        search: &Search,
+        temperature: f32,
+        f: impl Fn(&[u32]) -> Vec<f32>,
+    ) -> (Pass, usize) {
+        let mut seqs = FakeSeqs::new(f);
+        let pass = rules()
+            .search(&pass_opts(temperature), search, &mut Rng::new(1), &mut seqs)
+            .expect("decodes");
+        (pass, seqs.steps)
+    }
+
+    #[test]
+    fn beam_search_finds_the_higher_scoring_sequence() {
+        // Greedy takes A (0.5), then B's continuation is never seen: A then end, 0.5·0.6.
+        // B then end is 0.4·0.99: better, and beam search with 2 beams finds it.
+        let f = |h: &[u32]| match h.get(2..).unwrap_or_default() {
+            [] => dist(&[(10, 0.5), (11, 0.4), (12, 0.1)]),
+            [10] => dist(&[(EOT, 0.6), (13, 0.4)]),
+            [11] => dist(&[(EOT, 0.99), (14, 0.01)]),
+            _ => dist(&[(EOT, 1.0)]),
+        };
+        let (greedy, _) = run_search(&Search::default(), 0.0, f);
+        assert_eq!(greedy.tokens, vec![10]);
+        let (beam, _) = run_search(&beam(2, None, None), 0.0, f);
+        assert_eq!(beam.tokens, vec![11]);
+        assert!(beam.finished);
+        let want = 0.4f64.ln() + 0.99f64.ln();
+        assert!(
+            (beam.sum_logprob - want).abs() < 1e-6,
+            "{}",
+            beam.sum_logprob
+        );
+        assert!((beam.avg_logprob - want / 2.0).abs() < 1e-6);
+        assert_eq!(beam.probs.len(), 2, "the token and the end of text");
+        assert!((beam.probs[1] - 0.99).abs() < 1e-6);
+        assert!(beam.sum_logprob > greedy.sum_logprob);
+    }
+
+    #[test]
+    fn one_beam_decodes_as_greedy() {
+        let (greedy, g_steps) = run_search(&Search::default(), 0.0, tree);
+        let (one, o_steps) = run_search(&beam(1, None, None), 0.0, tree);
+        assert_eq!((one.tokens, one.finished), (greedy.tokens, greedy.finished));
+        assert!((one.sum_logprob - greedy.sum_logprob).abs() < 1e-9);
+        assert_eq!(o_steps, g_steps);
+    }
+
+    #[test]
+    fn beam_search_stops_at_its_finished_candidates_and_patience_waits_for_more() {
+        // Two beams: after step 2, A-end (−1.20) and B-end (−1.43) finish: two candidates,
+        // enough at patience 1; A wins (one token each, A's sum is higher).
+        let (p1, steps1) = run_search(&beam(2, None, None), 0.0, tree);
+        assert_eq!(p1.tokens, vec![10]);
+        // Prompt (2 steps), then the two beams' first tokens: 4 decoder steps.
+        assert_eq!(steps1, 4);
+        // Patience 2 waits for four: A D end and B E end come one step later, and A D end's
+        // per-token score (−1.62 / 2) beats A end's (−1.20 / 1).
+        let (p2, steps2) = run_search(&beam(2, Some(2.0), None), 0.0, tree);
+        assert_eq!(p2.tokens, vec![10, 13]);
+        assert_eq!(steps2, 6);
+        let want = 0.5f64.ln() + 0.4f64.ln() + 0.99f64.ln();
+        assert!((p2.sum_logprob - want).abs() < 1e-6);
+        // round(2 · 0.75) = 2 (halves to even: 1.5 → 2), round(2 · 1.25) = 2 (2.5 → 2).
+        assert_eq!(beam(2, Some(0.75), None).max_candidates(2), 2);
+        assert_eq!(beam(2, Some(1.25), None).max_candidates(2), 2);
+        assert_eq!(beam(5, Some(1.5), None).max_candidates(5), 8);
+    }
+
+    #[test]
+    fn length_penalty_follows_openai_whisper_ranking() {
+        let s = |a| beam(5, None, a);
+        assert!((s(None).score(-2.0, 4) - -0.5).abs() < 1e-12);
+        assert!((s(Some(1.0)).score(-2.0, 4) - -2.0 / 1.5).abs() < 1e-12);
+        assert!((s(Some(0.0)).score(-2.0, 4) - -2.0).abs() < 1e-12);
+        assert!((s(Some(0.5)).score(-3.0, 7) - -3.0 / 2f64.sqrt()).abs() < 1e-12);
+        // With patience 2 the candidates are A (−1.20, 1 token) and A D (−1.62, 2 tokens):
+        // per token A D wins; with α = 0 (no normalisation) the higher raw sum, A, wins.
+        let (by_length, _) = run_search(&beam(2, Some(2.0), None), 0.0, tree);
+        assert_eq!(by_length.tokens, vec![10, 13]);
+        let (raw, _) = run_search(&beam(2, Some(2.0), Some(0.0)), 0.0, tree);
+        assert_eq!(raw.tokens, vec![10]);
+    }
+
+    #[test]
+    fn beams_cut_by_the_length_limit_become_candidates() {
+        // Never an end of text: at the limit the live beams are the candidates.
+        let f = |h: &[u32]| {
+            let n = h.len() as u32;
+            dist(&[(10 + n % 3, 0.5), (13, 0.3), (14, 0.2)])
+        };
+        let r = DecodingRules::new(&config(Some(6)), None).expect("valid config");
+        let mut seqs = FakeSeqs::new(f);
+        let pass = r
+            .search(
+                &pass_opts(0.0),
+                &beam(3, None, None),
+                &mut Rng::new(0),
+                &mut seqs,
+            )
+            .expect("decodes");
+        assert!(!pass.finished);
+        assert_eq!(pass.tokens.len(), 4, "6 positions less the 2-token prompt");
+        assert_eq!(pass.probs.len(), 4);
+        // The best path takes the 0.5 token every step.
+        assert_eq!(pass.tokens, vec![12, 10, 11, 12]);
+        assert!((pass.sum_logprob - 4.0 * 0.5f64.ln()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn one_finished_candidate_is_kept_and_live_beams_fill_the_rest() {
+        // Three beams, patience 1/3: one candidate. At step 2, A-end (0.5·0.6), B-end
+        // (0.4·0.6) and C-end finish together; only the best is kept, and the search stops.
+        // As in openai-whisper, the live beams A D and B E (no end of text yet, so no
+        // end-of-text log-probability) then fill the candidates up to the beam size, and
+        // A D (ln 0.2 over 2 tokens) beats A-end (ln 0.3 over 1).
+        let (p, steps) = run_search(&beam(3, Some(1.0 / 3.0), None), 0.0, tree);
+        assert_eq!(steps, 5, "the prompt and the three beams' first tokens");
+        assert_eq!(p.tokens, vec![10, 13]);
+        assert!(!p.finished);
+        assert!((p.sum_logprob - 0.2f64.ln()).abs() < 1e-6);
+        // Unnormalised (α = 0), the finished A-end has the best sum.
+        let (p, _) = run_search(&beam(3, Some(1.0 / 3.0), Some(0.0)), 0.0, tree);
+        assert_eq!(p.tokens, vec![10]);
+        assert!(p.finished);
+    }
+
+    #[test]
+    fn best_of_keeps_the_best_ranked_sample() {
+        // At temperature 1 a sample takes A, B or C (0.2, 0.3, 0.5), then ends: C ranks
+        // first, and 8 seeded samples draw it (all 8 miss it with probability 0.4 %).
+        let f = |h: &[u32]| match h.get(2..).unwrap_or_default() {
+            [] => dist(&[(10, 0.2), (11, 0.3), (12, 0.5)]),
+            _ => dist(&[(EOT, 1.0)]),
+        };
+        let search = Search {
+            best_of: Some(8),
+            ..Search::default()
+        };
+        let (p, steps) = run_search(&search, 1.0, f);
+        assert_eq!(p.tokens, vec![12]);
+        assert_eq!(steps, 2 + 8, "the prompt once, then one token per sample");
+        // At temperature 0 best_of is not used: greedy.
+        let (g, _) = run_search(&search, 0.0, f);
+        assert_eq!(g.tokens, vec![12]);
+        // And beam_size is not used above 0: one sample.
+        let (_, steps) = run_search(&beam(4, None, None), 1.0, f);
+        assert_eq!(steps, 3);
+    }
+
+    #[test]
+    fn search_options_are_checked_as_openai_whisper_does() {
+        let bad = [
+            beam(0, None, None),
+            beam(2, Some(0.0), None),
+            beam(2, Some(f64::NAN), None),
+            beam(2, None, Some(1.5)),
+            beam(2, None, Some(-0.1)),
+            beam(1, Some(0.4), None),
+            Search {
+                patience: Some(2.0),
+                ..Search::default()
+            },
+            Search {
+                best_of: Some(0),
+                ..Search::default()
+            },
+        ];
+        for s in bad {
+            let mut seqs = FakeSeqs::new(tree);
+            let r = rules().search(&pass_opts(0.0), &s, &mut Rng::new(0), &mut seqs);
+            assert!(r.is_err(), "{s:?} was accepted");
+            assert_eq!(seqs.steps, 0, "checked before decoding");
+        }
+        assert!(beam(5, Some(2.0), Some(1.0)).check().is_ok());
+        assert_eq!(
+            top_k(&[1.0, f32::NAN, 3.0, 3.0, f32::NEG_INFINITY], 3),
+            vec![2, 3, 0]
+        );
+        assert!(top_k(&[1.0], 0).is_empty());
     }
 
     #[test]
