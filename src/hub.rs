@@ -244,6 +244,37 @@ pub fn snapshot(id: &HubId, env: &HubEnv, progress: bool) -> Result<PathBuf> {
         .unwrap_or_else(|| config.clone()))
 }
 
+/// Resolves `id` to a snapshot folder holding the listed files (paths inside the
+/// repository, `/`-separated; `true`: required), from the cache alone when it has them,
+/// else downloading what it lacks, all from one commit — as [`snapshot`] does for a
+/// checkpoint. Offline, a cache without a required file fails naming it.
+pub fn snapshot_files(
+    id: &HubId,
+    env: &HubEnv,
+    files: &[(&str, bool)],
+    progress: bool,
+) -> Result<PathBuf> {
+    let mut f = Fetcher::new(id, env, progress)?;
+    let mut root = None;
+    for &(name, required) in files {
+        if let Some(p) = f.get(name, required)? {
+            // The snapshot folder: the file's path less its own components.
+            let depth = Path::new(name).components().count();
+            root = p.ancestors().nth(depth).map(Path::to_path_buf);
+        }
+    }
+    if !f.missing.is_empty() {
+        bail!(
+            "HF_HUB_OFFLINE is set and the Hub cache {} lacks {} of {id}; run once without \
+             HF_HUB_OFFLINE to download {}",
+            env.cache_dir.display(),
+            f.missing.join(", "),
+            if f.missing.len() == 1 { "it" } else { "them" }
+        );
+    }
+    root.with_context(|| format!("{id}: none of the files {files:?} resolved"))
+}
+
 /// The shard file names a `*.index.json` maps tensors to (plain names only).
 fn shard_names(index: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(index)

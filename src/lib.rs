@@ -18,5 +18,6 @@ pub mod quality;
 pub mod report;
 pub mod runtime;
 pub mod transcribe;
+pub mod vad;
 pub mod verify;
 pub mod whisper;

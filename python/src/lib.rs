@@ -641,7 +641,11 @@ fn transcribe_json(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
         let [audio] = a.audio.as_slice() else {
             anyhow::bail!("one audio file per call, got {}", a.audio.len())
         };
-        let r = tr.transcribe_file_with(audio, &opts)?;
+        let mut vad = a.vad.load(a.decode.compute, false)?;
+        let (samples, info) = milkit::whisper::audio::load_audio_info(audio)?;
+        let mut r = cli::transcribe::transcribe_samples(&mut tr, &samples, &opts, vad.as_mut())
+            .with_context(|| format!("transcribing {}", audio.display()))?;
+        r.audio = Some(info);
         Ok(serde_json::to_string(&r.to_result(opts.word_timestamps))?)
     })
     .map_err(err)

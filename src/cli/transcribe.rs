@@ -3,11 +3,14 @@
 //! text per file on stdout, or openai-whisper's txt/json/srt/vtt files with
 //! `--output-format`; timings only with `--verbose`, on stderr. A file that cannot be read or decoded
 //! is reported on stderr and the others are still transcribed; the exit status is then 2.
+//! With `--vad MODEL`, only the speech a Silero VAD model finds is transcribed.
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use milkit::transcribe::output::{write_all, OutputFormat};
 use milkit::transcribe::{Compute, OpenOptions, TranscribeOptions, Transcriber, Transcript};
+use milkit::vad::silero::Silero;
+use milkit::vad::{speech_spans, VadOptions};
 use milkit::whisper::generate::{Search, Task};
 use milkit::whisper::tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -66,9 +69,88 @@ pub struct TranscribeArgs {
     /// without the audio, so the text can differ from the exact decoding (the default).
     #[arg(long)]
     pub prefill: bool,
+    #[command(flatten)]
+    pub vad: VadArgs,
     /// Timings and model details on stderr.
     #[arg(long, short)]
     pub verbose: bool,
+}
+
+/// Voice activity detection: faster-whisper's `vad_filter` and `vad_parameters`, with its
+/// defaults.
+#[derive(Args, Clone, Debug)]
+pub struct VadArgs {
+    /// Transcribe only the speech a Silero VAD Core ML model finds, times kept on the
+    /// recording's timeline (faster-whisper's `vad_filter`). MODEL: a `.mlpackage` or
+    /// `.mlmodelc` folder taking 576 samples a call (`silero-vad-unified-v6.0.0` and its
+    /// quantized variants), or a Hugging Face Hub id `ORG/NAME[@REVISION][:FOLDER]`, e.g.
+    /// `FluidInference/silero-vad-coreml` (FOLDER `silero-vad-unified-v6.0.0.mlmodelc` by
+    /// default), fetched into the Hub cache.
+    #[arg(long, value_name = "MODEL")]
+    pub vad: Option<String>,
+    /// A 32-ms window is speech when its VAD probability is at least this.
+    #[arg(long, default_value_t = 0.5)]
+    pub vad_threshold: f64,
+    /// Below this a window is silence; between the two thresholds it continues what came
+    /// before (default: --vad-threshold − 0.15, at least 0.01).
+    #[arg(long)]
+    pub vad_neg_threshold: Option<f64>,
+    /// Speech spans this short or shorter are dropped.
+    #[arg(long, default_value_t = 0)]
+    pub vad_min_speech_duration_ms: u32,
+    /// Speech spans longer than this are split at their last pause over 98 ms, else cut
+    /// (`inf`: never).
+    #[arg(long, default_value_t = f64::INFINITY)]
+    pub vad_max_speech_duration_s: f64,
+    /// Silence this long ends a speech span.
+    #[arg(long, default_value_t = 2000)]
+    pub vad_min_silence_duration_ms: u32,
+    /// Audio kept on each side of a speech span.
+    #[arg(long, default_value_t = 400)]
+    pub vad_speech_pad_ms: u32,
+}
+
+impl VadArgs {
+    /// The span rules' options, checked.
+    pub fn options(&self) -> Result<VadOptions> {
+        let o = VadOptions {
+            threshold: self.vad_threshold,
+            neg_threshold: self.vad_neg_threshold,
+            min_speech_duration_ms: self.vad_min_speech_duration_ms,
+            max_speech_duration_s: self.vad_max_speech_duration_s,
+            min_silence_duration_ms: self.vad_min_silence_duration_ms,
+            speech_pad_ms: self.vad_speech_pad_ms,
+        };
+        o.validate()?;
+        Ok(o)
+    }
+
+    /// The VAD model (computed at `compute`) and options, when --vad is given.
+    pub fn load(&self, compute: Compute, progress: bool) -> Result<Option<(Silero, VadOptions)>> {
+        let Some(arg) = &self.vad else {
+            return Ok(None);
+        };
+        let o = self.options()?;
+        let path = milkit::vad::silero::resolve(arg, progress)?;
+        Ok(Some((Silero::load_with(&path, compute)?, o)))
+    }
+}
+
+/// Transcribes `samples`, only their speech when a VAD model is given.
+pub fn transcribe_samples(
+    tr: &mut Transcriber,
+    samples: &[f32],
+    opts: &TranscribeOptions,
+    vad: Option<&mut (Silero, VadOptions)>,
+) -> Result<Transcript> {
+    match vad {
+        None => tr.transcribe_with(samples, opts),
+        Some((model, o)) => {
+            let probs = model.probabilities(samples)?;
+            let spans = speech_spans(&probs, samples.len(), o);
+            tr.transcribe_spans(samples, &spans, opts)
+        }
+    }
 }
 
 /// How to decode (shared by `transcribe` and `eval`); openai-whisper's options and defaults.
@@ -177,6 +259,8 @@ pub fn run(a: &TranscribeArgs) -> Result<u8> {
         compute: a.decode.compute,
         prefill: a.prefill,
     };
+    // A VAD model that cannot be had fails before the models load.
+    let mut vad = a.vad.load(a.decode.compute, true)?;
     let mut tr = Transcriber::open_with(&a.models, &open)
         .with_context(|| format!("opening models folder {}", a.models.display()))?;
     let mut opts = a.decode.options(&a.models)?;
@@ -224,7 +308,7 @@ pub fn run(a: &TranscribeArgs) -> Result<u8> {
         let r = if a.detect_language {
             detect(&mut tr, path)
         } else {
-            one_file(&mut tr, path, &opts, a)
+            one_file(&mut tr, path, &opts, vad.as_mut(), a)
         };
         if let Err(e) = r {
             eprintln!("error: {}: {e:#}", path.display());
@@ -259,9 +343,13 @@ fn one_file(
     tr: &mut Transcriber,
     path: &Path,
     opts: &TranscribeOptions,
+    vad: Option<&mut (Silero, VadOptions)>,
     a: &TranscribeArgs,
 ) -> Result<()> {
-    let r = tr.transcribe_file_with(path, opts)?;
+    let (samples, info) = milkit::whisper::audio::load_audio_info(path)?;
+    let mut r = transcribe_samples(tr, &samples, opts, vad)
+        .with_context(|| format!("transcribing {}", path.display()))?;
+    r.audio = Some(info);
     if a.output_format.is_empty() {
         println!("{}", r.text.trim());
     } else {

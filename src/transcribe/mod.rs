@@ -14,6 +14,7 @@
 pub mod cost;
 pub mod decoder;
 pub mod output;
+pub mod speech;
 
 use crate::ir::{Dim, ValueType};
 use crate::report::{AudioInfo, TranscriptionResult, TranscriptionSegment, WordTiming};
