@@ -32,6 +32,11 @@ fn faster_whisper_python() -> Option<PathBuf> {
             return p;
         }
     }
+    assert!(
+        !common::require(),
+        "MILKIT_PYTHON is no Python with faster_whisper and MILKIT_REQUIRE_FIXTURES=1 \
+         (.ci/run installs faster-whisper 1.2.1)"
+    );
     eprintln!("SKIP: MILKIT_PYTHON is no Python with faster_whisper (pip install faster-whisper)");
     None
 }
