@@ -243,41 +243,41 @@ pub fn weight_bin(data: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// A WAV file, decoded and resampled to 16 kHz mono.
+/// `data` saved as `audio.<ext>` (the extension is the decoders' first hint), decoded and
+/// resampled to 16 kHz mono: the harness of every audio format.
+fn audio_file(ext: &str, data: &[u8]) -> Result<()> {
+    load_audio(&put(ext, &format!("audio.{ext}"), data)?)?;
+    Ok(())
+}
+
+/// A WAV file (PCM, float, extensible, µ-law, A-law, ADPCM).
 pub fn wav(data: &[u8]) -> Result<()> {
-    let path = put("wav", "audio.wav", data)?;
-    load_audio(&path)?;
-    Ok(())
+    audio_file("wav", data)
 }
 
-/// A FLAC file, decoded and resampled to 16 kHz mono.
+/// A FLAC file.
 pub fn flac(data: &[u8]) -> Result<()> {
-    load_audio(&put("flac", "audio.flac", data)?)?;
-    Ok(())
+    audio_file("flac", data)
 }
 
-/// An MP3 file (with or without ID3 tags and a Xing/LAME header), decoded and resampled.
+/// An MP3 file (with or without ID3 tags and a Xing/LAME header).
 pub fn mp3(data: &[u8]) -> Result<()> {
-    load_audio(&put("mp3", "audio.mp3", data)?)?;
-    Ok(())
+    audio_file("mp3", data)
 }
 
-/// An Ogg file (Vorbis, Opus or FLAC inside), decoded and resampled.
+/// An Ogg file (Vorbis, Opus or FLAC inside).
 pub fn ogg(data: &[u8]) -> Result<()> {
-    load_audio(&put("ogg", "audio.ogg", data)?)?;
-    Ok(())
+    audio_file("ogg", data)
 }
 
-/// An MP4/M4A file (AAC or ALAC inside), decoded and resampled.
+/// An MP4/M4A file (AAC or ALAC inside).
 pub fn m4a(data: &[u8]) -> Result<()> {
-    load_audio(&put("m4a", "audio.m4a", data)?)?;
-    Ok(())
+    audio_file("m4a", data)
 }
 
-/// A WebM/Matroska file (Opus, Vorbis, FLAC, AAC or MP3 inside), decoded and resampled.
+/// A WebM/Matroska file (Opus, Vorbis, FLAC, AAC or MP3 inside).
 pub fn webm(data: &[u8]) -> Result<()> {
-    load_audio(&put("webm", "audio.webm", data)?)?;
-    Ok(())
+    audio_file("webm", data)
 }
 
 /// A `tokenizer.json`, then a round trip of a short text through it.

@@ -228,15 +228,7 @@ pub fn snapshot(id: &HubId, env: &HubEnv, progress: bool) -> Result<PathBuf> {
             f.url("model.safetensors")
         ),
     }
-    if !f.missing.is_empty() {
-        bail!(
-            "HF_HUB_OFFLINE is set and the Hub cache {} lacks {} of {id}; run once without \
-             HF_HUB_OFFLINE to download {}",
-            env.cache_dir.display(),
-            f.missing.join(", "),
-            if f.missing.len() == 1 { "it" } else { "them" }
-        );
-    }
+    f.none_missing()?;
     let config = config.context("config.json resolved to nothing")?;
     Ok(config
         .parent()
@@ -263,15 +255,7 @@ pub fn snapshot_files(
             root = p.ancestors().nth(depth).map(Path::to_path_buf);
         }
     }
-    if !f.missing.is_empty() {
-        bail!(
-            "HF_HUB_OFFLINE is set and the Hub cache {} lacks {} of {id}; run once without \
-             HF_HUB_OFFLINE to download {}",
-            env.cache_dir.display(),
-            f.missing.join(", "),
-            if f.missing.len() == 1 { "it" } else { "them" }
-        );
-    }
+    f.none_missing()?;
     root.with_context(|| format!("{id}: none of the files {files:?} resolved"))
 }
 
@@ -337,6 +321,25 @@ impl<'a> Fetcher<'a> {
             api: None,
             missing: Vec::new(),
         })
+    }
+
+    /// Offline, an error naming every required file the cache lacks.
+    fn none_missing(&self) -> Result<()> {
+        if self.missing.is_empty() {
+            return Ok(());
+        }
+        bail!(
+            "HF_HUB_OFFLINE is set and the Hub cache {} lacks {} of {}; run once without \
+             HF_HUB_OFFLINE to download {}",
+            self.env.cache_dir.display(),
+            self.missing.join(", "),
+            self.id,
+            if self.missing.len() == 1 {
+                "it"
+            } else {
+                "them"
+            }
+        );
     }
 
     /// The URL a file is asked for at: by the commit once known, else the revision.

@@ -73,22 +73,30 @@ pub fn decode(path: impl AsRef<Path>) -> Result<Decoded> {
 /// The `fmt ` chunk's format tag of a RIFF/WAVE file (the sub-format's for
 /// WAVE_FORMAT_EXTENSIBLE); None when the chunk cannot be found.
 fn wav_format_tag(path: &Path) -> Option<u16> {
-    let bytes = std::fs::read(path).ok()?;
-    let mut at = 12usize;
-    while at + 8 <= bytes.len() {
-        let size = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().ok()?) as usize;
-        let body = bytes.get(at + 8..)?;
-        if &bytes[at..at + 4] == b"fmt " {
-            let tag = u16::from_le_bytes([*body.first()?, *body.get(1)?]);
-            return Some(if tag == 0xFFFE && size >= 26 {
-                u16::from_le_bytes([*body.get(24)?, *body.get(25)?])
+    use std::io::{Read, Seek, SeekFrom};
+    // Chunk headers only: the data chunk before `fmt ` (if any) is skipped, not read.
+    let mut f = File::open(path).ok()?;
+    f.seek(SeekFrom::Start(12)).ok()?;
+    loop {
+        let mut head = [0u8; 8];
+        f.read_exact(&mut head).ok()?;
+        let size = u32::from_le_bytes(head[4..].try_into().ok()?);
+        if &head[..4] == b"fmt " {
+            let mut body = [0u8; 26];
+            let n = read_up_to(&mut f, &mut body[..(size as usize).min(26)]).ok()?;
+            if n < 2 {
+                return None;
+            }
+            let tag = u16::from_le_bytes([body[0], body[1]]);
+            return Some(if tag == 0xFFFE && n >= 26 {
+                u16::from_le_bytes([body[24], body[25]])
             } else {
                 tag
             });
         }
-        at = at.checked_add(8 + size + (size & 1))?;
+        f.seek(SeekFrom::Current(i64::from(size) + i64::from(size & 1)))
+            .ok()?;
     }
-    None
 }
 
 /// The name of a WAV format tag (mmreg.h), for messages.
