@@ -7,7 +7,7 @@
 
 mod common;
 
-use milkit::transcribe::{TranscribeOptions, Transcriber};
+use milkit::transcribe::{MelPadding, TranscribeOptions, Transcriber};
 use std::path::{Path, PathBuf};
 
 const CLIPS: [&str; 4] = [
@@ -229,6 +229,92 @@ fn bad_audio_is_an_error_naming_the_file() {
     assert!(err.contains("nope"), "{err}");
 }
 
+/// faster-whisper's JSON line for `wav` (tools/faster_whisper_bench.py, float32 tiny.en,
+/// greedy, no timestamps): with its silence thresholds, or with `--keep-silent` none.
+fn faster_whisper_line(py: &Path, wav: &Path, keep_silent: bool) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/faster_whisper_bench.py");
+    let mut cmd = std::process::Command::new(py);
+    cmd.arg(&script)
+        .args(["--threads", "2", "--compute-type", "float32"]);
+    if keep_silent {
+        cmd.arg("--keep-silent");
+    }
+    let o = cmd.arg(wav).output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let line = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap();
+    serde_json::from_str(line).unwrap()
+}
+
+/// A 1-s clip of a constant near-zero level (every sample 1 of 32768): with openai-whisper's
+/// padding (zero features past the audio) milkit reads it as faster-whisper does, the same
+/// text and a no-speech probability and average log-probability within 0.02 and 0.05 of its
+/// own when nothing is dropped, and silence, no text, with the usual thresholds. Hugging
+/// Face's padding (zero audio) hears a word in the same clip, which is why the mode matters.
+#[test]
+fn a_near_silent_clip_is_silence_with_feature_padding_as_faster_whisper_reads_it() {
+    let Some(fx) = common::fixtures() else { return };
+    let Some(py) = common::faster_whisper_python() else {
+        return;
+    };
+    let (io, _) = folders(&fx);
+    let dir = tempfile::tempdir().unwrap();
+    let wav = dir.path().join("level.wav");
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(&wav, spec).unwrap();
+    for _ in 0..16_000 {
+        w.write_sample(1i16).unwrap();
+    }
+    w.finalize().unwrap();
+    let samples = milkit::whisper::audio::load_audio(&wav).unwrap();
+    let mut tr = Transcriber::open(io).unwrap();
+    let opts = |mel_padding, keep_silent: bool| TranscribeOptions {
+        timestamps: false,
+        temperatures: vec![0.0],
+        mel_padding,
+        no_speech_threshold: (!keep_silent).then_some(0.6),
+        logprob_threshold: (!keep_silent).then_some(-1.0),
+        ..TranscribeOptions::default()
+    };
+    let kept = tr
+        .transcribe_with(&samples, &opts(MelPadding::Features, true))
+        .unwrap();
+    let fw = faster_whisper_line(&py, &wav, true);
+    let fw_seg = &fw["segments"][0];
+    let pass = &kept.windows[0].pass;
+    let (nsp, want_nsp) = (
+        pass.no_speech_prob.unwrap(),
+        fw_seg["no_speech_prob"].as_f64().unwrap(),
+    );
+    let (lp, want_lp) = (pass.avg_logprob, fw_seg["avg_logprob"].as_f64().unwrap());
+    println!("no-speech {nsp:.4} / {want_nsp:.4}, avg log-prob {lp:.4} / {want_lp:.4}");
+    assert_eq!(kept.text, fw_seg["text"].as_str().unwrap());
+    assert!(
+        (nsp - want_nsp).abs() <= 0.02,
+        "no-speech {nsp} vs {want_nsp}"
+    );
+    assert!(
+        (lp - want_lp).abs() <= 0.05,
+        "avg log-prob {lp} vs {want_lp}"
+    );
+
+    let features = tr
+        .transcribe_with(&samples, &opts(MelPadding::Features, false))
+        .unwrap();
+    assert_eq!(faster_whisper_line(&py, &wav, false)["text"], "");
+    assert_eq!(features.text, "");
+    assert!(features.windows[0].silent && features.segments.is_empty());
+    let audio = tr
+        .transcribe_with(&samples, &opts(MelPadding::Audio, false))
+        .unwrap();
+    assert!(!audio.windows[0].silent && !audio.text.is_empty());
+}
+
 #[test]
 fn every_audio_format_transcribes_as_the_wav_it_was_made_from() {
     let Some(fx) = common::fixtures() else { return };
@@ -243,7 +329,11 @@ fn every_audio_format_transcribes_as_the_wav_it_was_made_from() {
         "jfk.webm",
         "jfk.m4a",
     ];
+    // Output files are named by the audio file's stem: each file is copied under a name of
+    // its own (jfk.alac.m4a → jfk-alac-m4a.m4a), and one command transcribes them all.
+    let inputs = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
+    let stem_of = |f: &str| f.replace('.', "-");
     let mut cmd = common::milkit();
     cmd.args([
         "transcribe",
@@ -257,36 +347,19 @@ fn every_audio_format_transcribes_as_the_wav_it_was_made_from() {
     .arg("--models")
     .arg(io)
     .arg(fx.join("audio/jfk.wav"));
+    for f in files {
+        let ext = Path::new(f).extension().unwrap().to_str().unwrap();
+        let copy = inputs.path().join(format!("{}.{ext}", stem_of(f)));
+        std::fs::copy(data.join(f), &copy).unwrap();
+        cmd.arg(copy);
+    }
     let o = cmd.output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let wav = json(&out.path().join("jfk.json"));
     assert_eq!(wav["audio"]["codec"], "pcm_s16");
     assert_eq!(wav["audio"]["duration_s"], 11.0);
-    // Output files are named by the audio file's stem, so each format runs on its own.
     for f in files {
-        let o = common::milkit()
-            .args([
-                "transcribe",
-                "--temperature",
-                "0",
-                "--output-format",
-                "json",
-            ])
-            .arg("--output-dir")
-            .arg(out.path())
-            .arg("--force")
-            .arg("--models")
-            .arg(io)
-            .arg(data.join(f))
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "{f}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let stem = Path::new(f).file_stem().unwrap().to_str().unwrap();
-        let got = json(&out.path().join(format!("{stem}.json")));
+        let got = json(&out.path().join(format!("{}.json", stem_of(f))));
         assert_eq!(got["text"], wav["text"], "{f}");
         let a = &got["audio"];
         let d = a["duration_s"].as_f64().unwrap();

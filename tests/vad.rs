@@ -20,27 +20,6 @@ use std::process::Command;
 
 const PAIR: &str = "compiled/pairs/FluidInference-mobius__silero-vad-unified-v6.0.0";
 
-/// A Python with faster_whisper (`MILKIT_PYTHON`), or None after saying why.
-fn faster_whisper_python() -> Option<PathBuf> {
-    let p = std::env::var_os("MILKIT_PYTHON").map(PathBuf::from);
-    if let Some(py) = &p {
-        let ok = Command::new(py)
-            .args(["-c", "import faster_whisper, numpy"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return p;
-        }
-    }
-    assert!(
-        !common::require(),
-        "MILKIT_PYTHON is no Python with faster_whisper and MILKIT_REQUIRE_FIXTURES=1 \
-         (.ci/run installs faster-whisper 1.2.1)"
-    );
-    eprintln!("SKIP: MILKIT_PYTHON is no Python with faster_whisper (pip install faster-whisper)");
-    None
-}
-
 fn reference_tool() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/vad_reference.py")
 }
@@ -117,7 +96,7 @@ fn random_probs(rng: &mut Rng, n: usize) -> Vec<f32> {
 
 #[test]
 fn speech_spans_and_the_time_map_match_faster_whisper_on_random_probabilities() {
-    let Some(py) = faster_whisper_python() else {
+    let Some(py) = common::faster_whisper_python() else {
         return;
     };
     let mut rng = Rng(49);
@@ -484,7 +463,7 @@ fn compare(a: &[f32], b: &[f32]) -> (f32, usize) {
 fn silero_on_the_runtime_matches_faster_whisper_onnx_silero_on_short_clips() {
     let Some(fx) = common::fixtures() else { return };
     let Some(pair) = silero_pair(&fx) else { return };
-    let Some(py) = faster_whisper_python() else {
+    let Some(py) = common::faster_whisper_python() else {
         return;
     };
     let clips = [

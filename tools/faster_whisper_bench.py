@@ -13,9 +13,12 @@ torch-free this script fills CTranslate2's WhisperSpec from the safetensors file
 (numpy arrays standing in for the torch modules its Transformers loader walks) and caches the
 converted model (float32) under --cache. Conversion is not timed.
 
-Then it transcribes the clip (float32, or int8 with --compute-type int8), one beam, greedy, no timestamps, no VAD,
-English, and prints one JSON line on stdout:
-    {"load_ms": .., "transcribe_ms": .., "total_ms": .., "text": "..", "threads": N}
+Then it transcribes the clip (float32, or int8 with --compute-type int8), greedy (or
+--beam-size N beams), one temperature, no timestamps, no VAD, the --language given, and
+prints one JSON line on stdout:
+    {"load_ms": .., "transcribe_ms": .., "total_ms": .., "text": "..", "threads": N,
+     "segments": [{"text": .., "no_speech_prob": .., "avg_logprob": ..}, ..], ..}
+With --keep-silent no window is dropped as silence, so its no-speech probability shows.
 total_ms counts from interpreter start (imports included) to the end of decoding; time the
 whole process from outside for a whole-process comparison.
 """
@@ -163,6 +166,10 @@ def main():
     ap.add_argument("--compute-type", default="float32",
                     help="CTranslate2 compute type: float32 (default) or int8 (weights quantized at load)")
     ap.add_argument("--language", default="en", help="language to force (default en)")
+    ap.add_argument("--keep-silent", action="store_true",
+                    help="no no-speech or log-probability thresholds: silent windows kept")
+    ap.add_argument("--beam-size", type=int, default=1,
+                    help="beams (default 1: greedy; faster-whisper's own default is 5)")
     a = ap.parse_args()
     a.audio = a.audio or a.audio_opt
     if not a.audio:
@@ -186,14 +193,16 @@ def main():
     t_tx = time.perf_counter()
     segments, _info = model.transcribe(
         a.audio,
-        beam_size=1,
+        beam_size=a.beam_size,
         best_of=1,
         temperature=0.0,
         language=a.language,
         without_timestamps=True,
         condition_on_previous_text=False,
         vad_filter=False,
+        **(dict(no_speech_threshold=None, log_prob_threshold=None) if a.keep_silent else {}),
     )
+    segments = list(segments)
     text = "".join(s.text for s in segments).strip()
     t_end = time.perf_counter()
     print(json.dumps({
@@ -203,6 +212,9 @@ def main():
         "text": text,
         "threads": a.threads,
         "compute_type": a.compute_type,
+        "beam_size": a.beam_size,
+        "segments": [{"text": s.text, "no_speech_prob": s.no_speech_prob,
+                      "avg_logprob": s.avg_logprob} for s in segments],
     }))
 
 

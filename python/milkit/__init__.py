@@ -303,7 +303,8 @@ def transcribe(models, audio, **options):
     ``compression_ratio_threshold``, ``logprob_threshold``, ``no_speech_threshold``,
     ``condition_on_previous_text``, ``initial_prompt``, ``without_timestamps``, ``seed``,
     ``beam_size``, ``patience``, ``length_penalty``, ``best_of`` (openai-whisper's beam search
-    and best-of), ``compute``, ``mel_package``, ``prefill``; voice activity detection with
+    and best-of), ``mel_padding`` (``"audio"``, Hugging Face's, or ``"features"``,
+    openai-whisper's and faster-whisper's), ``compute``, ``mel_package``, ``prefill``; voice activity detection with
     ``vad`` (a Silero VAD ``.mlpackage``/``.mlmodelc`` folder or a Hub id such as
     ``"FluidInference/silero-vad-coreml"``: only the speech is transcribed, times stay on
     the file's timeline) and faster-whisper's parameters ``vad_threshold``,

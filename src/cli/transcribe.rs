@@ -8,7 +8,9 @@
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use milkit::transcribe::output::{write_all, OutputFormat};
-use milkit::transcribe::{Compute, OpenOptions, TranscribeOptions, Transcriber, Transcript};
+use milkit::transcribe::{
+    Compute, MelPadding, OpenOptions, TranscribeOptions, Transcriber, Transcript,
+};
 use milkit::vad::silero::Silero;
 use milkit::vad::{speech_spans, VadOptions};
 use milkit::whisper::generate::{Search, Task};
@@ -215,6 +217,18 @@ pub struct DecodeArgs {
     /// with AVX512-BF16 (an error elsewhere).
     #[arg(long, value_enum, default_value = "package")]
     pub compute: Compute,
+    /// How audio shorter than 30 s is filled out to a window. `audio`: zeros appended to the
+    /// audio before its log-mel (Hugging Face's and WhisperKit's; the default). `features`:
+    /// zeros appended to its log-mel (openai-whisper's and faster-whisper's), which reads a
+    /// near-silent clip as silence where `audio` may hear " you".
+    #[arg(long, value_enum, default_value = "audio")]
+    pub mel_padding: MelPaddingArg,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum MelPaddingArg {
+    Audio,
+    Features,
 }
 
 impl DecodeArgs {
@@ -247,6 +261,10 @@ impl DecodeArgs {
                 patience: self.patience,
                 length_penalty: self.length_penalty,
                 best_of: self.best_of,
+            },
+            mel_padding: match self.mel_padding {
+                MelPaddingArg::Audio => MelPadding::Audio,
+                MelPaddingArg::Features => MelPadding::Features,
             },
         })
     }

@@ -97,6 +97,24 @@ pub struct TranscribeOptions {
     /// Beam search at temperature 0 and best-of sampling above (greedy and one sample by
     /// default, as openai-whisper's `transcribe()`).
     pub search: Search,
+    /// How a window shorter than 30 s is filled out to the encoder's 3000 frames.
+    pub mel_padding: MelPadding,
+}
+
+/// How the log-mel of audio shorter than a window is filled out to 30 s (3000 frames). The
+/// two agree on every frame that holds audio; they differ past its end, and there the
+/// encoder sees different input: on a 1-s clip of a constant near-zero level, tiny.en reads
+/// " you" after audio padding and nothing after feature padding, as faster-whisper does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MelPadding {
+    /// The audio is zero-padded to 30 s before its log-mel is taken: Hugging Face's
+    /// `WhisperFeatureExtractor` and WhisperKit, whose outputs the references hold.
+    #[default]
+    Audio,
+    /// The log-mel of the audio is padded with zero features: openai-whisper's and
+    /// faster-whisper's `pad_or_trim` of the spectrogram (long recordings' last windows are
+    /// padded so in either mode).
+    Features,
 }
 
 impl Default for TranscribeOptions {
@@ -114,6 +132,7 @@ impl Default for TranscribeOptions {
             initial_prompt: vec![],
             seed: 0,
             search: Search::default(),
+            mel_padding: MelPadding::Audio,
         }
     }
 }
@@ -166,6 +185,15 @@ pub struct Window {
     /// `alignment_heads_weights` rows of the kept pass, one per decoder call (prompt
     /// included), when word timestamps were asked for.
     pub alignment: Vec<Vec<f32>>,
+}
+
+/// `mel` ([.., 3000], frames last) with every frame from `from` on set to zero.
+fn zero_frames_from(mel: &Tensor, from: usize) -> Result<Tensor> {
+    let keep: Vec<f32> = (0..N_FRAMES)
+        .map(|i| f32::from(u8::from(i < from)))
+        .collect();
+    let mask = Tensor::from_vec(keep, N_FRAMES, mel.device())?.to_dtype(mel.dtype())?;
+    Ok(mel.broadcast_mul(&mask)?)
 }
 
 /// The result of one transcription.
@@ -731,7 +759,13 @@ impl Transcriber {
                 None => {
                     let from = seek * HOP_LENGTH;
                     let to = (from + N_SAMPLES).min(samples.len());
-                    self.mel_of_samples(&samples[from..to], &mut timings)?
+                    let mel = self.mel_of_samples(&samples[from..to], &mut timings)?;
+                    match opts.mel_padding {
+                        MelPadding::Features if segment_size < N_FRAMES => {
+                            zero_frames_from(&mel, segment_size)?
+                        }
+                        _ => mel,
+                    }
                 }
             };
             let cross = self

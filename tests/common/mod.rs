@@ -101,6 +101,27 @@ pub fn python() -> Option<PathBuf> {
     None
 }
 
+/// A Python with faster_whisper (`MILKIT_PYTHON`), or None after saying why.
+pub fn faster_whisper_python() -> Option<PathBuf> {
+    let p = std::env::var_os("MILKIT_PYTHON").map(PathBuf::from);
+    if let Some(py) = &p {
+        let ok = Command::new(py)
+            .args(["-c", "import faster_whisper, numpy"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return p;
+        }
+    }
+    assert!(
+        !require(),
+        "MILKIT_PYTHON is no Python with faster_whisper and MILKIT_REQUIRE_FIXTURES=1 \
+         (.ci/run installs faster-whisper 1.2.1)"
+    );
+    eprintln!("SKIP: MILKIT_PYTHON is no Python with faster_whisper (pip install faster-whisper)");
+    None
+}
+
 /// Runs ../shared/tools/validate_mlpackage.py on a package; returns its JSON report.
 /// Panics with the validator's output when it rejects the package.
 pub fn validate(pkg: &Path) -> Option<serde_json::Value> {
