@@ -5514,22 +5514,35 @@ fn every_case_also_runs_from_a_package_coremltools_builder_made() {
             }
         }
     }
-    let jobs_path = dir.path().join("jobs.json");
-    std::fs::write(&jobs_path, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    // Two coremltools processes side by side, each rebuilding every other case.
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/coremltools_rebuild.py");
-    let out = std::process::Command::new(py)
-        .arg(script)
-        .arg(&jobs_path)
-        .output()
-        .expect("run tests/coremltools_rebuild.py");
-    assert!(
-        out.status.success(),
-        "coremltools_rebuild.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let children: Vec<_> = (0..2)
+        .map(|half| {
+            let mine: Vec<_> = jobs.iter().skip(half).step_by(2).collect();
+            let jobs_path = dir.path().join(format!("jobs{half}.json"));
+            std::fs::write(&jobs_path, serde_json::to_vec(&mine).unwrap()).unwrap();
+            std::process::Command::new(&py)
+                .arg(&script)
+                .arg(&jobs_path)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run tests/coremltools_rebuild.py")
+        })
+        .collect();
+    let mut stdout = String::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "coremltools_rebuild.py failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
     let mut rebuilt = std::collections::BTreeMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in stdout.lines() {
         let Ok(r) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
