@@ -45,9 +45,13 @@ pub struct WholeBench {
     /// Threads for each tool (milkit's RAYON_NUM_THREADS, faster-whisper's cpu_threads).
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
-    /// Language both are forced to (greedy, temperature 0, no timestamps).
+    /// Language both are forced to (temperature 0, no timestamps).
     #[arg(long, default_value = "en")]
     pub language: String,
+    /// Beams both decode with: 1 is greedy; 5 is openai-whisper's CLI and faster-whisper's
+    /// default (both then keep the best of 5 by summed log-probability and length penalty).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub beam_size: u32,
     /// Python with faster-whisper (tools/faster_whisper_bench.py) to run alongside.
     #[arg(long, value_name = "PYTHON")]
     pub faster_whisper: Option<PathBuf>,
@@ -227,6 +231,7 @@ pub fn run(a: &BenchArgs) -> Result<u8> {
             runs: b.runs,
             threads: b.threads,
             language: &b.language,
+            beam_size: b.beam_size as usize,
             python: b.faster_whisper.as_deref(),
             checkpoint: b.checkpoint.as_deref(),
             compute_type: &b.compute_type,

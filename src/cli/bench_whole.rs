@@ -1,7 +1,7 @@
 //! `milkit bench whole AUDIO --models DIR [--faster-whisper PYTHON]`: whole process against
 //! whole process. Each run spawns `milkit transcribe` (this binary) and, when asked,
-//! `tools/faster_whisper_bench.py` on the same audio with the same decoding (greedy, one
-//! temperature, no timestamps, the language forced), alternating, and takes each child's
+//! `tools/faster_whisper_bench.py` on the same audio with the same decoding (greedy or the
+//! same number of beams, one temperature, no timestamps, the language forced), alternating, and takes each child's
 //! wall time from spawn to exit and its peak resident set from the kernel (`wait4`'s
 //! `ru_maxrss`). Loading, imports and page-ins count, as they do for a user; one untimed
 //! warm-up pair comes first so both read warm files.
@@ -22,6 +22,8 @@ pub struct WholeOpts<'a> {
     pub runs: usize,
     pub threads: usize,
     pub language: &'a str,
+    /// 1: greedy; more: beam search with this many beams on both sides.
+    pub beam_size: usize,
     pub python: Option<&'a Path>,
     /// Hugging Face checkpoint faster-whisper converts (the script's default when None).
     pub checkpoint: Option<&'a Path>,
@@ -130,6 +132,8 @@ pub fn run(o: &WholeOpts) -> Result<u8> {
         "--no-timestamps".into(),
         "--temperature".into(),
         "0".into(),
+        "--beam-size".into(),
+        o.beam_size.to_string(),
         path(o.audio),
     ];
     let fw_cmd: Option<(Vec<String>, PathBuf)> = match o.python {
@@ -147,6 +151,8 @@ pub fn run(o: &WholeOpts) -> Result<u8> {
                 o.compute_type.into(),
                 "--language".into(),
                 o.language.into(),
+                "--beam-size".into(),
+                o.beam_size.to_string(),
             ];
             if let Some(ck) = o.checkpoint {
                 c.extend(["--model".into(), path(ck)]);
@@ -226,10 +232,15 @@ pub fn run(o: &WholeOpts) -> Result<u8> {
         return Ok(0);
     }
     println!(
-        "{}: {} timed runs per tool, alternating, {} threads each",
+        "{}: {} timed runs per tool, alternating, {} threads each, {}",
         o.audio.display(),
         runs,
-        o.threads
+        o.threads,
+        if o.beam_size > 1 {
+            format!("{} beams", o.beam_size)
+        } else {
+            "greedy".to_string()
+        }
     );
     println!("| tool | wall s: median (range) | peak RSS MB: median (range) |");
     println!("|---|---|---|");
