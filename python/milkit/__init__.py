@@ -304,10 +304,10 @@ def transcribe(models, audio, **options):
     ``condition_on_previous_text``, ``initial_prompt``, ``without_timestamps``, ``seed``,
     ``beam_size``, ``patience``, ``length_penalty``, ``best_of`` (openai-whisper's beam search
     and best-of), ``mel_padding`` (``"audio"``, Hugging Face's, or ``"features"``,
-    openai-whisper's and faster-whisper's), ``compute``, ``mel_package``, ``prefill``; voice activity detection with
-    ``vad`` (a Silero VAD ``.mlpackage``/``.mlmodelc`` folder or a Hub id such as
-    ``"FluidInference/silero-vad-coreml"``: only the speech is transcribed, times stay on
-    the file's timeline) and faster-whisper's parameters ``vad_threshold``,
+    openai-whisper's and faster-whisper's), ``compute``, ``mel_package``, ``prefill``; voice
+    activity detection with ``vad`` (a Silero VAD ``.mlpackage``/``.mlmodelc`` folder or a
+    Hub id such as ``"FluidInference/silero-vad-coreml"``: only the speech is transcribed,
+    times stay on the file's timeline) and faster-whisper's parameters ``vad_threshold``,
     ``vad_neg_threshold``, ``vad_min_speech_duration_ms``, ``vad_max_speech_duration_s``,
     ``vad_min_silence_duration_ms``, ``vad_speech_pad_ms``. ``True`` turns a switch on;
     ``False`` and ``None`` leave the flag out. The GIL is released while it runs.

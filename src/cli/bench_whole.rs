@@ -1,10 +1,10 @@
 //! `milkit bench whole AUDIO --models DIR [--faster-whisper PYTHON]`: whole process against
 //! whole process. Each run spawns `milkit transcribe` (this binary) and, when asked,
 //! `tools/faster_whisper_bench.py` on the same audio with the same decoding (greedy or the
-//! same number of beams, one temperature, no timestamps, the language forced), alternating, and takes each child's
-//! wall time from spawn to exit and its peak resident set from the kernel (`wait4`'s
-//! `ru_maxrss`). Loading, imports and page-ins count, as they do for a user; one untimed
-//! warm-up pair comes first so both read warm files.
+//! same number of beams, one temperature, no timestamps, the language forced), alternating,
+//! and takes each child's wall time from spawn to exit and its peak resident set from the
+//! kernel (`wait4`'s `ru_maxrss`). Loading, imports and page-ins count, as they do for a
+//! user; one untimed warm-up pair comes first so both read warm files.
 
 use anyhow::{bail, Context, Result};
 use milkit::report::{WholeBenchReport, WholeSide};

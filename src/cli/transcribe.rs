@@ -217,18 +217,10 @@ pub struct DecodeArgs {
     /// with AVX512-BF16 (an error elsewhere).
     #[arg(long, value_enum, default_value = "package")]
     pub compute: Compute,
-    /// How audio shorter than 30 s is filled out to a window. `audio`: zeros appended to the
-    /// audio before its log-mel (Hugging Face's and WhisperKit's; the default). `features`:
-    /// zeros appended to its log-mel (openai-whisper's and faster-whisper's), which reads a
-    /// near-silent clip as silence where `audio` may hear " you".
+    /// How audio shorter than 30 s is filled out to a window; `features` reads a near-silent
+    /// clip as silence, as faster-whisper does, where `audio` may hear " you".
     #[arg(long, value_enum, default_value = "audio")]
-    pub mel_padding: MelPaddingArg,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-pub enum MelPaddingArg {
-    Audio,
-    Features,
+    pub mel_padding: MelPadding,
 }
 
 impl DecodeArgs {
@@ -262,10 +254,7 @@ impl DecodeArgs {
                 length_penalty: self.length_penalty,
                 best_of: self.best_of,
             },
-            mel_padding: match self.mel_padding {
-                MelPaddingArg::Audio => MelPadding::Audio,
-                MelPaddingArg::Features => MelPadding::Features,
-            },
+            mel_padding: self.mel_padding,
         })
     }
 }

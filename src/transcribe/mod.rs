@@ -105,7 +105,7 @@ pub struct TranscribeOptions {
 /// two agree on every frame that holds audio; they differ past its end, and there the
 /// encoder sees different input: on a 1-s clip of a constant near-zero level, tiny.en reads
 /// " you" after audio padding and nothing after feature padding, as faster-whisper does.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum MelPadding {
     /// The audio is zero-padded to 30 s before its log-mel is taken: Hugging Face's
     /// `WhisperFeatureExtractor` and WhisperKit, whose outputs the references hold.
@@ -132,7 +132,7 @@ impl Default for TranscribeOptions {
             initial_prompt: vec![],
             seed: 0,
             search: Search::default(),
-            mel_padding: MelPadding::Audio,
+            mel_padding: MelPadding::default(),
         }
     }
 }
