@@ -749,3 +749,38 @@ fn scatter_indices_out_of_range_are_errors_unless_ios17_validation_is_off() {
         );
     }
 }
+
+#[test]
+fn strided_slices_and_gathers_read_strided_views_as_their_elements() {
+    use candle_core::{Device, Tensor};
+    use milkit::kernels::index::{strided_slice, take, Span};
+    // x[i, j] = 10 i + j over [4, 6], read through its transpose (a strided view).
+    let v: Vec<f32> = (0..24).map(|k| (10 * (k / 6) + k % 6) as f32).collect();
+    let xt = Tensor::from_vec(v, (4, 6), &Device::Cpu)
+        .unwrap()
+        .t()
+        .unwrap();
+    assert!(!xt.is_contiguous());
+    // Rows 1..4 of the transpose (narrowed), every second column from 0.
+    let spans = [
+        Span {
+            start: 1,
+            step: 1,
+            len: 3,
+        },
+        Span {
+            start: 0,
+            step: 2,
+            len: 2,
+        },
+    ];
+    let y = strided_slice(&xt, &spans).unwrap();
+    // xt[r, c] = x[c, r] = 10 c + r.
+    let want: Vec<Vec<f32>> = (1..4).map(|r| vec![r as f32, (20 + r) as f32]).collect();
+    assert_eq!(y.to_vec2::<f32>().unwrap(), want);
+    let g = take(&xt, &[5, -6], &[2], 0).unwrap();
+    assert_eq!(
+        g.to_vec2::<f32>().unwrap(),
+        vec![vec![5.0, 15.0, 25.0, 35.0], vec![0.0, 10.0, 20.0, 30.0]]
+    );
+}

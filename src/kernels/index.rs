@@ -63,7 +63,10 @@ pub fn strided_slice(x: &Tensor, spans: &[Span]) -> Result<Tensor> {
         y = if s.step == 1 || s.len <= 1 {
             y.narrow(ax, s.start, s.len)?
         } else {
-            y.index_select(&u32_tensor(s.indices())?, ax)?
+            // candle selects only from contiguous data; a narrowed axis before this one
+            // leaves `y` a strided view.
+            y.contiguous()?
+                .index_select(&u32_tensor(s.indices())?, ax)?
         };
     }
     Ok(y)
@@ -230,7 +233,7 @@ pub fn pad(x: &Tensor, pads: &[(usize, usize)], mode: PadMode) -> Result<Tensor>
                         j as u32
                     })
                     .collect();
-                y.index_select(&u32_tensor(idx)?, ax)?
+                y.contiguous()?.index_select(&u32_tensor(idx)?, ax)?
             }
         };
     }
@@ -260,7 +263,7 @@ pub fn take(x: &Tensor, idx: &[i64], idx_shape: &[usize], axis: usize) -> Result
         x.rank()
     );
     let ids = u32_tensor(norm_indices(idx, x.dims()[axis])?)?;
-    let y = x.index_select(&ids, axis)?;
+    let y = x.contiguous()?.index_select(&ids, axis)?;
     let mut shape = x.dims()[..axis].to_vec();
     shape.extend_from_slice(idx_shape);
     shape.extend_from_slice(&x.dims()[axis + 1..]);
