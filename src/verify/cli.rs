@@ -181,6 +181,15 @@ pub fn open_model(path: &Path) -> Result<Opened> {
         });
     }
     let model = load_package(path)?;
+    if path.is_file() {
+        // A single-file `.mlmodel`: every weight is inline.
+        return Ok(Opened {
+            model,
+            notes: vec![],
+            model_file: path.to_path_buf(),
+            weights_file: None,
+        });
+    }
     let layout = read_package(path)?;
     Ok(Opened {
         model,
