@@ -8,7 +8,16 @@
 
 use std::path::PathBuf;
 
-const PROTOS: [&str; 3] = ["mil/Model.proto", "mil/FeatureTypes.proto", "mil/MIL.proto"];
+const PROTOS: [&str; 8] = [
+    "mil/Model.proto",
+    "mil/FeatureTypes.proto",
+    "mil/MIL.proto",
+    "mil/NeuralNetwork.proto",
+    "mil/DataStructures.proto",
+    "mil/Parameters.proto",
+    "mil/ModelTypes.proto",
+    "mil/CoreMLModels.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=mil");

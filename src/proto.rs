@@ -5,6 +5,8 @@
 //!   `FeatureDescription`, `FeatureType`, `ArrayFeatureType`, `Metadata`, ...
 //! - [`specification::mil_spec`] (alias [`mil`]): package `CoreML.Specification.MILSpec` —
 //!   `Program`, `Function`, `Block`, `Operation`, `Value`, `TensorValue`, `DataType`, ...
+//! - `NeuralNetwork`, `NeuralNetworkLayer` and every layer's parameters (generated in full by
+//!   `tools/proto_subset.py`); the other model types as empty messages.
 //!
 //! Every map field is a `BTreeMap`, so encoding is deterministic (keys in byte order).
 //! Field numbers equal Apple's; `tests/proto.rs` checks that against coremltools.
@@ -21,6 +23,16 @@ pub mod specification {
         include!(concat!(
             env!("OUT_DIR"),
             "/core_ml.specification.mil_spec.rs"
+        ));
+    }
+
+    /// Package `CoreML.Specification.CoreMLModels`: Apple's private-framework model types,
+    /// as empty messages (milkit only names them).
+    #[allow(clippy::all, missing_docs, rustdoc::all)]
+    pub mod core_ml_models {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/core_ml.specification.core_ml_models.rs"
         ));
     }
 }

@@ -78,13 +78,13 @@ fn a_single_file_ml_program_opens_like_its_package_and_other_model_types_are_nam
     let x = milkit::runtime::Tensor::new(&[1.0f32, -2.0, 0.5], &candle_core::Device::Cpu).unwrap();
     let out = s.predict(&[("x", x)]).unwrap();
     assert_eq!(out[0].1.to_vec1::<f32>().unwrap(), vec![3.0, -6.0, 1.5]);
-    // A specification of version 9 without a program (a NeuralNetwork model's fields are
-    // unknown to milkit's schema): named as such.
-    let other = dir.path().join("nn.mlmodel");
+    // A specification of version 9 that holds no model at all: said so, naming the file
+    // (tests/neural_network.rs names the other model types).
+    let other = dir.path().join("empty.mlmodel");
     std::fs::write(&other, [0x08, 0x09]).unwrap();
     let e = format!("{:#}", load_package(&other).unwrap_err());
     assert!(
-        e.contains("nn.mlmodel") && e.contains("not an ML Program"),
+        e.contains("empty.mlmodel") && e.contains("names no model type"),
         "{e}"
     );
 }

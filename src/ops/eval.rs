@@ -284,6 +284,12 @@ pub fn check_output(v: &RValue, ty: &ValueType) -> Result<()> {
             Ok(())
         }
         (RValue::Str(_), ValueType::Tensor(tt)) if tt.dtype == MilType::Str => Ok(()),
+        // A constant list of string scalars (`classify`'s classes) is held as its strings.
+        (RValue::Str(_), ValueType::List { elem, .. })
+            if elem.as_tensor().is_some_and(|t| t.dtype == MilType::Str) =>
+        {
+            Ok(())
+        }
         (RValue::State(_), ValueType::State(_)) => Ok(()),
         (RValue::List(v), ValueType::List { elem, .. }) => {
             for t in v.elems.iter().flatten() {

@@ -467,6 +467,7 @@ pub(crate) fn fits(program: &TensorType, fe: &Feature) -> bool {
 /// Reads and checks a whole `.mlpackage`, or a single-file `.mlmodel` (an ML Program whose
 /// weights are all inline).
 pub fn load_package(path: &Path) -> Result<Model> {
+    ensure!(path.exists(), "{}: no such file or folder", path.display());
     if path.is_file() {
         let bytes =
             std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -497,19 +498,50 @@ pub fn load_package(path: &Path) -> Result<Model> {
 }
 
 pub fn model_from_proto(m: &spec::Model, blobs: &dyn BlobSource) -> Result<Model> {
+    let kind = m
+        .r#type
+        .as_ref()
+        .ok_or_else(|| anyhow!("the model specification names no model type"))?;
+    if let Some(net) = super::neural_network::Network::of(kind) {
+        let net = net?;
+        let d = m
+            .description
+            .as_ref()
+            .ok_or_else(|| anyhow!("model has no description"))?;
+        let mut description = description_from_proto(d)?;
+        let program =
+            super::neural_network::translate(&net, &mut description).with_context(|| {
+                format!("{} (translated into an ML Program)", model_type_name(kind))
+            })?;
+        let f = program
+            .main()
+            .ok_or_else(|| anyhow!("the program has no functions"))?;
+        check_abi(
+            &description.inputs,
+            &description.outputs,
+            &description.states,
+            f,
+        )?;
+        return Ok(Model {
+            spec_version: super::neural_network::OPSET.spec_version(),
+            description,
+            program,
+        });
+    }
+    let spec::model::Type::MlProgram(p) = kind else {
+        bail!(
+            "the model is a {}, which milkit does not run: {}",
+            model_type_name(kind),
+            refusal(kind)
+        )
+    };
     let opset = Opset::from_spec_version(m.specification_version).ok_or_else(|| {
         anyhow!(
             "specification version {} is not an ML program version milkit reads (6..9)",
             m.specification_version
         )
     })?;
-    let program = match &m.r#type {
-        Some(spec::model::Type::MlProgram(p)) => program_from_proto(p, opset, blobs)?,
-        None => bail!(
-            "the model is not an ML Program (a NeuralNetwork, pipeline or other model type, \
-             which milkit does not run)"
-        ),
-    };
+    let program = program_from_proto(p, opset, blobs)?;
     let d = m
         .description
         .as_ref()
@@ -709,4 +741,69 @@ pub(crate) fn check_abi(
         }
     }
     Ok(())
+}
+
+/// A model type as Core ML's documentation names it.
+pub fn model_type_name(t: &spec::model::Type) -> &'static str {
+    use spec::model::Type as T;
+    match t {
+        T::PipelineClassifier(_) => "pipeline classifier",
+        T::PipelineRegressor(_) => "pipeline regressor",
+        T::Pipeline(_) => "pipeline",
+        T::GlmRegressor(_) => "GLM regressor",
+        T::SupportVectorRegressor(_) => "support vector regressor",
+        T::TreeEnsembleRegressor(_) => "tree ensemble regressor",
+        T::NeuralNetworkRegressor(_) => "NeuralNetwork regressor",
+        T::BayesianProbitRegressor(_) => "Bayesian probit regressor",
+        T::GlmClassifier(_) => "GLM classifier",
+        T::SupportVectorClassifier(_) => "support vector classifier",
+        T::TreeEnsembleClassifier(_) => "tree ensemble classifier",
+        T::NeuralNetworkClassifier(_) => "NeuralNetwork classifier",
+        T::KNearestNeighborsClassifier(_) => "k-nearest-neighbours classifier",
+        T::NeuralNetwork(_) => "NeuralNetwork",
+        T::ItemSimilarityRecommender(_) => "item similarity recommender",
+        T::MlProgram(_) => "ML Program",
+        T::CustomModel(_) => "custom model",
+        T::LinkedModel(_) => "linked model",
+        T::ClassConfidenceThresholding(_) => "class confidence thresholding model",
+        T::OneHotEncoder(_) => "one-hot encoder",
+        T::Imputer(_) => "imputer",
+        T::FeatureVectorizer(_) => "feature vectorizer",
+        T::DictVectorizer(_) => "dictionary vectorizer",
+        T::Scaler(_) => "scaler",
+        T::CategoricalMapping(_) => "categorical mapping",
+        T::Normalizer(_) => "normalizer",
+        T::ArrayFeatureExtractor(_) => "array feature extractor",
+        T::NonMaximumSuppression(_) => "non-maximum suppression model",
+        T::Identity(_) => "identity model",
+        T::TextClassifier(_) => "text classifier (Create ML)",
+        T::WordTagger(_) => "word tagger (Create ML)",
+        T::VisionFeaturePrint(_) => "Vision feature print",
+        T::SoundAnalysisPreprocessing(_) => "sound analysis preprocessing",
+        T::Gazetteer(_) => "gazetteer (Create ML)",
+        T::WordEmbedding(_) => "word embedding (Create ML)",
+        T::AudioFeaturePrint(_) => "audio feature print",
+        T::SerializedModel(_) => "serialized model",
+    }
+}
+
+/// Why a model type other than an ML Program or a NeuralNetwork does not run.
+fn refusal(t: &spec::model::Type) -> &'static str {
+    use spec::model::Type as T;
+    match t {
+        T::TextClassifier(_)
+        | T::WordTagger(_)
+        | T::VisionFeaturePrint(_)
+        | T::SoundAnalysisPreprocessing(_)
+        | T::Gazetteer(_)
+        | T::WordEmbedding(_)
+        | T::AudioFeaturePrint(_) => {
+            "it is computed by Apple's private frameworks (Natural Language, Vision, Sound \
+             Analysis), whose models and code are not public"
+        }
+        T::CustomModel(_) => "its computation is the app's own code, which the file does not hold",
+        T::SerializedModel(_) => "it holds a model in a format Core ML itself does not document",
+        T::LinkedModel(_) => "it refers to another model file by name; open that file instead",
+        _ => "pipelines and classical (scikit-learn, XGBoost, LibSVM) models are not run yet",
+    }
 }

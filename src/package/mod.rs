@@ -1,7 +1,8 @@
 //! `.mlpackage` reading and writing: the manifest, the weight blob file, conversion between
 //! the IR and the protobuf specification, atomic output. Uses `ir`, `ops` (type inference on
 //! load) and `proto`. Compiled models (`.mlmodelc`: `model.mil` text) open wherever a package
-//! does.
+//! does. NeuralNetwork models are translated into ML Programs as they load
+//! ([`neural_network`]); other model types are refused by name.
 pub mod blob;
 pub mod compiled;
 pub mod convert;
@@ -11,6 +12,7 @@ pub mod load;
 pub mod manifest;
 pub mod mil_text;
 pub mod mil_write;
+pub mod neural_network;
 pub mod save;
 
 /// Reads and checks an `.mlpackage`, a single-file `.mlmodel`, or a compiled `.mlmodelc`
@@ -23,8 +25,9 @@ pub fn load_package(path: &std::path::Path) -> anyhow::Result<crate::ir::Model> 
         && !path.join("Manifest.json").exists()
     {
         anyhow::bail!(
-            "{}: a compiled model without model.mil: not an ML Program (a NeuralNetwork or \
-             other model type, which milkit does not run)",
+            "{}: a compiled model without model.mil: not an ML Program but a NeuralNetwork or \
+             other model type, compiled into a format Apple does not document; milkit runs \
+             these from their .mlmodel file",
             path.display()
         )
     } else {

@@ -390,3 +390,36 @@ def test_a_scalar_feeds_an_input_of_one_element_as_milkit_run_feeds_a_0_d_array(
     # More than one element is not a scalar: the shape must match.
     with pytest.raises(milkit.MilkitError, match=r"shape \[2\]"):
         model.predict({"x": np.array([3.0, 4.0], dtype=np.float32)})
+
+
+def test_a_neuralnetwork_with_an_image_input_predicts_through_coremltools(ct):
+    """coremltools' NeuralNetworkBuilder: a BGR image input with the network's scale and
+    per-channel biases, then a classifier; numbers from numpy."""
+    from coremltools.models import datatypes
+    from coremltools.models.neural_network import NeuralNetworkBuilder
+    from PIL import Image
+
+    assert milkit.use_with_coremltools() is True
+    h, w, classes = 4, 5, ["left", "right"]
+    b = NeuralNetworkBuilder([("image", datatypes.Array(3, h, w))], [("y", None)])
+    b.add_activation("id", "LINEAR", "image", "y", params=[1.0, 0.0])
+    b.set_pre_processing_parameters(image_input_names=["image"], is_bgr=True, red_bias=-1.0,
+                                    green_bias=-2.0, blue_bias=-3.0, image_scale=0.5)
+    px = (np.arange(h * w * 3).reshape(h, w, 3) * 3).astype(np.uint8)
+    out = ct.models.MLModel(b.spec).predict({"image": Image.fromarray(px)})["y"]
+    want = np.stack([px[..., 2] * 0.5 - 3, px[..., 1] * 0.5 - 2, px[..., 0] * 0.5 - 1])
+    assert np.abs(np.asarray(out).reshape(want.shape) - want).max() == 0
+
+    c = NeuralNetworkBuilder([("x", datatypes.Array(3))], [("probs", None)], mode="classifier")
+    wm = np.array([[1.0, 0.0, -1.0], [-1.0, 0.5, 1.0]], dtype=np.float32)
+    c.add_inner_product("fc", W=wm, b=None, input_channels=3, output_channels=2,
+                        has_bias=False, input_name="x", output_name="logits")
+    c.add_softmax("sm", "logits", "probs")
+    c.set_class_labels(classes, predicted_feature_name="label", prediction_blob="probs")
+    x = np.array([0.2, -1.0, 0.7], dtype=np.float32)
+    got = ct.models.MLModel(c.spec).predict({"x": x})
+    logits = wm.astype(np.float64) @ x
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    assert got["label"] == classes[int(np.argmax(p))]
+    assert abs(got["probs"]["right"] - p[1]) < 1e-6
