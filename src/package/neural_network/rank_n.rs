@@ -651,6 +651,223 @@ pub fn translate(
                 .b
                 .layer_norm(name, &xi, &axes, gv, bv, Value::f32_scalar(p.eps))?]
         }
+        L::RandomNormalStatic(p) => {
+            let shape = static_shape(&p.output_shape);
+            vec![random(
+                t,
+                name,
+                "random_normal",
+                shape,
+                p.seed,
+                ("mean", p.mean),
+                ("stddev", p.std_dev),
+            )?]
+        }
+        L::RandomNormalLike(p) => {
+            let shape = like_shape(t, x()?)?;
+            vec![random(
+                t,
+                name,
+                "random_normal",
+                shape,
+                p.seed,
+                ("mean", p.mean),
+                ("stddev", p.std_dev),
+            )?]
+        }
+        L::RandomNormalDynamic(p) => {
+            let shape = In::V(to_int(t, x()?)?);
+            vec![random(
+                t,
+                name,
+                "random_normal",
+                shape,
+                p.seed,
+                ("mean", p.mean),
+                ("stddev", p.std_dev),
+            )?]
+        }
+        L::RandomUniformStatic(p) => {
+            let shape = static_shape(&p.output_shape);
+            vec![random(
+                t,
+                name,
+                "random_uniform",
+                shape,
+                p.seed,
+                ("low", p.min_val),
+                ("high", p.max_val),
+            )?]
+        }
+        L::RandomUniformLike(p) => {
+            let shape = like_shape(t, x()?)?;
+            vec![random(
+                t,
+                name,
+                "random_uniform",
+                shape,
+                p.seed,
+                ("low", p.min_val),
+                ("high", p.max_val),
+            )?]
+        }
+        L::RandomUniformDynamic(p) => {
+            let shape = In::V(to_int(t, x()?)?);
+            vec![random(
+                t,
+                name,
+                "random_uniform",
+                shape,
+                p.seed,
+                ("low", p.min_val),
+                ("high", p.max_val),
+            )?]
+        }
+        L::RandomBernoulliStatic(p) => {
+            let shape = static_shape(&p.output_shape);
+            vec![bernoulli(t, name, shape, p.seed, p.prob)?]
+        }
+        L::RandomBernoulliLike(p) => {
+            let shape = like_shape(t, x()?)?;
+            vec![bernoulli(t, name, shape, p.seed, p.prob)?]
+        }
+        L::RandomBernoulliDynamic(p) => {
+            let shape = In::V(to_int(t, x()?)?);
+            vec![bernoulli(t, name, shape, p.seed, p.prob)?]
+        }
+        L::CategoricalDistribution(p) => {
+            let mut xin = x()?.clone();
+            if p.is_logits && p.temperature != 0.0 && p.temperature != 1.0 {
+                let k = t.konst(
+                    &format!("{name}_inv_temperature"),
+                    &[],
+                    &[1.0 / p.temperature],
+                );
+                xin = t.b.op1(
+                    "mul",
+                    &format!("{name}_tempered"),
+                    vec![("x", xin.into()), ("y", k.into())],
+                )?;
+            }
+            let mut args = vec![
+                ("x", In::from(&xin)),
+                (
+                    "mode",
+                    In::C(Value::str(if p.is_logits { "logits" } else { "probs" })),
+                ),
+                ("size", int(p.num_samples.max(1) as i32)),
+            ];
+            if p.seed != -1 {
+                args.push(("seed", int(p.seed as i32)));
+            }
+            let c =
+                t.b.op1("random_categorical", &format!("{name}_int"), args)?;
+            vec![to_float(t, name, &c)?]
+        }
+        L::GetShape(_) => {
+            let s =
+                t.b.op1("shape", &format!("{name}_int"), vec![("x", x()?.into())])?;
+            vec![to_float(t, name, &s)?]
+        }
+        L::WhereNonZero(_) => {
+            let nz =
+                t.b.op1("non_zero", &format!("{name}_int"), vec![("x", x()?.into())])?;
+            vec![to_float(t, name, &nz)?]
+        }
+        L::SlidingWindows(p) => vec![t.b.op1(
+            "sliding_windows",
+            name,
+            vec![
+                ("x", x()?.into()),
+                ("axis", int(p.axis as i32)),
+                ("size", int(p.window_size as i32)),
+                ("stride", int(p.step.max(1) as i32)),
+            ],
+        )?],
+        L::SliceBySize(p) => {
+            let (data, begin_in) = two()?;
+            let s = t.shape(data)?;
+            let r = s.len() as i64;
+            let axis = if p.axis < 0 { p.axis + r } else { p.axis };
+            ensure!((0..r).contains(&axis), "axis {} of a rank-{r} blob", p.axis);
+            ensure!(p.size >= 1, "a slice of size {}", p.size);
+            // The begin along `axis` comes at run time; every other axis is whole.
+            let b1 = to_int(t, begin_in)?;
+            let b1 = t.reshape(&b1, &[1])?;
+            let mut parts = vec![];
+            for a in 0..r {
+                parts.push(if a == axis {
+                    b1.clone()
+                } else {
+                    t.b.konst(
+                        &format!("{name}_begin_{a}"),
+                        Value::Tensor(crate::ir::Tensor::i32(&[1], &[0])),
+                    )
+                });
+            }
+            let begin = t.b.op1(
+                "concat",
+                &format!("{name}_begin"),
+                vec![
+                    ("values", In::Vs(parts)),
+                    ("axis", int(0)),
+                    ("interleave", b(false)),
+                ],
+            )?;
+            let size: Vec<i32> = (0..r as usize)
+                .map(|a| {
+                    if a as i64 == axis {
+                        p.size as i32
+                    } else {
+                        s[a] as i32
+                    }
+                })
+                .collect();
+            vec![t.b.op1(
+                "slice_by_size",
+                name,
+                vec![
+                    ("x", data.into()),
+                    ("begin", begin.into()),
+                    ("size", ints(&size)),
+                ],
+            )?]
+        }
+        L::ReshapeDynamic(_) => {
+            let (data, shape) = two()?;
+            let s = to_int(t, shape)?;
+            vec![t.b.op1(
+                "reshape",
+                name,
+                vec![("x", data.into()), ("shape", s.into())],
+            )?]
+        }
+        L::RangeDynamic(p) => {
+            // Inputs: the end, then optionally the start and the step (else the layer's).
+            ensure!(
+                (1..=3).contains(&inputs.len()),
+                "takes 1 to 3 inputs, the layer names {}",
+                inputs.len()
+            );
+            let scalar = |t: &mut Translator, v: &V, what: &str| {
+                t.b.reshape(&format!("{name}_{what}"), v, &[])
+            };
+            let end = scalar(t, &inputs[0], "end")?;
+            let start = match inputs.get(1) {
+                Some(v) => In::V(scalar(t, v, "start")?),
+                None => f(p.start_value),
+            };
+            let step = match inputs.get(2) {
+                Some(v) => In::V(scalar(t, v, "step")?),
+                None => f(p.step_size_value),
+            };
+            vec![t.b.op1(
+                "range_1d",
+                name,
+                vec![("end", end.into()), ("start", start), ("step", step)],
+            )?]
+        }
+        L::Copy(_) => vec![t.b.op1("identity", name, vec![("x", x()?.into())])?],
         _ => return Ok(None),
     };
     Ok(Some(out))
@@ -780,4 +997,38 @@ fn triangle(t: &mut Translator, name: &str, x: &V, k: i64, lower: bool) -> Resul
         .collect();
     let m = t.konst(&format!("{name}_mask"), &[rows, cols], &mask);
     t.b.op1("mul", name, vec![("x", x.into()), ("y", m.into())])
+}
+
+fn static_shape(shape: &[u64]) -> In {
+    ints(&shape.iter().map(|&d| d as i32).collect::<Vec<_>>())
+}
+
+fn like_shape(t: &mut Translator, x: &V) -> Result<In> {
+    let s = t.shape(x)?;
+    Ok(ints(&s.iter().map(|&d| d as i32).collect::<Vec<_>>()))
+}
+
+/// A random layer's op; a seed of -1 draws from the session's stream.
+fn random(
+    t: &mut Translator,
+    name: &str,
+    op: &str,
+    shape: In,
+    seed: i64,
+    a: (&str, f32),
+    c: (&str, f32),
+) -> Result<V> {
+    let mut args = vec![("shape", shape), (a.0, f(a.1)), (c.0, f(c.1))];
+    if seed != -1 {
+        args.push(("seed", int(seed as i32)));
+    }
+    t.b.op1(op, name, args)
+}
+
+fn bernoulli(t: &mut Translator, name: &str, shape: In, seed: i64, prob: f32) -> Result<V> {
+    let mut args = vec![("shape", shape), ("prob", f(prob))];
+    if seed != -1 {
+        args.push(("seed", int(seed as i32)));
+    }
+    t.b.op1("random_bernoulli", name, args)
 }
