@@ -414,6 +414,36 @@ pub fn translate(t: &mut Translator, layer: &spec::NeuralNetworkLayer) -> Result
             one(2)?;
             vec![dot(t, &name, &inputs[0], &inputs[1], p.cosine_similarity)?]
         }
+        L::Convolution3d(p) => {
+            one(1)?;
+            vec![convolution3d(t, &name, &inputs[0], p)?]
+        }
+        L::Pooling3d(p) => {
+            one(1)?;
+            vec![pooling3d(t, &name, &inputs[0], p)?]
+        }
+        L::GlobalPooling3d(p) => {
+            one(1)?;
+            let r = t.shape(&inputs[0])?.len();
+            ensure!(
+                r == 5,
+                "a 3-D pooling of a rank-{r} blob (it takes [B, C, D, H, W])"
+            );
+            let op = if p.r#type == 0 {
+                "reduce_max"
+            } else {
+                "reduce_mean"
+            };
+            vec![t.b.op1(
+                op,
+                &name,
+                vec![
+                    ("x", (&inputs[0]).into()),
+                    ("axes", ints(&[2, 3, 4])),
+                    ("keep_dims", In::C(crate::ir::Value::bool_scalar(true))),
+                ],
+            )?]
+        }
         other => bail!(
             "layer type `{}` is not translated yet (milkit runs NeuralNetwork layers it has a \
              definition for; see docs/runtime.md)",
@@ -1345,4 +1375,168 @@ fn inverse_hyperbolic(t: &mut Translator, name: &str, x: &V, sinh: bool) -> Resu
     let sg =
         t.b.op1("sign", &format!("{name}_sign"), vec![("x", x.into())])?;
     binary(t, "mul", name, &l, &sg)
+}
+
+/// `[front, back, top, bottom, left, right]` padding of a 3-D layer: its custom amounts,
+/// none (`VALID`), or `SAME` (output `ceil(in / stride)`, the odd pixel at the end).
+#[allow(clippy::too_many_arguments)]
+fn pads3d(
+    kind: i32,
+    custom: [i32; 6],
+    input: &[usize],
+    k: [usize; 3],
+    s: [usize; 3],
+    d: [usize; 3],
+) -> Result<Vec<i32>> {
+    Ok(match kind {
+        0 => custom.to_vec(),
+        1 => vec![0; 6],
+        2 => {
+            let mut pads = vec![];
+            for a in 0..3 {
+                let out = input[a].div_ceil(s[a]);
+                let need = ((out - 1) * s[a] + (k[a] - 1) * d[a] + 1).saturating_sub(input[a]);
+                pads.extend([(need / 2) as i32, (need - need / 2) as i32]);
+            }
+            pads
+        }
+        o => bail!("unknown 3-D padding type {o}"),
+    })
+}
+
+fn positive3(v: [i32; 3], default: usize, what: &str) -> Result<[usize; 3]> {
+    let mut out = [default; 3];
+    for (o, x) in out.iter_mut().zip(v) {
+        ensure!(x >= 0, "{what} {v:?}");
+        if x > 0 {
+            *o = x as usize;
+        }
+    }
+    Ok(out)
+}
+
+fn convolution3d(
+    t: &mut Translator,
+    name: &str,
+    x: &V,
+    p: &spec::Convolution3DLayerParams,
+) -> Result<V> {
+    ensure!(
+        !p.is_deconvolution,
+        "a 3-D deconvolution is not translated yet"
+    );
+    let s = t.shape(x)?;
+    ensure!(
+        s.len() == 5,
+        "a 3-D convolution of a rank-{} blob (it takes [B, C, D, H, W])",
+        s.len()
+    );
+    let k = positive3(
+        [p.kernel_depth, p.kernel_height, p.kernel_width],
+        3,
+        "kernel",
+    )?;
+    let st = positive3(
+        [p.stride_depth, p.stride_height, p.stride_width],
+        1,
+        "strides",
+    )?;
+    let dl = positive3(
+        [p.dilation_depth, p.dilation_height, p.dilation_width],
+        1,
+        "dilations",
+    )?;
+    let groups = p.n_groups.max(1) as usize;
+    let (cin, cout) = (p.input_channels as usize, p.output_channels as usize);
+    ensure!(
+        s[1] == cin && cin % groups == 0,
+        "{} input channels for {cin} in {groups} group(s)",
+        s[1]
+    );
+    let wshape = [cout, cin / groups, k[0], k[1], k[2]];
+    let wv = weights(p.weights.as_ref(), wshape.iter().product(), "weights")?;
+    let weight = t.konst(&format!("{name}_weight"), &wshape, &wv);
+    let pads = pads3d(
+        p.padding_type,
+        [
+            p.custom_padding_front,
+            p.custom_padding_back,
+            p.custom_padding_top,
+            p.custom_padding_bottom,
+            p.custom_padding_left,
+            p.custom_padding_right,
+        ],
+        &s[2..],
+        k,
+        st,
+        dl,
+    )?;
+    let mut inputs = vec![("x", In::from(x)), ("weight", In::V(weight))];
+    if p.has_bias {
+        let b = weights(p.bias.as_ref(), cout, "bias")?;
+        inputs.push(("bias", In::V(t.konst(&format!("{name}_bias"), &[cout], &b))));
+    }
+    let to = |v: [usize; 3]| ints(&v.map(|x| x as i32));
+    inputs.extend([
+        ("strides", to(st)),
+        ("dilations", to(dl)),
+        ("groups", int(groups as i32)),
+        ("pad_type", In::C(crate::ir::Value::str("custom"))),
+        ("pad", ints(&pads)),
+    ]);
+    t.b.op1("conv", name, inputs)
+}
+
+fn pooling3d(t: &mut Translator, name: &str, x: &V, p: &spec::Pooling3DLayerParams) -> Result<V> {
+    let s = t.shape(x)?;
+    ensure!(
+        s.len() == 5,
+        "a 3-D pooling of a rank-{} blob (it takes [B, C, D, H, W])",
+        s.len()
+    );
+    let k = positive3(
+        [p.kernel_depth, p.kernel_height, p.kernel_width],
+        1,
+        "kernel",
+    )?;
+    let st = positive3(
+        [p.stride_depth, p.stride_height, p.stride_width],
+        1,
+        "strides",
+    )?;
+    let pads = pads3d(
+        p.padding_type,
+        [
+            p.custom_padding_front,
+            p.custom_padding_back,
+            p.custom_padding_top,
+            p.custom_padding_bottom,
+            p.custom_padding_left,
+            p.custom_padding_right,
+        ],
+        &s[2..],
+        k,
+        st,
+        [1, 1, 1],
+    )?;
+    let to = |v: [usize; 3]| ints(&v.map(|x| x as i32));
+    let mut inputs = vec![
+        ("x", In::from(x)),
+        ("kernel_sizes", to(k)),
+        ("strides", to(st)),
+        ("pad_type", In::C(crate::ir::Value::str("custom"))),
+        ("pad", ints(&pads)),
+    ];
+    let op = match p.r#type {
+        0 => "max_pool",
+        1 => {
+            inputs.push((
+                "exclude_padding_from_average",
+                In::C(crate::ir::Value::bool_scalar(p.count_exclude_padding)),
+            ));
+            "avg_pool"
+        }
+        o => bail!("unknown 3-D pooling type {o}"),
+    };
+    t.b.op1(op, name, inputs)
 }
