@@ -659,8 +659,7 @@ pub fn translate(
                 "random_normal",
                 shape,
                 p.seed,
-                ("mean", p.mean),
-                ("stddev", p.std_dev),
+                &[("mean", p.mean), ("stddev", p.std_dev)],
             )?]
         }
         L::RandomNormalLike(p) => {
@@ -671,8 +670,7 @@ pub fn translate(
                 "random_normal",
                 shape,
                 p.seed,
-                ("mean", p.mean),
-                ("stddev", p.std_dev),
+                &[("mean", p.mean), ("stddev", p.std_dev)],
             )?]
         }
         L::RandomNormalDynamic(p) => {
@@ -683,8 +681,7 @@ pub fn translate(
                 "random_normal",
                 shape,
                 p.seed,
-                ("mean", p.mean),
-                ("stddev", p.std_dev),
+                &[("mean", p.mean), ("stddev", p.std_dev)],
             )?]
         }
         L::RandomUniformStatic(p) => {
@@ -695,8 +692,7 @@ pub fn translate(
                 "random_uniform",
                 shape,
                 p.seed,
-                ("low", p.min_val),
-                ("high", p.max_val),
+                &[("low", p.min_val), ("high", p.max_val)],
             )?]
         }
         L::RandomUniformLike(p) => {
@@ -707,8 +703,7 @@ pub fn translate(
                 "random_uniform",
                 shape,
                 p.seed,
-                ("low", p.min_val),
-                ("high", p.max_val),
+                &[("low", p.min_val), ("high", p.max_val)],
             )?]
         }
         L::RandomUniformDynamic(p) => {
@@ -719,21 +714,41 @@ pub fn translate(
                 "random_uniform",
                 shape,
                 p.seed,
-                ("low", p.min_val),
-                ("high", p.max_val),
+                &[("low", p.min_val), ("high", p.max_val)],
             )?]
         }
         L::RandomBernoulliStatic(p) => {
             let shape = static_shape(&p.output_shape);
-            vec![bernoulli(t, name, shape, p.seed, p.prob)?]
+            vec![random(
+                t,
+                name,
+                "random_bernoulli",
+                shape,
+                p.seed,
+                &[("prob", p.prob)],
+            )?]
         }
         L::RandomBernoulliLike(p) => {
             let shape = like_shape(t, x()?)?;
-            vec![bernoulli(t, name, shape, p.seed, p.prob)?]
+            vec![random(
+                t,
+                name,
+                "random_bernoulli",
+                shape,
+                p.seed,
+                &[("prob", p.prob)],
+            )?]
         }
         L::RandomBernoulliDynamic(p) => {
             let shape = In::V(to_int(t, x()?)?);
-            vec![bernoulli(t, name, shape, p.seed, p.prob)?]
+            vec![random(
+                t,
+                name,
+                "random_bernoulli",
+                shape,
+                p.seed,
+                &[("prob", p.prob)],
+            )?]
         }
         L::CategoricalDistribution(p) => {
             let mut xin = x()?.clone();
@@ -1008,27 +1023,19 @@ fn like_shape(t: &mut Translator, x: &V) -> Result<In> {
     Ok(ints(&s.iter().map(|&d| d as i32).collect::<Vec<_>>()))
 }
 
-/// A random layer's op; a seed of -1 draws from the session's stream.
+/// A random layer's op with its parameters; a seed of -1 draws from the session's stream.
 fn random(
     t: &mut Translator,
     name: &str,
     op: &str,
     shape: In,
     seed: i64,
-    a: (&str, f32),
-    c: (&str, f32),
+    params: &[(&str, f32)],
 ) -> Result<V> {
-    let mut args = vec![("shape", shape), (a.0, f(a.1)), (c.0, f(c.1))];
+    let mut args = vec![("shape", shape)];
+    args.extend(params.iter().map(|&(k, v)| (k, f(v))));
     if seed != -1 {
         args.push(("seed", int(seed as i32)));
     }
     t.b.op1(op, name, args)
-}
-
-fn bernoulli(t: &mut Translator, name: &str, shape: In, seed: i64, prob: f32) -> Result<V> {
-    let mut args = vec![("shape", shape), ("prob", f(prob))];
-    if seed != -1 {
-        args.push(("seed", int(seed as i32)));
-    }
-    t.b.op1("random_bernoulli", name, args)
 }
