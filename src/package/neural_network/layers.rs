@@ -284,15 +284,7 @@ pub fn translate(t: &mut Translator, layer: &spec::NeuralNetworkLayer) -> Result
             one(1)?;
             let (x4, _, f) = to_nchw(t, &inputs[0])?;
             let sq = binary(t, "mul", &format!("{name}_sq"), &x4, &x4)?;
-            let sum = t.b.op1(
-                "reduce_sum",
-                &format!("{name}_sum"),
-                vec![
-                    ("x", In::from(&sq)),
-                    ("axes", ints(&[1, 2, 3])),
-                    ("keep_dims", In::C(crate::ir::Value::bool_scalar(true))),
-                ],
-            )?;
+            let sum = reduce_keep(t, "reduce_sum", &format!("{name}_sum"), &sq, &[1, 2, 3])?;
             let inv = t.b.op1(
                 "rsqrt",
                 &format!("{name}_inv"),
@@ -887,27 +879,10 @@ fn batchnorm(t: &mut Translator, name: &str, x: &V, p: &spec::BatchnormLayerPara
         } else {
             &[0, 2, 3]
         };
-        let keep = || In::C(crate::ir::Value::bool_scalar(true));
-        let mean = t.b.op1(
-            "reduce_mean",
-            &format!("{name}_mean"),
-            vec![
-                ("x", In::from(&x4)),
-                ("axes", ints(axes)),
-                ("keep_dims", keep()),
-            ],
-        )?;
+        let mean = reduce_keep(t, "reduce_mean", &format!("{name}_mean"), &x4, axes)?;
         let centred = binary(t, "sub", &format!("{name}_centred"), &x4, &mean)?;
         let sq = binary(t, "mul", &format!("{name}_sq"), &centred, &centred)?;
-        let var = t.b.op1(
-            "reduce_mean",
-            &format!("{name}_var"),
-            vec![
-                ("x", In::from(&sq)),
-                ("axes", ints(axes)),
-                ("keep_dims", keep()),
-            ],
-        )?;
+        let var = reduce_keep(t, "reduce_mean", &format!("{name}_var"), &sq, axes)?;
         let inv = t.b.op1(
             "rsqrt",
             &format!("{name}_inv_std"),
@@ -1054,13 +1029,7 @@ fn reduce5(t: &mut Translator, name: &str, x: &V, p: &spec::ReduceLayerParams) -
     };
     let keep = || In::C(Value::bool_scalar(true));
     let nm = format!("{name}_nchw");
-    let red = |t: &mut Translator, op: &str, nm: &str, x: &V| {
-        t.b.op1(
-            op,
-            nm,
-            vec![("x", x.into()), ("axes", ints(axes)), ("keep_dims", keep())],
-        )
-    };
+    let red = |t: &mut Translator, op: &str, nm: &str, x: &V| reduce_keep(t, op, nm, x, axes);
     let y = match p.mode {
         0 => red(t, "reduce_sum", &nm, &x4)?,
         1 => red(t, "reduce_mean", &nm, &x4)?,
@@ -1196,35 +1165,17 @@ fn mvn(
     x: &V,
     p: &spec::MeanVarianceNormalizeLayerParams,
 ) -> Result<V> {
-    use crate::ir::Value;
     let (x4, _, f) = to_nchw(t, x)?;
     let axes: &[i32] = if p.across_channels {
         &[1, 2, 3]
     } else {
         &[2, 3]
     };
-    let keep = || In::C(Value::bool_scalar(true));
-    let mean = t.b.op1(
-        "reduce_mean",
-        &format!("{name}_mean"),
-        vec![
-            ("x", In::from(&x4)),
-            ("axes", ints(axes)),
-            ("keep_dims", keep()),
-        ],
-    )?;
+    let mean = reduce_keep(t, "reduce_mean", &format!("{name}_mean"), &x4, axes)?;
     let centred = binary(t, "sub", &format!("{name}_centred"), &x4, &mean)?;
     let y = if p.normalize_variance {
         let sq = binary(t, "mul", &format!("{name}_sq"), &centred, &centred)?;
-        let var = t.b.op1(
-            "reduce_mean",
-            &format!("{name}_var"),
-            vec![
-                ("x", In::from(&sq)),
-                ("axes", ints(axes)),
-                ("keep_dims", keep()),
-            ],
-        )?;
+        let var = reduce_keep(t, "reduce_mean", &format!("{name}_var"), &sq, axes)?;
         let sd =
             t.b.op1("sqrt", &format!("{name}_sd"), vec![("x", var.into())])?;
         let eps = t.konst(&format!("{name}_eps"), &[], &[p.epsilon]);
@@ -1312,21 +1263,9 @@ fn crop(t: &mut Translator, name: &str, inputs: &[V], p: &spec::CropLayerParams)
 
 /// The dot product (or cosine similarity) of two `[C, 1, 1]` vectors per batch.
 fn dot(t: &mut Translator, name: &str, x: &V, y: &V, cosine: bool) -> Result<V> {
-    use crate::ir::Value;
     let (a, _, f) = to_nchw(t, x)?;
     let (b, _, _) = to_nchw(t, y)?;
-    let keep = || In::C(Value::bool_scalar(true));
-    let sum = |t: &mut Translator, nm: &str, v: &V| {
-        t.b.op1(
-            "reduce_sum",
-            nm,
-            vec![
-                ("x", v.into()),
-                ("axes", ints(&[1, 2, 3])),
-                ("keep_dims", keep()),
-            ],
-        )
-    };
+    let sum = |t: &mut Translator, nm: &str, v: &V| reduce_keep(t, "reduce_sum", nm, v, &[1, 2, 3]);
     let ab = binary(t, "mul", &format!("{name}_ab"), &a, &b)?;
     let mut d = sum(t, &format!("{name}_dot"), &ab)?;
     if cosine {
@@ -1539,4 +1478,17 @@ fn pooling3d(t: &mut Translator, name: &str, x: &V, p: &spec::Pooling3DLayerPara
         o => bail!("unknown 3-D pooling type {o}"),
     };
     t.b.op1(op, name, inputs)
+}
+
+/// A `reduce_*` op over `axes`, the reduced axes kept (as every rank-5 layer keeps them).
+fn reduce_keep(t: &mut Translator, op: &str, name: &str, x: &V, axes: &[i32]) -> Result<V> {
+    t.b.op1(
+        op,
+        name,
+        vec![
+            ("x", x.into()),
+            ("axes", ints(axes)),
+            ("keep_dims", In::C(crate::ir::Value::bool_scalar(true))),
+        ],
+    )
 }
